@@ -187,35 +187,42 @@ def _add_inspect(sub) -> None:
     pair.add_argument("--teacher", required=True, help="teacher model or tokenizer directory")
     pair.add_argument("--student", required=True, help="student model or tokenizer directory")
     pair.add_argument("--text", default=EXAMPLE_TEXT, help="text to align (a completion)")
+    pair.add_argument(
+        "--all-specials", action="store_true", help="list every special token by name"
+    )
     pair.set_defaults(func=_inspect_pair)
 
 
 def _inspect_pair(args) -> int:
     from rich.console import Console
 
-    from distil.align.inspect import pair_report, render_pair
+    from distil.align.inspect import pair_report, render_pair, specials_summary
     from distil.models.load import load_tokenizer
     from distil.progress import console as err_console
 
     s_tok = load_tokenizer(args.student, key="--student")
     t_tok = load_tokenizer(args.teacher, key="--teacher")
     report = pair_report(s_tok, t_tok)
-    out = Console(highlight=False)
+    out = Console(highlight=False, soft_wrap=True)
+    paired = {name for pair in report["special_pairs"] for name in pair}
     for side in ("student", "teacher"):
         r = report[side]
-        specials = ", ".join(f"{x['token']} ({x['role']})" for x in r["specials"]) or "none"
         template = "yes" if r["chat_template"] else "NO (chat prompts cannot be rendered)"
         out.print(
-            f"[bold]{side}[/]: {r['vocab_size']} tokens, {r['convention']} convention, "
-            f"chat template: {template}\n  specials: {specials}"
+            f"[bold]{side}[/]: {r['vocab_size']:,} tokens, {r['convention']} convention, "
+            f"{len(r['specials'])} specials, chat template: {template}"
         )
+        out.print(specials_summary(r, paired, show_all=args.all_specials), markup=False)
+    pairs = ", ".join(f"{s} = {t}" for s, t in report["special_pairs"]) or "none"
+    out.print(f"specials paired (student = teacher): {pairs}", markup=False)
+    ov = report["overlap"]
     out.print(
-        f"shared token strings: {report['shared_token_strings']}; shared by bytes: "
-        f"{report['shared_token_bytes']} "
-        f"({100 * report['matched_fraction_of_student']:.1f}% of the student's "
-        f"vocabulary; {report['special_pairs']} special tokens paired by role)"
+        f"shared by bytes: {ov['shared_bytes']:,} tokens ({ov['bytes_over_student']:.1%} of the "
+        f"student's, {ov['bytes_over_teacher']:.1%} of the teacher's; Jaccard "
+        f"{ov['bytes_jaccard']:.3f}); by token strings: {ov['shared_strings']:,} (Jaccard "
+        f"{ov['string_jaccard']:.3f})"
     )
-    if report["shared_token_bytes"] == 0:
+    if ov["shared_bytes"] == 0:
         err_console.print(
             "[yellow]no token spells the same bytes on both sides: the gold loss "
             "cannot be used; uld, aligned_kl and sampled_chunk_reverse_kl can[/]"

@@ -132,3 +132,31 @@ def test_alignment_in_worker_processes_gives_the_same_run(
         lines = (tmp_path / f"w{workers}" / "metrics.jsonl").read_text().splitlines()
         results.append([(m["loss"], m["groups"]) for m in map(json.loads, lines)])
     assert results[0] == results[1]
+
+
+def test_trailing_bytes_the_teacher_drops_are_masked_and_the_eos_still_pairs(
+    bpe_tokenizer, wordpiece_tokenizer
+):
+    """A WordPiece teacher drops the completion's final '\\n': the student's '\\n' token is in no
+    group (masked, counted), it is never grouped with the teacher's EOS, and the two EOS pair
+    by role at the end of the text."""
+    cross = CrossTokenizer(bpe_tokenizer, wordpiece_tokenizer)
+    prompt = [{"role": "user", "content": "x"}]
+    s_prompt = encode_prompts(bpe_tokenizer, [prompt])[0]
+    body = bpe_tokenizer("ab cd\n", add_special_tokens=False)["input_ids"]
+    assert cross.student_vb.token_bytes[body[-1]] == b"\n"
+    ids = [*body, bpe_tokenizer.eos_token_id]
+    sample = Sample(0, list(s_prompt), ids, "on_policy", prompt=prompt)
+    t_prompt, t_ids, t_ends, _ = cross.teacher_inputs(sample)
+    assert t_ids[-1] == cross.teacher_eos and t_ends[-1] == t_ends[-2]  # EOS spells no bytes
+    batch = cross.collate([sample], bpe_tokenizer.pad_token_id)
+    a = batch.alignment
+    newline, eos = len(body) - 1, len(body)
+    assert a.metrics["unalignable_tokens"] == 1
+    start = len(s_prompt) - 1  # position predicting completion token 0
+    assert not batch.mask_B_T[0, start + newline] and batch.mask_B_T[0, start + eos]
+    assert batch.mask_B_T.sum().item() == len(ids) - 1
+    # the student's EOS is predicted from the teacher's EOS position, alone
+    s_pos, t_pos = a.student_pos_G_S[-1], a.teacher_pos_G_T[-1]  # last group: the EOS pair
+    assert s_pos[s_pos >= 0].tolist() == [start + eos]
+    assert t_pos[t_pos >= 0].tolist() == [len(t_prompt) - 1 + len(t_ids) - 1]

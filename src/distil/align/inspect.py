@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,28 +40,71 @@ def token_text(vb: VocabBytes, token_id: int) -> str:
     return vb.token_bytes[token_id].decode("utf-8", "backslashreplace").translate(_VISIBLE)
 
 
-def pair_report(student_tok: Any, teacher_tok: Any) -> dict:
-    """What two tokenizers share: vocabulary sizes, token-string and byte overlap, specials.
+def overlap_figures(student_tok: Any, teacher_tok: Any) -> dict[str, float]:
+    """How much two vocabularies share, two ways (specials left out of both).
 
-    Returns {"student": side, "teacher": side, "shared_token_strings": n, "shared_token_bytes":
-    n (= matched_vocab size, special pairs included), "special_pairs": n,
-    "matched_fraction_of_student": x} where side = {"vocab_size", "convention", "specials":
-    [{"id", "token", "role"}], "chat_template": bool}.
+    By token *strings* (the raw vocabulary entries, so 'Ġthe' and '▁the' differ; the GOLD
+    blog's table is the Jaccard of these) and by *bytes* (distil's matched vocabulary:
+    different spellings of the same bytes meet). Keys: shared_strings, shared_bytes,
+    string_jaccard, bytes_jaccard, bytes_over_student, bytes_over_teacher, bytes_over_smaller.
+    """
+    s_vb, t_vb = vocab_bytes(student_tok), vocab_bytes(teacher_tok)
+    s_str = {k for k, i in student_tok.get_vocab().items() if i not in s_vb.specials}
+    t_str = {k for k, i in teacher_tok.get_vocab().items() if i not in t_vb.specials}
+    s_b, t_b = s_vb.by_bytes.keys(), t_vb.by_bytes.keys()
+    n_str, n_b = len(s_str & t_str), len(s_b & t_b)
+    return {
+        "shared_strings": n_str,
+        "shared_bytes": n_b,
+        "string_jaccard": n_str / max(len(s_str | t_str), 1),
+        "bytes_jaccard": n_b / max(len(s_b | t_b), 1),
+        "bytes_over_student": n_b / max(len(s_b), 1),
+        "bytes_over_teacher": n_b / max(len(t_b), 1),
+        "bytes_over_smaller": n_b / max(min(len(s_b), len(t_b)), 1),
+    }
+
+
+def pair_report(student_tok: Any, teacher_tok: Any) -> dict:
+    """What two tokenizers share: vocabulary sizes, overlap figures, specials.
+
+    Returns {"student": side, "teacher": side, "overlap": `overlap_figures`, "matched": n
+    (matched_vocab pairs, specials paired by role included), "special_pairs": [(student
+    special, teacher special)] as token strings} where side = {"vocab_size", "convention",
+    "specials": [{"id", "token", "role"}], "chat_template": bool}.
     """
     s_vb, t_vb = vocab_bytes(student_tok), vocab_bytes(teacher_tok)
     try:
         matched = int(matched_vocab(s_vb, t_vb)[0].numel())
     except AlignmentError:
         matched = 0
-    shared_strings = len(set(student_tok.get_vocab()) & set(teacher_tok.get_vocab()))
+    pairs = sorted(role_map(s_vb, t_vb).items(), key=lambda ts: ts[1])
     return {
         "student": _side(student_tok, s_vb),
         "teacher": _side(teacher_tok, t_vb),
-        "shared_token_strings": shared_strings,
-        "shared_token_bytes": matched,
-        "special_pairs": len(role_map(s_vb, t_vb)),
-        "matched_fraction_of_student": matched / max(s_vb.size, 1),
+        "overlap": overlap_figures(student_tok, teacher_tok),
+        "matched": matched,
+        "special_pairs": [(token_text(s_vb, s), token_text(t_vb, t)) for t, s in pairs],
     }
+
+
+def specials_summary(side: dict, paired: set[str], *, show_all: bool = False) -> str:
+    """One line per kind of special: the roles, the ones paired with the other side, and a
+    count of the rest (shown in full with `show_all`), with numbered runs such as Llama 3's
+    256 reserved tokens folded into one entry ('<|reserved_special_token_N|> x248')."""
+    roles = [f"{x['token']} ({x['role']})" for x in side["specials"] if x["role"] in _ROLES]
+    rest = [x["token"] for x in side["specials"] if x["role"] not in _ROLES]
+    named = [t for t in rest if t in paired]
+    others = [t for t in rest if t not in paired]
+    lines = [f"  roles: {', '.join(roles) or 'none'}"]
+    if named:
+        lines.append(f"  markers paired by name: {', '.join(named)}")
+    if others:
+        shown = others if show_all else _fold_numbered(others)
+        lines.append(f"  other specials ({len(others)}): {', '.join(shown)}")
+    return "\n".join(lines)
+
+
+_ROLES = ("eos", "bos", "pad", "unk")
 
 
 def _side(tok: Any, vb: VocabBytes) -> dict:
@@ -74,6 +118,17 @@ def _side(tok: Any, vb: VocabBytes) -> dict:
         "specials": specials,
         "chat_template": bool(getattr(tok, "chat_template", None)),
     }
+
+
+def _fold_numbered(tokens: list[str], keep: int = 12) -> list[str]:
+    # '<|reserved_special_token_17|>' and its siblings -> '<|reserved_special_token_N|> x248'
+    families: dict[str, list[str]] = {}
+    for t in tokens:
+        families.setdefault(re.sub(r"\d+", "N", t), []).append(t)
+    out = [f"{k} x{len(v)}" if len(v) > 2 else ", ".join(v) for k, v in families.items()]
+    if len(out) > keep:
+        out = [*out[:keep], f"... {len(out) - keep} more (--all-specials lists them)"]
+    return out
 
 
 def render_pair(text: str, student_tok: Any, teacher_tok: Any, *, width: int = 100) -> Text:

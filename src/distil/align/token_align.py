@@ -207,7 +207,7 @@ def align_completion(
         if t2s is not None
         else np.ones(len(groups), dtype=bool)
     )
-    pairs = _pair_specials(s_ids, s_ends, s_zero, t_ids, t_ends, t_zero, s_vb, t_vb, t2s)
+    pairs = _pair_specials(s_ids, s_ends, s_zero, t_ids, t_ends, t_bytes, t_zero, s_vb, t_vb, t2s)
     return _finish(groups, exact, pairs, s_ids, s_bytes, s_ends, t_bytes, t_ends, t2s is not None)
 
 
@@ -245,12 +245,18 @@ def _exact_flags(groups, s_bytes, s_ends, t_bytes, t_ends) -> np.ndarray:
     return out
 
 
-def _pair_specials(s_ids, s_ends, s_zero, t_ids, t_ends, t_zero, s_vb, t_vb, t2s):
+def _pair_specials(s_ids, s_ends, s_zero, t_ids, t_ends, t_bytes, t_zero, s_vb, t_vb, t2s):
     """1:1 (s, t) pairs of zero-length specials with the same role at the same byte position."""
     roles = _role_map_cached(s_vb, t_vb)
+    content = np.flatnonzero(~t_zero)
+    last_content = int(content[-1]) if len(content) else -1
     t_cands = []
     for j in np.flatnonzero(t_zero).tolist():
-        pos = int(t_ends[j]) if t2s is None else int(t2s[t_ends[j]])  # -1: no exact match
+        # a special after the teacher's last content token stands at the end of the text:
+        # bytes after that token are ones the teacher's tokenizer dropped (a final '\n' under
+        # WordPiece), so the student's tokens for them are unalignable and its EOS still pairs
+        at = len(t_bytes) if j > last_content else int(t_ends[j])
+        pos = at if t2s is None else int(t2s[at])  # -1: no exact match
         t_cands.append((j, pos, roles.get(int(t_ids[j]))))
     pairs, start = [], 0
     for k in np.flatnonzero(s_zero).tolist():

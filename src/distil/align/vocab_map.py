@@ -165,8 +165,9 @@ def vocab_bytes(tokenizer: Any) -> VocabBytes:
     token string's UTF-8. Steps after Fuse only touch the start of a text (Llama-2's Strip) and
     are ignored. For a decoder step not listed, every id falls back to a *decode difference*:
     decode([anchor, id]) minus decode([anchor]); that is slower (one decode per id) and loses
-    partial UTF-8 bytes (they decode to U+FFFD). Added tokens: special -> b"" with a role,
-    non-special -> their content's UTF-8.
+    partial UTF-8 bytes (they decode to U+FFFD). Added tokens: special -> b"" with a role;
+    non-special -> their content through the same decoder steps, as the tokenizer's own
+    `decode` does (so Gemma's added '▁▁▁' spells three spaces, not three U+2581).
     """
     try:
         cached = _CACHE.get(tokenizer)
@@ -195,9 +196,10 @@ def _build(tok: Any) -> VocabBytes:
     for i, piece in enumerate(pieces):
         if i in specials or piece is None:
             table.append(b"")
-        elif i in added_plain:
-            table.append(added_plain[i].encode("utf-8"))
         else:
+            # a non-special added token goes through the decoder like any piece (Gemma's
+            # '▁▁▁' is three spaces); `pieces` already spells it with its content
+            piece = added_plain.get(i, piece)
             data = _piece_bytes(piece, steps) if steps is not None else None
             if data is None:
                 convention = "decode"
@@ -359,7 +361,14 @@ def matched_vocab(
             "bytes, so there is no matched vocabulary for the hybrid/aligned losses. Use a "
             "loss that needs no shared tokens: loss.name=uld"
         )
-    pairs += [(s, t) for t, s in role_map(student_vb, teacher_vb).items()]
+    # specials by role, one-to-one: a teacher with both a pad and an eos facing a student with
+    # an eos alone keeps eos<->eos (a student id twice would count its probability twice)
+    taken: dict[int, int] = {}
+    for t, s in role_map(student_vb, teacher_vb).items():
+        same_role = teacher_vb.specials[t] == student_vb.specials[s]
+        if s not in taken or same_role:
+            taken[s] = t
+    pairs += [(s, t) for s, t in taken.items()]
     pairs.sort()
     ids = torch.tensor(pairs, dtype=torch.long)
     return ids[:, 0].contiguous(), ids[:, 1].contiguous()

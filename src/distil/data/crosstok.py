@@ -66,8 +66,8 @@ class CrossTokenizer:
         The completion is tokenized in context, after the teacher's prompt, so a tokenizer that
         marks word starts (SentencePiece '▁') sees what follows the prompt rather than the start
         of a text. If a teacher token would straddle the prompt/completion seam, the two are
-        tokenized apart instead. The teacher's EOS is appended (zero bytes) when the student's
-        completion ended with a stop token.
+        tokenized apart instead. The teacher's EOS is appended (zero bytes, after its last
+        token) when the student's completion ended with a stop token.
         """
         prompt_text = self.teacher_prompt_text(sample)
         text = completion_text(self.student_bytes(sample.completion_ids))
@@ -85,8 +85,11 @@ class CrossTokenizer:
             table = [vb.token_bytes[i] if 0 <= i < vb.size else b"" for i in t_ids]
             ends, data = list(text_byte_ends(text, local, table)), text.encode("utf-8")
         if sample.completion_ids and sample.completion_ids[-1] in self.student_stops:
+            # zero bytes: trailing text the teacher's tokenizer drops (WordPiece strips a final
+            # '\n') stays in no teacher token, so the student's tokens for it are masked, and
+            # the two EOS still pair by role at the end of the text (align_completion)
             t_ids.append(self.teacher_eos)
-            ends.append(len(data))
+            ends.append(ends[-1] if ends else 0)
         if self.max_prompt_tokens is not None:
             prompt_ids = prompt_ids[-self.max_prompt_tokens :]
         return prompt_ids, t_ids, ends, data

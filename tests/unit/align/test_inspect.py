@@ -24,12 +24,19 @@ def test_pair_report_bpe_unigram(bpe_tokenizer, unigram_tokenizer):
     assert rep["student"]["vocab_size"] == 512 and rep["teacher"]["vocab_size"] == 512
     assert rep["student"]["convention"] == "byte_level"
     assert rep["teacher"]["convention"] == "metaspace"
-    shared = set(bpe_tokenizer.get_vocab()) & set(unigram_tokenizer.get_vocab())
-    assert rep["shared_token_strings"] == len(shared)
     s_vb, t_vb = vocab_bytes(bpe_tokenizer), vocab_bytes(unigram_tokenizer)
+    shared = {
+        k
+        for k, i in bpe_tokenizer.get_vocab().items()
+        if i not in s_vb.specials
+        and k in unigram_tokenizer.get_vocab()
+        and unigram_tokenizer.get_vocab()[k] not in t_vb.specials
+    }
+    assert rep["overlap"]["shared_strings"] == len(shared)
     n_matched = matched_vocab(s_vb, t_vb)[0].numel()
-    assert rep["shared_token_bytes"] == n_matched > rep["shared_token_strings"]
-    assert rep["special_pairs"] == 2  # pad and eos
+    assert rep["matched"] == n_matched == rep["overlap"]["shared_bytes"] + 2
+    assert rep["overlap"]["shared_bytes"] > rep["overlap"]["shared_strings"]
+    assert rep["special_pairs"] == [("<|endoftext|>", "<pad>"), ("<|im_end|>", "<end_of_turn>")]
     assert rep["student"]["specials"] == [
         {"id": 0, "token": "<|endoftext|>", "role": "pad"},
         {"id": 1, "token": "<|im_start|>", "role": "<|im_start|>"},
@@ -42,7 +49,7 @@ def test_pair_report_bpe_unigram(bpe_tokenizer, unigram_tokenizer):
 def test_pair_report_without_shared_bytes_reports_zero(char_tokenizer, wordpiece_tokenizer):
     rep = pair_report(char_tokenizer, wordpiece_tokenizer)
     # char tokens are bare characters; wordpiece's '##x' spell the same single bytes
-    assert rep["shared_token_bytes"] > 90
+    assert rep["overlap"]["shared_bytes"] > 90
     assert rep["student"]["chat_template"]
 
 
