@@ -119,8 +119,8 @@ def test_resumed_run_matches_uninterrupted_run(tmp_path, make_train_config, monk
     cfg = build_config(raw)
     real_save = loop.save_checkpoint
 
-    def save_then_die(acc, out, step, state, keep):
-        path = real_save(acc, out, step, state, keep)
+    def save_then_die(acc, out, step, state, keep, **kw):
+        path = real_save(acc, out, step, state, keep, **kw)
         if step == 3:
             raise KeyboardInterrupt  # the process is killed right after the checkpoint
         return path
