@@ -252,7 +252,7 @@ def test_changed_config_is_refused_unless_allowed(reference_run, tmp_path):
 
 
 def test_resume_changed_must_name_config_keys(make_train_config):
-    with pytest.raises(ConfigError, match="train.resume_changed names no config key: train.lrr"):
+    with pytest.raises(ConfigError, match=r"train\.resume_changed names no config key: train\.lrr"):
         build_config(make_train_config(train={"resume_changed": ["train.lrr"]}))
 
 

@@ -107,11 +107,8 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
                 acc, stop.signum, minutes and time.monotonic() - saved_at >= 60 * minutes, local_ok
             )
             dead = finite and metrics["grad_norm"] == 0.0 and metrics["tokens/loss"] > 0
+            dead = dead and cfg.train.max_zero_grad_steps > 0  # 0: the user trains on regardless
             zeros = zeros + 1 if dead else 0
-            if not finite:
-                _report_skip(step, skips, cfg, flags["bad_ranks"], last_good)
-            if zeros:
-                _check_alive(step, zeros, cfg, last_good)
             last = _done(step, clock, cfg)
             if eval_problems is not None and (step % cfg.train.eval_every == 0 or last):
                 metrics.update(_evaluate(c, cfg, eval_problems))
@@ -121,6 +118,10 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
                     {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step
                 )
             progress.update(step, metrics, final=last)
+            if not finite:
+                _report_skip(step, skips, cfg, flags["bad_ranks"], last_good)
+            if zeros:
+                _check_alive(step, zeros, cfg, last_good)
             every = cfg.train.save_every
             due = (every and step % every == 0) or flags["time"] or flags["signum"]
             healthy = skips == 0 and zeros == 0  # never checkpoint weights inside a bad streak
@@ -133,7 +134,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
     else:
         print(
             f"warning: step {step} ended a streak of skipped or zero-gradient steps; no "
-            f"checkpoint written for it (the last good one: {last_good})",
+            f"checkpoint written for it (the last good one: {last_good or 'none'})",
             file=sys.stderr,
         )
     save_final_model(
