@@ -287,3 +287,16 @@ def test_a_stale_lock_of_a_killed_process_is_taken_over(tmp_path):
     holder.wait()
     with RunLock(tmp_path / "run"):  # the kernel released the dead process's lock
         assert "pid" in (tmp_path / "run" / ".distil.lock").read_text()
+
+
+def test_time_based_saves_are_on_by_default(tmp_path, make_train_config):
+    from distil.config import TrainConfig
+
+    assert TrainConfig().save_every_minutes == 10.0 and TrainConfig().save_every == 0
+    cfg = make_train_config(train={"max_steps": 3, "save_every_minutes": 1e-6, "keep_last": 5})
+    loop.train(build_config(cfg))
+    names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert names == ["step-00000001", "step-00000002", "step-00000003"]
+    cfg["train"].update(save_every_minutes=None, output_dir=str(tmp_path / "off"))
+    loop.train(build_config(cfg))
+    assert [p.name for p in (tmp_path / "off" / "checkpoints").iterdir()] == ["step-00000003"]
