@@ -65,14 +65,6 @@ def step_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def latest_checkpoint(run_dir: str | Path, world_size: int = 1) -> Path | None:
-    """The newest checkpoint under run_dir that passes `verify_checkpoint`, or None."""
-    for _, path in step_dirs(run_dir):
-        if not verify_checkpoint(path, world_size):
-            return path
-    return None
-
-
 # ----------------------------------------------------------------------------- save
 
 

@@ -159,7 +159,7 @@ def _agree(acc, signum: int, time_due: bool, local_ok: torch.Tensor) -> dict[str
     import signal
 
     n = acc.num_processes
-    flags = torch.zeros(3 + n, dtype=torch.float64, device=acc.device)
+    flags = torch.zeros(3 + n, dtype=torch.float32, device=acc.device)
     flags[0] = float(signum == signal.SIGTERM)
     flags[1] = float(signum == signal.SIGINT)
     flags[2] = float(bool(time_due))
