@@ -16,7 +16,8 @@ from distil.train import loop
 
 pytestmark = pytest.mark.slow
 
-# torchrun's worker: kill the whole job (SIGKILL to the process group) in the N-th micro-batch
+# torchrun's worker: on rank 1, kill the whole job (SIGKILL to the process group) in the N-th
+# micro-batch (N > 0), or make every loss from micro-batch -N on NaN (N < 0)
 CHILD = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
@@ -24,9 +25,14 @@ from distil.train import loop
 real, calls, n = loop.micro_step, [0], int(sys.argv[2])
 def micro(*a, **k):
     calls[0] += 1
-    if calls[0] == n and os.environ.get("RANK") == "1":
+    rank1 = os.environ.get("RANK") == "1"
+    if calls[0] == n and rank1:
         os.killpg(os.getpgid(0), signal.SIGKILL)
-    return real(*a, **k)
+    out = real(*a, **k)
+    if n < 0 and calls[0] >= -n and rank1:
+        out.loss = out.loss * float("nan")
+        out.metrics["loss_sum"] = out.metrics["loss_sum"] * float("nan")
+    return out
 loop.micro_step = micro
 from distil.cli import main
 raise SystemExit(main(["train", sys.argv[3]]))
@@ -80,3 +86,17 @@ def test_two_ranks_killed_mid_run_resume_exactly(tmp_path, make_train_config):
     wb = load_file(tmp_path / "killed" / "final" / "model.safetensors")
     for name in wa:
         assert torch.equal(wa[name], wb[name]), name
+
+
+def test_a_nan_loss_on_one_rank_stops_every_rank_with_its_name(tmp_path, make_train_config):
+    raw = make_train_config(train={"max_steps": 6, "save_every": 1, "max_consecutive_skips": 2})
+    cfg_path = tmp_path / "nan.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    run = torchrun(tmp_path, cfg_path, kill_at_micro=-3, port=29534)  # from step 2 on, rank 1
+    assert run.returncode != 0
+    assert "non-finite loss on rank 1)" in run.stderr
+    assert "2 consecutive steps had a non-finite loss or gradient" in run.stderr
+    # both ranks stop with the same DistilError at the same step (torchrun then reports exit 2)
+    assert run.stderr.count("distil: error: training stopped at step 3: 2 consecutive") == 2
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert ckpts == ["step-00000001"]
