@@ -8,11 +8,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
 import torch
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from distil.config import build_config
 from distil.errors import ConfigError, DistilError
@@ -300,3 +303,53 @@ def test_time_based_saves_are_on_by_default(tmp_path, make_train_config):
     cfg["train"].update(save_every_minutes=None, output_dir=str(tmp_path / "off"))
     loop.train(build_config(cfg))
     assert [p.name for p in (tmp_path / "off" / "checkpoints").iterdir()] == ["step-00000003"]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner),
+    max_leaves=20,
+)
+
+
+def manifests_are_only_reported(data: bytes) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        (ck.Path(d) / "manifest.json").write_bytes(data)
+        (ck.Path(d) / "model.safetensors").write_bytes(b"x")
+        problems = ck.verify_checkpoint(d)
+    assert problems and all(isinstance(p, str) for p in problems)
+
+
+manifest_bytes = (
+    st.binary(max_size=300)
+    | json_values.map(lambda v: json.dumps(v).encode())
+    | json_values.map(lambda v: json.dumps({"files": v}).encode())
+)
+file_names = st.sampled_from(["model.safetensors", "../model.safetensors", "", "."]) | st.text(
+    max_size=10
+)
+file_entries = json_values | st.fixed_dictionaries(
+    {"bytes": st.integers(-2, 2) | json_values, "sha256": st.text(max_size=64) | json_values}
+)
+
+
+@settings(max_examples=150, deadline=1000)
+@given(manifest_bytes)
+def test_any_manifest_bytes_give_problems_never_an_exception(data):
+    manifests_are_only_reported(data)
+
+
+@settings(max_examples=150, deadline=1000)
+@given(st.dictionaries(file_names, file_entries, max_size=4))
+def test_any_files_table_gives_problems_never_an_exception(files):
+    manifests_are_only_reported(json.dumps({"format": ck.FORMAT, "files": files}).encode())
+
+
+@pytest.mark.slow
+@settings(max_examples=5000, deadline=1000)
+@given(
+    manifest_bytes
+    | st.dictionaries(file_names, file_entries).map(lambda f: json.dumps({"files": f}).encode())
+)
+def test_any_manifest_long_run(data):
+    manifests_are_only_reported(data)

@@ -190,6 +190,11 @@ def verify_checkpoint(path: str | Path, world_size: int = 1) -> list[str]:
             "older distil in pickle format, which is not loaded)"
         ]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        files = None
+    valid = isinstance(files, dict) and all(
+        isinstance(k, str) and k == Path(k).name and isinstance(v, dict) for k, v in files.items()
+    )
+    if not valid:
         return [f"{MANIFEST} is not a valid manifest (truncated or corrupted)"]
     needed = [MODEL_FILE, OPTIM_TENSORS, OPTIM_META, STATE_FILE, CONFIG_FILE]
     needed += [rng_file(r) for r in range(world_size)]

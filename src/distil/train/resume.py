@@ -10,6 +10,7 @@ ranks follow its choice, so every rank resumes from the same step.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 
 from distil.config import DistilConfig
 from distil.train.checkpoint import (
+    MANIFEST,
     CheckpointError,
     checkpoint_dir,
     load_checkpoint,
@@ -48,6 +50,15 @@ def resume(c, cfg: DistilConfig, out: Path) -> tuple[int, dict[str, Any], Path |
     changes = config_changes(read_config_text(path), cfg)
     if changes:
         raise refuse_changes(changes, path)
+    written_by = json.loads((path / MANIFEST).read_text()).get("world_size")
+    if written_by != acc.num_processes and acc.is_main_process:
+        print(
+            f"warning: checkpoint {path} was written by {written_by} processes, this run has "
+            f"{acc.num_processes}: the data shards and random streams differ from the original "
+            "run from here on (the loss normalization does not depend on the world size)",
+            file=sys.stderr,
+            flush=True,
+        )
     state = load_checkpoint(acc, path, model=c.model, optimizer=c.optimizer)
     c.buffer.load_state(state["buffer"])
     if acc.is_main_process:
