@@ -353,3 +353,12 @@ def test_any_files_table_gives_problems_never_an_exception(files):
 )
 def test_any_manifest_long_run(data):
     manifests_are_only_reported(data)
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_an_output_dir_that_is_or_sits_under_a_file_is_a_clear_error(tmp_path, where):
+    (tmp_path / "f").write_text("x")
+    out = tmp_path / "f" if where == "file" else tmp_path / "f" / "run"
+    with pytest.raises(DistilError, match="cannot be used as the run directory"), RunLock(out):
+        pass
+    assert (tmp_path / "f").read_text() == "x"

@@ -66,13 +66,15 @@ class RunLock:
             return self
         import fcntl
 
-        if self.path.parent.exists() and not self.path.parent.is_dir():
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a file where the directory should be, no permission, ...
             raise DistilError(
-                f"train.output_dir = {str(self.path.parent)!r} is a file, not a directory. "
-                "Fix: point train.output_dir to a new or existing directory"
-            )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                f"train.output_dir = {str(self.path.parent)!r} cannot be used as the run "
+                f"directory ({exc.strerror or exc}). Fix: point train.output_dir to a new or "
+                "existing directory you can write to"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
