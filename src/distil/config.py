@@ -142,12 +142,24 @@ class TrainConfig(Section):
     )
     seq_kd: bool = Field(False, description="off-policy slices use teacher-written completions")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
+    save_every_minutes: float | None = Field(
+        10.0, gt=0.0, description="also checkpoint after this many minutes (null: off)"
+    )
     keep_last: int = Field(2, gt=0, description="checkpoints kept")
-    resume: str = Field("auto", description="auto (latest checkpoint), never, or a checkpoint dir")
+    resume: str = Field(
+        "auto", description="auto (newest complete checkpoint), never, or a checkpoint dir"
+    )
+    resume_changed: list[str] = Field(
+        default_factory=list,
+        description="keys (or patterns like teacher.*) allowed to differ from the checkpoint's",
+    )
     eval_every: int = Field(0, ge=0, description="evaluate every N steps (0: never)")
     log_every: int = Field(1, gt=0, description="print metrics every N steps")
     max_consecutive_skips: int = Field(
         5, gt=0, description="non-finite steps skipped in a row before the run stops"
+    )
+    max_zero_grad_steps: int = Field(
+        10, ge=0, description="steps in a row with a grad norm of exactly 0 before the run stops"
     )
     num_threads: int | None = Field(None, gt=0, description="torch CPU threads (null: default)")
 
@@ -443,6 +455,20 @@ def _sft_trains_on_data(cfg: DistilConfig):
             f"loss.name = 'sft' trains on completions the student did not write, but "
             f"train.lambda = {cfg.train.lambda_} asks for on-policy slices. Fix: set "
             "train.lambda=0 (dataset completions, or the teacher's with train.seq_kd=true)"
+        )
+    return None
+
+
+@check
+def _resume_changed_keys(cfg: DistilConfig):
+    import fnmatch
+
+    keys = flatten(to_dict(cfg))
+    unknown = [p for p in cfg.train.resume_changed if not fnmatch.filter(keys, p)]
+    if unknown:
+        return ("train.resume_changed",), (
+            f"train.resume_changed names no config key: {', '.join(unknown)}. Fix: list full "
+            "keys such as train.lr or loss.beta, or patterns such as teacher.*"
         )
     return None
 

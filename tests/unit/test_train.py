@@ -119,8 +119,8 @@ def test_resumed_run_matches_uninterrupted_run(tmp_path, make_train_config, monk
     cfg = build_config(raw)
     real_save = loop.save_checkpoint
 
-    def save_then_die(acc, out, step, state, keep):
-        path = real_save(acc, out, step, state, keep)
+    def save_then_die(acc, out, step, state, keep, **kw):
+        path = real_save(acc, out, step, state, keep, **kw)
         if step == 3:
             raise KeyboardInterrupt  # the process is killed right after the checkpoint
         return path
@@ -145,34 +145,106 @@ def test_resumed_run_matches_uninterrupted_run(tmp_path, make_train_config, monk
         torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=0)
 
 
-def test_non_finite_loss_skips_the_step_then_stops(tmp_path, make_train_config, monkeypatch):
-    real = loop.micro_step
+def nan_on_windows(real, windows):
+    """micro_step whose loss is NaN in the given (1-based) windows of 2 micro-batches."""
     calls = {"n": 0}
 
-    def nan_on_second_window(*args, **kwargs):
+    def step(*args, **kwargs):
         calls["n"] += 1
         out = real(*args, **kwargs)
-        if calls["n"] in (3, 4):  # both micro-batches of step 2
+        if windows == "all" or (calls["n"] + 1) // 2 in windows:
             out.loss = out.loss * float("nan")
             out.metrics["loss_sum"] = out.metrics["loss_sum"] * float("nan")
         return out
 
-    monkeypatch.setattr(loop, "micro_step", nan_on_second_window)
-    loop.train(build_config(make_train_config()))
-    metrics = read_metrics(tmp_path / "run")
-    assert [m["skipped"] for m in metrics] == [0, 1, 0]
+    return step
 
-    def always_nan(*args, **kwargs):
-        out = real(*args, **kwargs)
-        out.loss = out.loss * float("nan")
+
+def checkpoints(run_dir):
+    return sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").iterdir())
+
+
+def test_non_finite_steps_are_skipped_and_never_checkpointed(
+    tmp_path, make_train_config, monkeypatch, capsys
+):
+    monkeypatch.setattr(loop, "micro_step", nan_on_windows(loop.micro_step, (2, 3)))
+    cfg = make_train_config(train={"max_steps": 5, "save_every": 1, "keep_last": 10})
+    loop.train(build_config(cfg))
+    metrics = read_metrics(tmp_path / "run")
+    assert [m["skipped"] for m in metrics] == [0, 1, 1, 0, 0]
+    assert checkpoints(tmp_path / "run") == [1, 4, 5]  # nothing inside the streak
+    err = capsys.readouterr().err
+    assert "step 2: non-finite loss or gradient (non-finite loss on rank 0)" in err
+
+
+@pytest.mark.parametrize("clip", [1.0, None])
+def test_non_finite_abort_names_the_last_good_checkpoint(
+    tmp_path, make_train_config, monkeypatch, clip
+):
+    calls = {"n": 0}
+    real = loop.micro_step
+
+    def nan_after_first_window(*args, **kwargs):
+        calls["n"] += 1
+        return nan_on_windows(real, "all" if calls["n"] > 2 else ())(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "micro_step", nan_after_first_window)
+    cfg = make_train_config(
+        train={"max_consecutive_skips": 2, "max_steps": 5, "save_every": 1, "max_grad_norm": clip}
+    )
+    with pytest.raises(DistilError, match="2 consecutive steps had a non-finite") as info:
+        loop.train(build_config(cfg))
+    msg = str(info.value)
+    good = tmp_path / "run" / "checkpoints" / "step-00000001"
+    assert f"train.resume={good}" in msg and "train.resume=never" in msg
+    assert ("enable train.max_grad_norm" in msg) == (clip is None)  # not when already on
+    assert checkpoints(tmp_path / "run") == [1]
+
+
+def test_a_dead_model_with_zero_gradients_stops(tmp_path, make_train_config):
+    # lr=1e6 saturates the tiny student after one step: grad_norm is exactly 0 from step 2 on
+    cfg = make_train_config(
+        train={"lr": 1e6, "max_steps": 30, "save_every": 1, "max_zero_grad_steps": 3}
+    )
+    with pytest.raises(DistilError, match="gradient norm was exactly 0 for 3 steps") as info:
+        loop.train(build_config(cfg))
+    assert "step-00000001" in str(info.value) and "lower train.lr" in str(info.value)
+    metrics = read_metrics(tmp_path / "run")
+    assert [m["grad_norm"] for m in metrics][1:] == [0.0, 0.0, 0.0]
+    assert metrics[0]["grad_norm"] > 0 and checkpoints(tmp_path / "run") == [1]
+
+
+class NaNAt:
+    """A teacher model whose logits are NaN at one (row, position) of its forward."""
+
+    def __init__(self, model, row, pos):
+        self.model, self.row, self.pos = model, row, pos
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, **kwargs):
+        out = self.model(**kwargs)
+        out.logits[self.row, self.pos] = float("nan")
         return out
 
-    monkeypatch.setattr(loop, "micro_step", always_nan)
-    cfg = build_config(
-        make_train_config(train={"max_consecutive_skips": 2, "resume": "never", "max_steps": 5})
-    )
-    with pytest.raises(DistilError, match="2 consecutive steps had a non-finite"):
-        loop.train(cfg)
+
+def test_nan_teacher_logits_stop_before_the_loss(models, bpe_tokenizer):
+    from distil.teacher.live import TeacherOutputError
+
+    teacher, _ = models
+    batch = collate(ragged_samples(bpe_tokenizer, 4), bpe_tokenizer.pad_token_id)
+    real = batch.attention_mask_B_L[1].nonzero()[-1].item() - 1  # a real token of row 1
+    scorer = LiveTeacher(teacher)
+    scorer.model = NaNAt(teacher, 1, real)
+    with pytest.raises(TeacherOutputError, match=f"row 1, position {real}"):
+        scorer.score(batch)
+    pad = (batch.attention_mask_B_L == 0).nonzero()
+    assert len(pad), "the batch has padding"
+    row, pos = pad[0].tolist()
+    scorer.model = NaNAt(teacher, row, pos)  # NaN on a padding position is not used: no error
+    assert torch.isfinite(scorer.score(batch).logprobs_B_T_V[batch.mask_B_T]).all()
+    scorer.model = teacher
 
 
 def test_teacher_with_another_tokenizer_is_an_error_for_same_tokenizer_losses(

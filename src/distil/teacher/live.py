@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from distil.errors import DistilError
 from distil.teacher.base import sparse_topk
 from distil.types import Batch, TeacherTargets
 
@@ -59,6 +60,7 @@ class LiveTeacher:
         # log-softmax in fp32 one row at a time would save memory; the whole (B, T, V) in fp32
         # is what the loss needs anyway unless targets are sparse.
         logprobs = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+        _check_finite(logprobs, batch)
         token_logprobs = None
         if batch.teacher_input_ids_B_L is None:  # same tokens: the student's labels are ours
             labels = batch.labels_B_T.to(logprobs.device).unsqueeze(-1)
@@ -77,3 +79,28 @@ class LiveTeacher:
                 token_logprobs_B_T=token_logprobs,
             )
         return targets.to(student_device)
+
+
+class TeacherOutputError(DistilError):
+    """The teacher produced NaN or infinite logits on real (non-padding) tokens."""
+
+
+def _check_finite(logprobs_B_T_V: torch.Tensor, batch: Batch) -> None:
+    """Stop before the loss when a teacher row is NaN/inf: a KL against it is NaN, and a
+    skipped step would only hide a broken teacher. max over the vocabulary propagates NaN, and
+    is -inf or NaN when the logits held +inf or only -inf; padding positions are not checked
+    (some attention kernels return NaN on fully masked rows)."""
+    attn = batch.attention_mask_B_L
+    if batch.teacher_input_ids_B_L is not None:
+        attn = batch.teacher_attention_mask_B_L
+    real_B_T = attn[:, :-1].to(logprobs_B_T_V.device).bool()
+    bad_B_T = ~torch.isfinite(logprobs_B_T_V.amax(dim=-1)) & real_B_T
+    if bool(bad_B_T.any()):
+        rows, cols = bad_B_T.nonzero(as_tuple=True)
+        raise TeacherOutputError(
+            f"the teacher's logits are NaN or infinite at {int(bad_B_T.sum())} of "
+            f"{int(real_B_T.sum())} token positions of this micro-batch (first: row "
+            f"{int(rows[0])}, position {int(cols[0])}), so every loss against them would be NaN. "
+            "Fix: load the teacher in a wider dtype (teacher.dtype=bfloat16 or float32; float16 "
+            "overflows in many models), or check that teacher.path holds intact weights"
+        )

@@ -2,8 +2,8 @@
 
 `metrics.jsonl` gets one JSON object per optimizer step (loss, per-component losses, KL,
 on/off-policy shares, grad norm, lr, tokens, and the seconds spent generating, scoring with the
-teacher and training). On resume, lines past the restored step are dropped so the file reads as
-one uninterrupted run.
+teacher and training). On resume, lines past the restored step (and a partial last line left
+by a kill) are dropped so the file reads as one uninterrupted run.
 """
 
 from __future__ import annotations
@@ -27,12 +27,10 @@ class MetricsLog:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
         if enabled and resume_step is not None and self.path.exists():
-            kept = [
-                line
-                for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resume_step
-            ]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            kept = _lines_up_to(self.path, resume_step)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            tmp.replace(self.path)
         elif enabled and resume_step is None and self.path.exists():
             self.path.unlink()
 
@@ -41,6 +39,24 @@ class MetricsLog:
             return
         with self.path.open("a") as fh:
             fh.write(json.dumps(_plain(record)) + "\n")
+
+
+def _lines_up_to(path: Path, step: int) -> list[str]:
+    """The lines of steps <= step. A line that does not parse (the last one, cut short when the
+    process was killed mid-write) is dropped: it belongs to a step past any checkpoint."""
+    kept = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if (
+            isinstance(record, dict)
+            and isinstance(record.get("step"), int)
+            and record["step"] <= step
+        ):
+            kept.append(line)
+    return kept
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:

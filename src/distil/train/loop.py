@@ -17,23 +17,23 @@ gradient do not depend on grad_accum_steps, per_device_batch_size or the number 
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from distil.config import DistilConfig, save_resolved
-from distil.errors import ConfigError, DistilError
-from distil.train.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-    save_final_model,
-)
+from distil.config import DistilConfig, to_yaml
+from distil.errors import DistilError
+from distil.train.checkpoint import save_checkpoint, save_final_model
 from distil.train.logging import MetricsLog, ProgressLine, print_sample
 from distil.train.optim import set_lr
+from distil.train.resume import resume
+from distil.train.rundir import RunLock, record_config
 from distil.train.setup import Components, build
+from distil.train.signals import StopRequest, TrainingInterrupted, signal_name
 from distil.train.step import micro_step
 
 
@@ -42,20 +42,25 @@ def train(cfg: DistilConfig) -> dict[str, Any]:
 
     Returns the last step's metrics. The training clock (`time/train_clock`) counts generation,
     teacher and student time only: evaluation, checkpoints and the printed example are excluded.
+    The output directory is locked for the run; SIGINT/SIGTERM end it after a checkpoint
+    (`TrainingInterrupted`, exit code 130/143).
     """
-    c = build(cfg)
-    try:
-        return _run(c, cfg)
-    finally:
-        c.buffer.close()
+    with RunLock(cfg.train.output_dir, enabled=int(os.environ.get("RANK", "0")) == 0):
+        c = build(cfg)
+        try:
+            with StopRequest() as stop:
+                return _run(c, cfg, stop)
+        finally:
+            c.buffer.close()
 
 
-def _run(c: Components, cfg: DistilConfig) -> dict[str, Any]:
+def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
     acc, out = c.accelerator, Path(cfg.train.output_dir)
+    step, state, last_good = resume(c, cfg, out)
     if acc.is_main_process:
-        save_resolved(cfg, out)
-    step, state = _resume(c, cfg, out)
+        record_config(cfg, out, step if state else None)
     skips, clock = state.get("consecutive_skips", 0), state.get("train_seconds", 0.0)
+    zeros = state.get("zero_grad_steps", 0)
     log = MetricsLog(out, enabled=acc.is_main_process, resume_step=step if state else None)
     progress = ProgressLine(
         cfg.train.max_steps,
@@ -70,14 +75,22 @@ def _run(c: Components, cfg: DistilConfig) -> dict[str, Any]:
         acc.init_trackers(cfg.logging.project, config=_flat_config(cfg))
     eval_problems = _eval_problems(cfg) if cfg.train.eval_every else None
     metrics: dict[str, Any] = {}
-    first = step
+    first, saved_at = step, time.monotonic()
+
+    def save(step: int) -> Path:
+        trainer_state = _trainer_state(step, c, skips, clock, zeros)
+        return save_checkpoint(
+            acc, out, step, trainer_state, cfg.train.keep_last,
+            model=c.model, optimizer=c.optimizer, config_text=to_yaml(cfg),
+        )  # fmt: skip
+
     with progress:
         while not _done(step, clock, cfg):
             t_start = time.perf_counter()
             lr = set_lr(c.optimizer, cfg.train, step, clock)
             window = c.buffer.next_window()
             t_shown = _maybe_print_example(c, cfg, window) if step == first else 0.0
-            sums, t_teacher, t_train = _accumulate(c, cfg, window)
+            sums, local_ok, t_teacher, t_train = _accumulate(c, cfg, window)
             t0 = time.perf_counter()
             grad_norm, finite = _update(c, cfg, sums)
             skips = 0 if finite else skips + 1
@@ -89,8 +102,13 @@ def _run(c: Components, cfg: DistilConfig) -> dict[str, Any]:
                 step, sums, window, grad_norm, lr, finite, t_teacher, t_train, t_step
             )
             metrics["time/train_clock"] = clock
-            if not finite:
-                _report_skip(step, skips, cfg.train.max_consecutive_skips)
+            minutes = cfg.train.save_every_minutes
+            flags = _agree(
+                acc, stop.signum, minutes and time.monotonic() - saved_at >= 60 * minutes, local_ok
+            )
+            dead = finite and metrics["grad_norm"] == 0.0 and metrics["tokens/loss"] > 0
+            dead = dead and cfg.train.max_zero_grad_steps > 0  # 0: the user trains on regardless
+            zeros = zeros + 1 if dead else 0
             last = _done(step, clock, cfg)
             if eval_problems is not None and (step % cfg.train.eval_every == 0 or last):
                 metrics.update(_evaluate(c, cfg, eval_problems))
@@ -100,11 +118,25 @@ def _run(c: Components, cfg: DistilConfig) -> dict[str, Any]:
                     {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step
                 )
             progress.update(step, metrics, final=last)
-            if cfg.train.save_every and step % cfg.train.save_every == 0 and not last:
-                save_checkpoint(
-                    acc, out, step, _trainer_state(step, c, skips, clock), cfg.train.keep_last
-                )
-    save_checkpoint(acc, out, step, _trainer_state(step, c, skips, clock), cfg.train.keep_last)
+            if not finite:
+                _report_skip(step, skips, cfg, flags["bad_ranks"], last_good)
+            if zeros:
+                _check_alive(step, zeros, cfg, last_good)
+            every = cfg.train.save_every
+            due = (every and step % every == 0) or flags["time"] or flags["signum"]
+            healthy = skips == 0 and zeros == 0  # never checkpoint weights inside a bad streak
+            if due and healthy and not last:
+                last_good, saved_at = save(step), time.monotonic()
+            if flags["signum"] and not last:
+                raise _interrupted(flags["signum"], step, last_good, healthy)
+    if skips == 0 and zeros == 0:
+        save(step)
+    else:
+        print(
+            f"warning: step {step} ended a streak of skipped or zero-gradient steps; no "
+            f"checkpoint written for it (the last good one: {last_good or 'none'})",
+            file=sys.stderr,
+        )
     save_final_model(
         acc,
         c.model,
@@ -120,12 +152,45 @@ def _run(c: Components, cfg: DistilConfig) -> dict[str, Any]:
     return metrics
 
 
+def _agree(acc, signum: int, time_due: bool, local_ok: torch.Tensor) -> dict[str, Any]:
+    """One small all-reduce per step so that every rank takes the same decisions: stop on a
+    signal (any rank's), save on the wall clock (any rank's timer), which ranks saw a
+    non-finite loss."""
+    import signal
+
+    n = acc.num_processes
+    flags = torch.zeros(3 + n, dtype=torch.float32, device=acc.device)
+    flags[0] = float(signum == signal.SIGTERM)
+    flags[1] = float(signum == signal.SIGINT)
+    flags[2] = float(bool(time_due))
+    flags[3 + acc.process_index] = float(not bool(local_ok))
+    if n > 1:
+        flags = acc.reduce(flags, reduction="sum")
+    f = flags.tolist()
+    sig = signal.SIGTERM if f[0] else signal.SIGINT if f[1] else 0
+    return {"signum": int(sig), "time": bool(f[2]), "bad_ranks": [r for r in range(n) if f[3 + r]]}
+
+
+def _interrupted(signum: int, step: int, last_good, saved: bool) -> TrainingInterrupted:
+    where = (
+        f"checkpoint {last_good} written"
+        if saved
+        else f"no checkpoint written (inside a non-finite or zero-gradient streak; the last "
+        f"good one is {last_good or 'none'})"
+    )
+    return TrainingInterrupted(
+        f"training stopped by {signal_name(signum)} after step {step}: {where}. "
+        "To continue, run the same command again (train.resume=auto)",
+        signum,
+    )
+
+
 def _done(step: int, clock: float, cfg: DistilConfig) -> bool:
     budget = cfg.train.max_minutes
     return step >= cfg.train.max_steps or (budget is not None and clock >= 60.0 * budget)
 
 
-def _accumulate(c: Components, cfg: DistilConfig, window) -> tuple[dict, float, float]:
+def _accumulate(c: Components, cfg: DistilConfig, window) -> tuple[dict, Any, float, float]:
     """Teacher targets, loss and backward for every micro-batch of the window."""
     acc = c.accelerator
     local = torch.tensor(float(window.num_loss_tokens), device=acc.device)
@@ -158,8 +223,9 @@ def _accumulate(c: Components, cfg: DistilConfig, window) -> tuple[dict, float, 
             for k, v in micro.alignment.metrics.items():
                 sums[f"align/{k}"] = sums.get(f"align/{k}", 0) + torch.tensor(float(v))
         t_teacher, t_train = t_teacher + t1 - t0, t_train + _clock_now(acc.device) - t1
+    local_ok = torch.isfinite(sums["loss_sum"]).all() if "loss_sum" in sums else True
     sums = {k: acc.reduce(v.detach().float(), reduction="sum") for k, v in sums.items()}
-    return sums, t_teacher, t_train
+    return sums, local_ok, t_teacher, t_train
 
 
 def _clock_now(device: torch.device) -> float:
@@ -201,30 +267,12 @@ def _loss_opts(c: Components, cfg: DistilConfig, policy: str) -> dict[str, Any]:
     return {**c.loss_opts, "ce_weight": ce}
 
 
-def _resume(c: Components, cfg: DistilConfig, out: Path) -> tuple[int, dict[str, Any]]:
-    how = cfg.train.resume
-    if how == "never":
-        return 0, {}
-    path = latest_checkpoint(out) if how == "auto" else Path(how)
-    if path is None:
-        return 0, {}
-    if not (path / "trainer_state.json").exists():
-        raise ConfigError(
-            f"train.resume = {how!r}: {path} is not a complete distil checkpoint. "
-            "Fix: use train.resume=auto, never, or a checkpoints/step-* directory"
-        )
-    state = load_checkpoint(c.accelerator, path)
-    c.buffer.load_state(state["buffer"])
-    if c.accelerator.is_main_process:
-        print(f"resumed from {path} at step {state['step']}", flush=True)
-    return int(state["step"]), state
-
-
-def _trainer_state(step: int, c: Components, skips: int, clock: float) -> dict[str, Any]:
+def _trainer_state(step: int, c: Components, skips: int, clock: float, zeros: int) -> dict:
     return {
         "step": step,
         "buffer": c.buffer.state.to_dict(),
         "consecutive_skips": skips,
+        "zero_grad_steps": zeros,
         "train_seconds": clock,
     }
 
@@ -270,19 +318,47 @@ def _step_metrics(step, sums, window, grad_norm, lr, finite, t_teacher, t_train,
     return m
 
 
-def _report_skip(step: int, skips: int, limit: int) -> None:
-    from distil.progress import console
-
-    console.print(
-        f"[yellow]step {step}: non-finite loss or gradient, optimizer step skipped "
-        f"({skips} in a row, limit {limit})[/]"
+def _report_skip(step: int, skips: int, cfg: DistilConfig, bad_ranks, last_good) -> None:
+    limit = cfg.train.max_consecutive_skips
+    where = f" (non-finite loss on rank {', '.join(map(str, bad_ranks))})" if bad_ranks else ""
+    print(
+        f"warning: step {step}: non-finite loss or gradient{where}, optimizer step skipped "
+        f"({skips} in a row, limit {limit}); no checkpoint is written until a step succeeds",
+        file=sys.stderr,
+        flush=True,
     )
     if skips >= limit:
+        clip = "" if cfg.train.max_grad_norm else ", enable train.max_grad_norm (e.g. 1.0)"
         raise DistilError(
             f"training stopped at step {step}: {skips} consecutive steps had a non-finite loss "
-            "or gradient. Fix: lower train.lr, enable train.max_grad_norm, check the data, or "
-            "raise train.max_consecutive_skips"
+            f"or gradient{where}. {_last_good(last_good)} Fix: lower train.lr (now "
+            f"{cfg.train.lr}){clip}, check the data, or raise train.max_consecutive_skips"
         )
+
+
+def _check_alive(step: int, zeros: int, cfg: DistilConfig, last_good) -> None:
+    """A gradient of exactly zero on real loss tokens, step after step, is a dead model
+    (saturated activations after a too-large update), not a converged one."""
+    limit = cfg.train.max_zero_grad_steps
+    if limit and zeros >= limit:
+        raise DistilError(
+            f"training stopped at step {step}: the gradient norm was exactly 0 for {zeros} steps "
+            "in a row although the windows had loss tokens, so the student no longer learns "
+            "(its weights saturated, typically after too large a learning rate). "
+            f"{_last_good(last_good)} Fix: lower train.lr (now {cfg.train.lr}), or set "
+            "train.max_zero_grad_steps=0 to train on regardless"
+        )
+
+
+def _last_good(path) -> str:
+    """Where to restart after a stop: checkpoints are never written inside a bad streak."""
+    if path is None:
+        return "No checkpoint was written before the problem: start over with train.resume=never."
+    return (
+        f"The last good checkpoint is {path}: resume from it with train.resume={path} (list "
+        "the keys you change, e.g. train.resume_changed=[train.lr]), or start over with "
+        "train.resume=never."
+    )
 
 
 def _eval_problems(cfg: DistilConfig):
