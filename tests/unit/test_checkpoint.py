@@ -234,6 +234,19 @@ def test_a_killed_save_leaves_a_tmp_dir_that_is_ignored_and_removed(reference_ru
     assert_same_as_reference(reference_run, run_dir, from_step=2)
 
 
+def test_resume_never_moves_the_old_checkpoints_aside(reference_run, tmp_path, capsys):
+    """Starting over keeps what the earlier run wrote (moved out of the way, so that a later
+    train.resume=auto cannot pick it up) and writes the new run's own checkpoints."""
+    run_dir, raw = copy_run(reference_run, tmp_path, max_steps=2, resume="never")
+    old = (run_dir / "checkpoints" / "step-00000004" / "model.safetensors").read_bytes()
+    loop.train(build_config(raw))
+    aside = list(run_dir.glob("checkpoints.before-*"))
+    assert len(aside) == 1 and "moved 2 checkpoint(s)" in capsys.readouterr().err
+    assert sorted(p.name for p in aside[0].iterdir()) == ["step-00000002", "step-00000004"]
+    assert (aside[0] / "step-00000004" / "model.safetensors").read_bytes() == old
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-00000002"]
+
+
 def test_changed_config_is_refused_unless_allowed(reference_run, tmp_path):
     run_dir, raw = copy_run(reference_run, tmp_path, max_steps=5)  # max_steps: allowed
     raw["train"]["lr"] = 5e-4

@@ -11,8 +11,10 @@ ranks follow its choice, so every rank resumes from the same step.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +103,7 @@ def _pick(acc, cfg: DistilConfig, out: Path) -> Path | None:
         raise CheckpointError(
             f"no complete checkpoint in {checkpoint_dir(out)} "
             f"({' | '.join(rejected) or 'see rank 0'}). Fix: start over with "
-            "train.resume=never (removes these checkpoints), or resume from a checkpoint "
+            "train.resume=never (moves these checkpoints aside), or resume from a checkpoint "
             "directory you trust with train.resume=<dir>"
         )
     return None if chosen == _NONE else checkpoint_dir(out) / f"step-{chosen:08d}"
@@ -118,13 +120,18 @@ def _from_main(acc, value: int) -> int:
 
 
 def _clear_checkpoints(out: Path) -> None:
+    """Move an earlier run's checkpoints aside (never delete what a user's run wrote), so that a
+    later train.resume=auto cannot pick one of them up."""
     old = step_dirs(out)
-    if old:
-        print(
-            f"warning: train.resume=never: removing {len(old)} checkpoint(s) of an earlier run "
-            f"in {checkpoint_dir(out)}",
-            file=sys.stderr,
-            flush=True,
-        )
+    if not old:
+        return
+    aside = out / f"checkpoints.before-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir(parents=True, exist_ok=True)
     for _, p in old:
-        shutil.rmtree(p, ignore_errors=True)
+        os.replace(p, aside / p.name)
+    print(
+        f"warning: train.resume=never: moved {len(old)} checkpoint(s) of an earlier run from "
+        f"{checkpoint_dir(out)} to {aside} (delete it when it is no longer needed)",
+        file=sys.stderr,
+        flush=True,
+    )
