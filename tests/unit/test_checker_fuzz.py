@@ -4,12 +4,13 @@ The reference here is Python's own parser (`ast`) with `fractions.Fraction` arit
 whitelisted nodes, applied to strings limited to the checker's alphabet (digits, + - * / ( ) and
 spaces, no leading zeros), so it shares no code with the checker's shunting-yard evaluator.
 Each property runs in the default tier with a small budget and a 1-second deadline per input;
-the `slow` twins run the same properties with many more examples.
+the `slow` twins run the same properties with many more examples (DISTIL_FUZZ_EXAMPLES).
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 from fractions import Fraction
 
@@ -31,7 +32,8 @@ FAST = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-SLOW = settings(FAST, max_examples=4000)
+# the slow tier's budget; DISTIL_FUZZ_EXAMPLES=100000 for a long hunt
+SLOW = settings(FAST, max_examples=int(os.environ.get("DISTIL_FUZZ_EXAMPLES", "4000")))
 
 
 def twin(strategy_args: dict, prop):
