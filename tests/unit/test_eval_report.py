@@ -184,3 +184,11 @@ def test_two_real_tiny_models_with_the_same_basename(tmp_path, capsys, tiny_mode
     a, b = (tmp_path / "eval-report" / m["verdicts"] for m in report["models"])
     # identical models, greedy: the same completions, in two files
     assert a.name != b.name and a.read_text() == b.read_text() and a.read_text()
+
+
+def test_a_missing_second_model_stops_before_the_first_runs(tmp_path, capsys, fake_generation):
+    (tmp_path / "good").mkdir()
+    argv = ["eval", "--model", str(tmp_path / "good"), "--model", str(tmp_path / "runs/typo/x")]
+    code, _, err = run(capsys, *argv, "--n", "2", "--out", str(tmp_path / "r"))
+    assert code == 2 and "runs/typo/x" in err and "no such directory" in err
+    assert fake_generation == [] and not (tmp_path / "r").exists()

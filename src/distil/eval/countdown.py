@@ -351,7 +351,9 @@ def tinyzero_score(
     target -> `score`; otherwise `format_score`. So "... = 24" and multi-line answers fail.
     One deviation: TinyZero calls eval(), here a whitelisted AST evaluator with Python's own
     semantics does the same arithmetic but refuses integer powers above 2**(2**20) (TinyZero
-    would hang), scoring them format_score.
+    would hang), scoring them format_score. A digit run past Python's 4,300-digit int-from-str
+    limit fails TinyZero's number check inside its try/except, so it scores format_score here
+    too; the last-line tag search is one linear scan with the regex's exact matches.
     """
     equation = _tinyzero_extract(solution_str)
     if equation is None:
