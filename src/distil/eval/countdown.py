@@ -126,7 +126,7 @@ def _evaluate(text: str) -> tuple[_Rational, list[int]]:
                 expect_operand = False
             elif token == "(":
                 ops.append(token)
-            elif token in "+-":
+            elif token in ("+", "-"):
                 ops.append("u" + token)
             else:
                 raise _EvalError(f"expected a number or '(' at {_clip(token)!r} in {_clip(text)!r}")
