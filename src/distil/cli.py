@@ -352,12 +352,16 @@ def _add_eval(sub) -> None:
 
 
 def _eval(args) -> int:
+    """Everything that can be checked without a model is checked first (config, --out, names,
+    completions files, the problems file), so a mistake never costs an evaluation."""
     from distil.config import load_config
     from distil.eval.runner import (
+        check_out_dir,
         evaluate_model,
         format_table,
-        load_completions,
-        score,
+        load_problem_set,
+        score_file,
+        unique_names,
         write_report,
     )
 
@@ -376,13 +380,27 @@ def _eval(args) -> int:
     }
     overrides = list(args.overrides) + [f"eval.{k}={v}" for k, v in flags.items() if v is not None]
     cfg = load_config(args.config, overrides).eval
+    out = args.out or "eval-report"
+    check_out_dir(out)
+    sources = [("completions", f) for f in args.completions] + [("model", m) for m in args.model]
+    names = unique_names(sources)
+    if args.model:
+        from distil.models.load import _check_exists
+
+        for m in args.model:  # a mistyped local path stops here, not after the first model ran
+            _check_exists(m, "--model")
     results = [
-        score(Path(f).stem, load_completions(f), number_usage=cfg.number_usage)
-        for f in args.completions
+        score_file(f, name=name, number_usage=cfg.number_usage)
+        for f, name in zip(args.completions, names, strict=False)
     ]
-    results += [evaluate_model(m, cfg, progress=not args.no_progress) for m in args.model]
+    if args.model:
+        problems, data = load_problem_set(cfg)
+        for m, name in zip(args.model, names[len(args.completions) :], strict=True):
+            r = evaluate_model(m, cfg, name=name, problems=problems, progress=not args.no_progress)
+            r.data = data
+            results.append(r)
     print(format_table(results))
-    paths = write_report(results, args.out or "eval-report")
+    paths = write_report(results, out)
     print(f"\nreport: {paths['markdown']}  {paths['json']}", file=sys.stderr)
     return 0
 

@@ -266,3 +266,153 @@ def test_pass_at_k_rejects_bad_counts():
 def test_mean_pass_at_k():
     assert mean_pass_at_k([(5, 2), (5, 0), (5, 5)], 2) == pytest.approx((0.7 + 0 + 1) / 3)
     assert mean_pass_at_k([], 1) == 0.0
+
+
+# --- answer-tag rule (issue 16, item 11 and the tag fuzz classes) -------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a mention of the tag in the reasoning, then the real block
+        "I will put the final equation inside <answer> tags.\n<answer>44 + 19 - 35</answer>",
+        "Format: <answer> and </answer>. So <answer>44 + 19 - 35</answer>",
+        "<think>remember the <ANSWER> tag</think>\n<answer>\n44 + 19 - 35\n</answer>",
+        # an unclosed tag after the final block does not erase it (a truncated second answer)
+        "<answer>44 + 19 - 35</answer>\nLet me double-check: <answer>44 + 19",
+        # a stray closing tag before or after the block is ignored
+        "</answer> ok <answer>44 + 19 - 35</answer> </answer>",
+        # nested: the innermost (closed, tag-free) block
+        "<answer>1 + <answer>44 + 19 - 35</answer> 2</answer>",
+    ],
+)
+def test_last_closed_block_wins_and_unpaired_tags_are_ignored(text):
+    v = check(text, NUMS, TARGET)
+    assert (v.outcome, v.answer) == ("correct", "44 + 19 - 35")
+
+
+def test_only_a_mention_or_an_unclosed_tag_is_missing_answer_tags():
+    assert outcome("I will answer inside <answer> tags. 44 + 19 - 35") == "missing_answer_tags"
+    assert outcome("44 + 19 - 35 </answer>") == "missing_answer_tags"
+    assert outcome("</answer>44 + 19 - 35<answer>") == "missing_answer_tags"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<anſwer>44 + 19 - 35</anſwer>",  # U+017F LATIN SMALL LETTER LONG S folds to 's'
+        "<answer>44 + 19 - 35</anſwer>",
+        "<ANſWER>44 + 19 - 35</ANSWER>",
+        "＜answer＞44 + 19 - 35＜/answer＞",  # fullwidth brackets
+        "<answer >44 + 19 - 35</answer >",
+    ],
+)
+def test_tags_match_ascii_case_insensitively_only(text):
+    assert outcome(text) == "missing_answer_tags"
+
+
+def test_tag_search_is_linear():
+    # 80,000 characters of opening tags: the old lazy regex took seconds (quadratic)
+    for text in ["<answer>" * 10_000, "<answer>" * 10_000 + "1</answer>", "</answer>" * 9_000]:
+        start = time.perf_counter()
+        check(text, NUMS, TARGET)
+        tinyzero_score(P + text, NUMS, TARGET)
+        assert time.perf_counter() - start < 1.0
+
+
+def test_lone_surrogates_and_odd_text_get_a_verdict():
+    assert outcome("\ud800<answer>44 + 19 - 35</answer>\udfff") == "correct"
+    assert outcome("<answer>\ud800</answer>") == "lhs_parse_or_eval_error"
+    assert outcome("<answer>44 + 19 - 35 = \udc80</answer>") == "rhs_parse_or_eval_error"
+    assert tinyzero_score(P + "\ud800<answer>44 + 19 - 35</answer>", NUMS, TARGET) == 1.0
+
+
+# --- numbers: plain decimal integers, any size (issue 16, item 12) ------------------------------
+
+
+@pytest.mark.parametrize(
+    "spelling", ["4_4", "0x2c", "0o54", "0b101100", "44.0", "4.4e1", "44e0", "044", "٤٤", "４４"]
+)
+def test_python_literal_spellings_are_not_numbers(spelling):
+    assert outcome(f"<answer>{spelling} + 19 - 35</answer>") == "lhs_parse_or_eval_error"
+    assert outcome(f"<answer>44 + 19 - 35 = {spelling} - 16</answer>") == (
+        "rhs_parse_or_eval_error"
+    )
+
+
+def test_zero_and_comments_and_double_zero():
+    assert outcome("<answer>28 + 0</answer>", nums=[28, 0]) == "correct"
+    assert outcome("<answer>28 + 00</answer>", nums=[28, 0]) == "lhs_parse_or_eval_error"
+    assert outcome("<answer>44 + 19 - 35 # done</answer>") == "lhs_parse_or_eval_error"
+
+
+def _balanced_product(factors: list[str]) -> str:
+    if len(factors) == 1:
+        return factors[0]
+    half = len(factors) // 2
+    return f"({_balanced_product(factors[:half])} * {_balanced_product(factors[half:])})"
+
+
+def test_values_past_python_int_str_limit_give_verdicts():
+    nums = [99] * 2200  # 99 ** 2200 has 4,391 digits
+    product = _balanced_product(["99"] * 2200)
+    v = check(f"<answer>{product}</answer>", nums, 1)
+    assert v.outcome == "wrong_value" and v.value == Fraction(99) ** 2200
+    assert v.detail == "<a number of about 4391 digits> != 1"
+    v = check(f"<answer>{product} = {product} + 1</answer>", nums, 1)
+    assert v.outcome == "equation_not_balanced" and "digits" in v.detail
+    v = check(f"<answer>{product} / 7</answer>", [*nums, 7], 1)
+    assert v.outcome == "wrong_value" and v.detail.startswith("<a fraction of about")
+    assert check(f"<answer>{product}</answer>", nums, 99**2200).outcome == "correct"
+    # a huge given number in the usage detail
+    v = check("<answer>1 + 2</answer>", [10**5000, 1], 3)
+    assert v.outcome == "invalid_number_usage" and "<a number of about 5001 digits>" in v.detail
+
+
+def test_a_literal_past_the_limit_is_a_parse_error():
+    v = check("<answer>" + "9" * 5000 + "</answer>", NUMS, TARGET)
+    assert v.outcome == "lhs_parse_or_eval_error" and "5000 digits" in v.detail
+    assert outcome("<answer>44 + 19 - 35 = " + "9" * 4301 + "</answer>") == (
+        "rhs_parse_or_eval_error"
+    )
+    assert outcome("<answer>" + "9" * 4300 + "</answer>") == "invalid_number_usage"
+
+
+def test_tinyzero_score_survives_huge_literals():
+    assert tinyzero_score(P + "<answer>" + "9" * 5000 + "</answer>", NUMS, TARGET) == 0.1
+    assert tinyzero_score(P + "<answer>" + "9" * 4300 + " * 0</answer>", [10**4300 - 1, 0], 0) == (
+        1.0
+    )
+
+
+# --- nesting and length -------------------------------------------------------------------------
+
+
+def test_deep_nesting_gets_a_verdict_not_a_recursion_error():
+    deep = "(" * 5000 + "44 + 19" + ")" * 5000 + " - 35"
+    assert outcome(f"<answer>{deep}</answer>") == "correct"
+    assert outcome(f"<answer>{'-' * 20_000}44 + 19 - 35</answer>") == "correct"  # even: +
+    assert outcome(f"<answer>{'-' * 20_001}44 + 19 - 35</answer>") == "wrong_value"
+    assert outcome(f"<answer>{'(' * 5000}44 + 19 - 35</answer>") == "lhs_parse_or_eval_error"
+    # a long flat chain is not "nested": it evaluates (and uses numbers it was not given)
+    v = check("<answer>" + " + ".join(["1"] * 20_000) + "</answer>", [1] * 20_000, 20_000)
+    assert v.outcome == "correct"
+    v = check("<answer>" + " * ".join(["99"] * 3000) + "</answer>", NUMS, TARGET)
+    assert v.outcome == "invalid_number_usage" and "(3000 numbers)" in v.detail
+
+
+def test_precedence_and_unary_follow_python():
+    for expr, value in [
+        ("2 + 3 * 4", 14),
+        ("2 * 3 + 4", 10),
+        ("8 / 2 / 2", 2),
+        ("8 - 2 - 2", 4),
+        ("-2 * 3", -6),
+        ("2 * -3 + 1", -5),
+        ("- (2 + 3) * 4", -20),
+        ("+-+2", -2),
+        ("2 - -3", 5),
+        ("(1 + 2) / (3 - 1)", Fraction(3, 2)),
+    ]:
+        v = check(f"<answer>{expr}</answer>", [], 0, number_usage="subset")
+        assert v.value == value, expr

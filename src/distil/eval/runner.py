@@ -4,20 +4,32 @@
     distil eval --model runs/x/final --n 1000          # generate with transformers, then score
 
 The report is one table row per model (the checker's categories), written as Markdown and JSON,
-plus the per-example verdicts as JSONL.
+plus the per-example verdicts as JSONL, one file per model. Each row records where it came from:
+the model directory or completions file, and the problems file with its row count and sha256.
+
+What survives and what stops (issue 16): every completion text gets a verdict, however
+degenerate (empty, 80,000 characters of tags, lone surrogates, a value of 10,000 digits): the
+checker never raises. A malformed *row* (not UTF-8, not JSON, JSON nested past Python's limit or
+with an integer past 4,300 digits, no nums/target/completion, wrong types) is a DataError naming
+file:line, raised while the file is read, before anything is scored or written. The report
+directory is checked before any work (a file, or a path under a file, is a DataError), and the
+report files are written atomically, verdicts first and report.md last.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from distil.config import EvalConfig
-from distil.errors import DataError
+from distil.errors import ConfigError, DataError
 from distil.eval.countdown import OUTCOMES, check, mean_pass_at_k, summarize
 
 COLUMNS = [
@@ -32,9 +44,15 @@ COLUMNS = [
 
 @dataclass
 class EvalResult:
+    """One model's (or completions file's) verdicts. `kind` is "model" or "completions", `path`
+    the model directory or file evaluated, `data` where the problems came from (file_info)."""
+
     name: str
     summary: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)  # one per problem, with verdicts
+    kind: str = "model"
+    path: str | None = None
+    data: dict[str, Any] | None = None
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -48,7 +66,9 @@ def score(name: str, problems: Sequence[dict[str, Any]], *, number_usage: str = 
         for text in prob["completions"]:
             v = check(text, prob["nums"], prob["target"], number_usage=number_usage)
             verdicts.append(v)
-            outs.append({"completion": text, "outcome": v.outcome, "answer": v.answer})
+            outs.append(
+                {"completion": text, "outcome": v.outcome, "answer": v.answer, "detail": v.detail}
+            )
         n_ok = sum(o["outcome"] == "correct" for o in outs)
         counts.append((len(outs), n_ok))
         rows.append(
@@ -67,6 +87,15 @@ def score(name: str, problems: Sequence[dict[str, Any]], *, number_usage: str = 
     return EvalResult(name, summary, rows)
 
 
+def score_file(path: str | Path, *, name: str | None = None, number_usage: str = "exact"):
+    """Load a completions file (load_completions) and score it; the result records the file."""
+    problems = load_completions(path)
+    result = score(name or Path(path).stem, problems, number_usage=number_usage)
+    result.kind, result.path = "completions", os.path.abspath(path)
+    result.data = file_info(path, rows=len(problems))
+    return result
+
+
 def _pass_ks(n: int) -> list[int]:
     ks, k = [], 1
     while k <= n:
@@ -82,25 +111,57 @@ def _pass_ks(n: int) -> list[int]:
 
 def load_completions(path: str | Path) -> list[dict[str, Any]]:
     """Read a JSONL of outputs: `nums`, `target` (top level or under `metadata`) and the text as
-    `completion`, `completions` (list), `response`, or chat `messages` (assistant turns)."""
+    `completion`, `completions` (list), `response`, or chat `messages` (assistant turns).
+
+    Every malformed row raises DataError naming file:line; the whole file is read first."""
     path = Path(path)
     if not path.exists():
         raise DataError("no such file", path=str(path))
+    if path.is_dir():
+        raise DataError("is a directory; pass a JSONL file of completions", path=str(path))
+    try:
+        raw_lines = path.read_bytes().split(b"\n")
+    except OSError as exc:
+        raise DataError(f"cannot read: {exc.strerror or exc}", path=str(path)) from exc
     problems = []
-    with path.open() as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"not valid JSON ({exc.msg})", path=str(path), line=line_no
-                ) from exc
-            problems.append(_parse_completion_row(row, str(path), line_no))
+    for line_no, raw in enumerate(raw_lines, 1):
+        line = _decode_line(raw, str(path), line_no)
+        if not line.strip():
+            continue
+        problems.append(
+            _parse_completion_row(_json_row(line, str(path), line_no), str(path), line_no)
+        )
     if not problems:
         raise DataError("the file holds no rows", path=str(path))
     return problems
+
+
+def _decode_line(raw: bytes, path: str, line: int) -> str:
+    try:
+        return raw.decode("utf-8-sig" if line == 1 else "utf-8")
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start : exc.start + 4].hex(" ")
+        raise DataError(
+            f"not UTF-8 text (bytes {bad} at byte {exc.start + 1} of the line); "
+            "save the file as UTF-8 JSON Lines",
+            path=path,
+            line=line,
+        ) from exc
+
+
+def _json_row(line: str, path: str, line_no: int) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"not valid JSON ({exc.msg})", path=path, line=line_no) from exc
+    except RecursionError as exc:
+        raise DataError(
+            "JSON nested too deeply for Python's parser; a completions row is a flat object",
+            path=path,
+            line=line_no,
+        ) from exc
+    except ValueError as exc:  # an integer past Python's 4,300-digit int-from-str limit
+        raise DataError(f"unreadable JSON value ({exc})", path=path, line=line_no) from exc
 
 
 def _parse_completion_row(row: Any, path: str, line: int) -> dict[str, Any]:
@@ -109,10 +170,12 @@ def _parse_completion_row(row: Any, path: str, line: int) -> dict[str, Any]:
     meta = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
     nums, target = row.get("nums", meta.get("nums")), row.get("target", meta.get("target"))
     if not (isinstance(nums, list) and nums and all(_is_int(x) for x in nums)):
-        raise DataError(f"'nums' must be a list of integers, got {nums!r}", path=path, line=line)
+        raise DataError(
+            f"'nums' must be a list of integers, got {_brief(nums)}", path=path, line=line
+        )
     if not _is_int(target):
-        raise DataError(f"'target' must be an integer, got {target!r}", path=path, line=line)
-    texts = _completion_texts(row)
+        raise DataError(f"'target' must be an integer, got {_brief(target)}", path=path, line=line)
+    texts = _completion_texts(row, path, line)
     if texts is None:
         raise DataError(
             "no completion found: give 'completion' (text), 'completions' (list of texts), "
@@ -128,13 +191,22 @@ def _parse_completion_row(row: Any, path: str, line: int) -> dict[str, Any]:
     }
 
 
-def _completion_texts(row: dict[str, Any]) -> list[str] | None:
-    if isinstance(row.get("completions"), list) and all(
-        isinstance(t, str) for t in row["completions"]
-    ):
-        return list(row["completions"]) or None
+def _completion_texts(row: dict[str, Any], path: str, line: int) -> list[str] | None:
+    if "completions" in row:
+        texts = row["completions"]
+        if not (isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts)):
+            raise DataError(
+                f"'completions' must be a non-empty list of strings, got {_brief(texts)}",
+                path=path,
+                line=line,
+            )
+        return list(texts)
     for key in ("completion", "response"):
-        if isinstance(row.get(key), str):
+        if key in row:
+            if not isinstance(row[key], str):
+                raise DataError(
+                    f"'{key}' must be a string, got {_brief(row[key])}", path=path, line=line
+                )
             return [row[key]]
     msgs = row.get("messages")
     if isinstance(msgs, list):
@@ -146,6 +218,14 @@ def _completion_texts(row: dict[str, Any]) -> list[str] | None:
     return None
 
 
+def _brief(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (ValueError, RecursionError):
+        text = "..."
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -155,16 +235,39 @@ def _is_int(x: Any) -> bool:
 
 def load_problems(cfg: EvalConfig) -> list[dict[str, Any]]:
     """The problems to evaluate: the first `cfg.n` of `cfg.data`, or freshly generated ones."""
+    return load_problem_set(cfg)[0]
+
+
+def load_problem_set(cfg: EvalConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(problems, where they came from): for a file, `file_info` plus the rows used; for
+    generated problems, the generator's settings."""
     from distil.data.countdown import generate_problems, parse_numbers, read_rows
 
     if cfg.data:
-        rows = read_rows(cfg.data)[: cfg.n]
-        return [
+        rows = read_rows(cfg.data)
+        problems = [
             {"id": r.get("id", i), "nums": list(r["nums"]), "target": int(r["target"])}
-            for i, r in enumerate(rows)
+            for i, r in enumerate(rows[: cfg.n])
         ]
+        return problems, {**file_info(cfg.data, rows=len(rows)), "used": len(problems)}
     probs = generate_problems(cfg.n, numbers=parse_numbers(cfg.numbers), seed=cfg.seed)
-    return [{"id": i, "nums": list(p.nums), "target": p.target} for i, p in enumerate(probs)]
+    problems = [{"id": i, "nums": list(p.nums), "target": p.target} for i, p in enumerate(probs)]
+    return problems, {"generated": {"n": cfg.n, "numbers": cfg.numbers, "seed": cfg.seed}}
+
+
+def file_info(path: str | Path, *, rows: int) -> dict[str, Any]:
+    """{"path" (absolute), "rows", "bytes", "sha256"}: enough to tell two data files apart."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return {
+        "path": os.path.abspath(path),
+        "rows": rows,
+        "bytes": size,
+        "sha256": digest.hexdigest(),
+    }
 
 
 def generate_for_model(
@@ -228,7 +331,52 @@ def evaluate_model(
     )
     result = score(name or Path(model_path).name, with_completions, number_usage=cfg.number_usage)
     result.summary["seconds"] = round(time.perf_counter() - start, 2)
+    result.path = os.path.abspath(model_path) if os.path.exists(model_path) else model_path
     return result
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def unique_names(sources: Sequence[tuple[str, str]]) -> list[str]:
+    """A distinct display name per (kind, path): the last path component (a completions file
+    without its suffix), lengthened by parent directories until no two names clash, so
+    runs/a/final and runs/b/final become "a/final" and "b/final"."""
+    parts_of, seen = [], {}
+    for kind, path in sources:
+        absolute = os.path.abspath(path)
+        if absolute in seen:
+            flag = "--model" if kind == "model" else "--completions"
+            raise ConfigError(f"{flag} {path} is given twice (as {seen[absolute]!r}); give it once")
+        seen[absolute] = path
+        parts = list(Path(absolute).parts[1:]) or [absolute]
+        if kind == "completions":
+            parts[-1] = Path(parts[-1]).stem or parts[-1]
+        parts_of.append(parts)
+    depth = [1] * len(parts_of)
+    while True:
+        names = ["/".join(parts[-d:]) for parts, d in zip(parts_of, depth, strict=True)]
+        by_name: dict[str, list[int]] = {}
+        for i, name in enumerate(names):
+            by_name.setdefault(name, []).append(i)
+        # lengthen a name while it clashes with a path that differs from its own
+        grow = [
+            i
+            for i, name in enumerate(names)
+            if depth[i] < len(parts_of[i])
+            and any(parts_of[j] != parts_of[i] for j in by_name[name])
+        ]
+        if not grow:
+            break
+        for i in grow:
+            depth[i] += 1
+    # a completions file "x/a.jsonl" and a model "x/a" have the same parts: number the repeats
+    counts, taken = Counter(names), Counter()
+    for i, name in enumerate(names):
+        if counts[name] > 1:
+            taken[name] += 1
+            names[i] = f"{name} #{taken[name]}"
+    return names
 
 
 # ----------------------------------------------------------------------------- report
@@ -241,29 +389,84 @@ def format_table(results: Sequence[EvalResult]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in results:
         s = r.summary
-        cells = [r.name, f"{s['correct']}/{s['total']}", f"{100 * s['accuracy']:.2f}%"]
+        cells = [_cell(r.name), f"{s['correct']}/{s['total']}", f"{100 * s['accuracy']:.2f}%"]
         cells += [str(s[key]) for _, key in COLUMNS]
         cells += [f"{100 * s['pass_at_k'].get(k, float('nan')):.2f}%" for k in ks]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def write_report(results: Sequence[EvalResult], out_dir: str | Path) -> dict[str, Path]:
-    """report.md, report.json and verdicts-<name>.jsonl per model, each written atomically."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": out / "report.md", "json": out / "report.json"}
-    _atomic_write(paths["markdown"], format_table(results) + "\n")
-    payload = {
-        "outcomes": list(OUTCOMES),
-        "models": [{"name": r.name, **r.summary} for r in results],
-    }
-    _atomic_write(paths["json"], json.dumps(payload, indent=2) + "\n")
+def format_sources(results: Sequence[EvalResult], files: dict[str, str]) -> str:
+    """One Markdown line per model: what was evaluated, on which problems, where its verdicts are."""
+    lines = []
     for r in results:
-        path = out / f"verdicts-{_safe(r.name)}.jsonl"
-        _atomic_write(path, "".join(json.dumps(row) + "\n" for row in r.rows))
-        paths[f"verdicts:{r.name}"] = path
+        line = f"- **{_cell(r.name)}**: {r.kind}" + (f" `{r.path}`" if r.path else "")
+        data = r.data or {}
+        if "sha256" in data:
+            what = "completions" if r.kind == "completions" else "problems"
+            used = f"{data['used']} of " if "used" in data else ""
+            line += (
+                f"; {what} `{data['path']}` ({used}{data['rows']} rows, sha256 `{data['sha256']}`)"
+            )
+        elif "generated" in data:
+            gen = data["generated"]
+            line += (
+                f"; problems generated (n={gen['n']}, numbers={gen['numbers']}, seed={gen['seed']})"
+            )
+        if r.name in files:
+            line += f"; verdicts `{files[r.name]}`"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def check_out_dir(out_dir: str | Path) -> None:
+    """Raise DataError unless `out_dir` is, or can be created as, a writable directory. Called
+    before any evaluation runs, so a bad --out never costs the results."""
+    out = Path(out_dir)
+    fix = "pass --out a directory (new or existing)"
+    if out.is_symlink() and not out.exists():
+        raise DataError(f"the report directory is a broken symbolic link; {fix}", path=str(out))
+    existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        where = "is a file" if existing == out else f"sits under {existing}, which is a file"
+        raise DataError(f"the report directory {where}; {fix}", path=str(out))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DataError(f"cannot write to {existing} (permission denied); {fix}", path=str(out))
+
+
+def write_report(results: Sequence[EvalResult], out_dir: str | Path) -> dict[str, Path]:
+    """verdicts-<name>.jsonl per model (one file each, names made distinct), then report.json
+    and report.md, each written atomically. Returns {"markdown", "json", "verdicts:<name>"}."""
+    check_out_dir(out_dir)
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the report directory: {exc}", path=str(out)) from exc
+    paths = {"markdown": out / "report.md", "json": out / "report.json"}
+    files: dict[str, str] = {}
+    for r in results:
+        stem, n = f"verdicts-{_safe(r.name)}", 1
+        while f"{stem}.jsonl" in files.values():
+            n += 1
+            stem = f"verdicts-{_safe(r.name)}-{n}"
+        files[r.name] = f"{stem}.jsonl"
+        _atomic_write(out / files[r.name], "".join(json.dumps(row) + "\n" for row in r.rows))
+        paths[f"verdicts:{r.name}"] = out / files[r.name]
+    models = [
+        {"name": r.name, "kind": r.kind, "path": r.path, "data": r.data, "verdicts": files[r.name]}
+        | r.summary
+        for r in results
+    ]
+    payload = {"outcomes": list(OUTCOMES), "models": models}
+    _atomic_write(paths["json"], json.dumps(payload, indent=2) + "\n")
+    markdown = format_table(results) + "\n\n" + format_sources(results, files) + "\n"
+    _atomic_write(paths["markdown"], markdown)
     return paths
+
+
+def _cell(name: str) -> str:
+    return name.replace("|", "\\|")
 
 
 def _safe(name: str) -> str:
@@ -272,5 +475,9 @@ def _safe(name: str) -> str:
 
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:  # backslashreplace: a name from a non-UTF-8 path never stops the report
+        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"cannot write the report: {exc}", path=str(path)) from exc
