@@ -23,7 +23,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except DistilError as exc:
-        print(f"distil: error: {exc}", file=sys.stderr)
+        # backslashreplace: a message may quote a lone surrogate from the input
+        text = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")
+        print(f"distil: error: {text}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("distil: interrupted", file=sys.stderr)
@@ -143,8 +145,18 @@ def _add_scratch(sub) -> None:
     m.set_defaults(func=_init_model)
 
 
+def _check_out(path: str, flag: str = "--out") -> None:
+    """Refuse an output path that is (or sits under) a file before any work is done."""
+    from distil.config import output_dir_problem
+
+    if problem := output_dir_problem(path, flag):
+        raise ConfigError(problem)
+
+
 def _tokenizer_train(args) -> int:
     from distil.models.scratch import train_tokenizer_from_data
+
+    _check_out(args.out)
 
     tok = train_tokenizer_from_data(
         args.family,
@@ -160,6 +172,8 @@ def _tokenizer_train(args) -> int:
 
 def _init_model(args) -> int:
     from distil.models.scratch import init_model
+
+    _check_out(args.out)
 
     n = init_model(
         args.tokenizer,
@@ -253,13 +267,74 @@ def _config_show(args) -> int:
 
 
 def _config_validate(args) -> int:
-    from distil.config import load_config, training_problems
+    from distil.config import load_config, source_problems, training_problems
 
-    problems = training_problems(load_config(args.file, args.overrides))
+    cfg = load_config(args.file, args.overrides)
+    for note in source_problems(cfg)[1]:
+        print(f"note: {note}")
+    problems = training_problems(cfg)
+    if not problems:  # the checks that read files: only once every path is there
+        problems = _readable_problems(cfg)
     if problems:
         raise ConfigError(problems, header=f"{args.file} is valid but cannot train")
     print(f"{args.file}: ok")
     return 0
+
+
+def _readable_problems(cfg) -> list[str]:
+    """What `distil train` would find before its first step, without loading model weights:
+    the loss exists, the first rows of the data parse, the tokenizers load, render the
+    prompts and (for a same-tokenizer loss) share one vocabulary."""
+    from distil.config import looks_local
+    from distil.data.datasets import load_examples
+    from distil.losses import get_loss, is_cross_tokenizer
+    from distil.models.load import load_tokenizer, vocab_mismatch
+    from distil.models.tokenizers import render_prompt
+
+    problems: list[str] = []
+
+    def attempt(fn, *a, **kw):
+        try:
+            return fn(*a, **kw)
+        except DistilError as exc:
+            problems.append(str(exc))
+            return None
+
+    attempt(get_loss, cfg.loss.name)
+    examples = None
+    for key in ("train", "eval"):
+        source = getattr(cfg.data, key)
+        if source and (looks_local(source) or Path(source).exists()):
+            rows = attempt(
+                load_examples,
+                source,
+                split=cfg.data.split,
+                prompt_field=cfg.data.prompt_field,
+                completion_field=cfg.data.completion_field,
+                template=cfg.data.template,
+                limit=64,
+            )
+            examples = examples if examples is not None or key != "train" else rows
+    toks = {}
+    sides = [("student", cfg.student)]
+    if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd):
+        sides.append(("teacher", cfg.teacher))
+    for name, section in sides:
+        if not Path(section.tokenizer).expanduser().exists():
+            continue  # a hub id: not fetched here
+        key = f"{name}.tokenizer" if section.tokenizer != section.path else f"{name}.path"
+        tok = attempt(
+            load_tokenizer, section.tokenizer, key=key, trust_remote_code=section.trust_remote_code
+        )
+        if tok is not None:
+            toks[name] = tok
+            if examples:
+                attempt(render_prompt, tok, examples[0].prompt, name=f"{name} tokenizer")
+    same_tokenizer = cfg.loss.name != "sft" and not is_cross_tokenizer(cfg.loss.name)
+    if same_tokenizer and len(toks) == 2 and not problems:
+        if message := vocab_mismatch(cfg.loss.name, toks["student"], toks["teacher"]):
+            problems.append(message)
+    return problems
 
 
 def _config_diff(args) -> int:
@@ -306,6 +381,7 @@ def _countdown_generate(args) -> int:
 
     if args.test_n < 0:
         raise ConfigError(f"--test-n must be >= 0, got {args.test_n}")
+    _check_out(args.out)
     summary = generate_dataset(
         args.out,
         n=args.n,

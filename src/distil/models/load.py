@@ -31,10 +31,10 @@ def load_tokenizer(path: str, *, key: str = "student.tokenizer", trust_remote_co
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         tok = _respect_tokenizer_json(tok, path)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a broken tokenizer dir raises many types
         raise ConfigError(
-            f"{key} = {path!r}: could not load a tokenizer ({exc}). Fix: point {key} to a "
-            "directory written by save_pretrained or to a hub id available offline"
+            f"{key} = {path!r}: could not load a tokenizer ({_one_line(exc)}). Fix: point "
+            f"{key} to a directory written by save_pretrained or to a hub id available offline"
         ) from exc
     if not tok.is_fast:
         raise ConfigError(
@@ -45,6 +45,21 @@ def load_tokenizer(path: str, *, key: str = "student.tokenizer", trust_remote_co
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def vocab_mismatch(loss_name: str, s_tok, t_tok) -> str | None:
+    """Why a same-tokenizer loss cannot compare these two tokenizers' distributions, or None."""
+    s_vocab, t_vocab = s_tok.get_vocab(), t_tok.get_vocab()
+    if s_vocab == t_vocab:
+        return None
+    only_s, only_t = len(set(s_vocab) - set(t_vocab)), len(set(t_vocab) - set(s_vocab))
+    return (
+        f"loss.name = {loss_name!r} compares the two models token by token, but the "
+        f"teacher's tokenizer differs from the student's ({len(t_tok)} vs {len(s_tok)} "
+        f"tokens; {only_s} only in the student's, {only_t} only in the teacher's). distil "
+        "never resizes embeddings to hide this. Fix: use a cross-tokenizer loss "
+        "(loss.name=uld, gold or aligned_kl), or a teacher with the student's tokenizer"
+    )
 
 
 def _respect_tokenizer_json(tok, path: str):
@@ -108,14 +123,20 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def _check_exists(path: str | None, key: str) -> None:
+    from distil.config import looks_local
+
     if not path:
         raise ConfigError(f"{key} is not set. Fix: set {key} to a model directory or hub id")
-    if Path(path).exists():
+    if Path(path).expanduser().exists():
         return
-    hub_id = path.count("/") <= 1 and not path.startswith((".", "/", "~"))
-    if not hub_id:
-        raise ConfigError(f"{key} = {path!r}: no such directory. Fix: check the path")
+    if looks_local(path):
+        raise ConfigError(f"{key} = {path!r}: no such local directory. Fix: check the path")
 
 
 def read_model_meta(path: str | Path) -> dict[str, Any]:

@@ -67,9 +67,9 @@ def build_accelerator(cfg: DistilConfig):
 
 def _load(section, name: str, device=None):
     """(model, tokenizer) of the `student` or `teacher` config section."""
-    tok = load_tokenizer(
-        section.tokenizer, key=f"{name}.tokenizer", trust_remote_code=section.trust_remote_code
-    )
+    # a tokenizer defaulted from the model path is reported under the key the user set
+    key = f"{name}.path" if section.tokenizer == section.path else f"{name}.tokenizer"
+    tok = load_tokenizer(section.tokenizer, key=key, trust_remote_code=section.trust_remote_code)
     model = load_model(
         section.path,
         key=f"{name}.path",
