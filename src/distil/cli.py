@@ -332,8 +332,7 @@ def _readable_problems(cfg) -> list[str]:
                 attempt(render_prompt, tok, examples[0].prompt, name=f"{name} tokenizer")
     same_tokenizer = cfg.loss.name != "sft" and not is_cross_tokenizer(cfg.loss.name)
     if same_tokenizer and len(toks) == 2 and not problems:
-        if message := vocab_mismatch(cfg.loss.name, toks["student"], toks["teacher"]):
-            problems.append(message)
+        problems += filter(None, [vocab_mismatch(cfg.loss.name, toks["student"], toks["teacher"])])
     return problems
 
 

@@ -245,8 +245,10 @@ def parse_yaml(text: str, where: str) -> Any:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where} is not valid YAML: {_one_line(exc)}") from exc
     except RecursionError as exc:
-        raise ConfigError(f"{where}: YAML nested too deeply; a config is a few levels deep") from exc
-    except Exception as exc:  # noqa: BLE001 - see the docstring
+        raise ConfigError(
+            f"{where}: YAML nested too deeply; a config is a few levels deep"
+        ) from exc
+    except Exception as exc:  # see the docstring
         raise ConfigError(
             f"{where}: PyYAML cannot build a value ({type(exc).__name__}: {_one_line(exc)}); "
             "quote the value to keep it as a string, or fix its tag (e.g. !!float 1e-4)"
@@ -299,9 +301,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
         key = key.strip()
         parts = key.split(".")
         if not sep or not key or not all(p.strip() for p in parts):
-            problems.append(
-                f"override {_short(item)!r} is not key=value; write e.g. train.lr=1e-4"
-            )
+            problems.append(f"override {_short(item)!r} is not key=value; write e.g. train.lr=1e-4")
             continue
         try:
             value = parse_yaml(text, f"override {_short(item)!r}") if text.strip() else None

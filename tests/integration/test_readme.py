@@ -45,7 +45,9 @@ def shrink(argv: list[str]) -> list[str]:
     if args[:2] == ["countdown", "generate"]:
         args += ["--test-n", "20"]
     if args[0] == "init-model":
-        args += ["--layers", "1", "--heads", "2"] + ([] if "--hidden-size" in args else ["--hidden-size", "32"])
+        args += ["--layers", "1", "--heads", "2"] + (
+            [] if "--hidden-size" in args else ["--hidden-size", "32"]
+        )
     if args[0] == "train":
         args += TRAIN_SMALL
     if args[0] == "eval" and "--model" in args:

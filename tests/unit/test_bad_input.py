@@ -187,7 +187,9 @@ CASES = {
         [*VALIDATE, "train.per_device_batch_size=100000000001", "generation.num_generations=2"],
         ["a divisor of 100000000001"],
     ),
-    "override-unbalanced-bracket": Case([*VALIDATE, "train.lr=["], ["'train.lr=['", "not valid YAML"]),
+    "override-unbalanced-bracket": Case(
+        [*VALIDATE, "train.lr=["], ["'train.lr=['", "not valid YAML"]
+    ),
     "override-empty-key-part": Case([*VALIDATE, "train..lr=1"], ["is not key=value"]),
     "lr-infinite": Case([*VALIDATE, "train.lr=.inf"], ["'train.lr' = inf"]),
     "config-not-utf8": Case(VALIDATE, ["c.yaml is not UTF-8"], {"c.yaml": b"train:\n  lr: \xff\n"}),

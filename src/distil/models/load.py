@@ -31,7 +31,7 @@ def load_tokenizer(path: str, *, key: str = "student.tokenizer", trust_remote_co
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         tok = _respect_tokenizer_json(tok, path)
-    except Exception as exc:  # noqa: BLE001 - a broken tokenizer dir raises many types
+    except Exception as exc:  # a broken tokenizer dir raises many types
         raise ConfigError(
             f"{key} = {path!r}: could not load a tokenizer ({_one_line(exc)}). Fix: point "
             f"{key} to a directory written by save_pretrained or to a hub id available offline"
