@@ -287,6 +287,7 @@ def _readable_problems(cfg) -> list[str]:
     prompts and (for a same-tokenizer loss) share one vocabulary."""
     from distil.config import looks_local
     from distil.data.datasets import load_examples
+    from distil.data.lengths import check_lengths, uses_completions
     from distil.losses import get_loss, is_cross_tokenizer
     from distil.models.load import load_tokenizer, vocab_mismatch
     from distil.models.tokenizers import render_prompt
@@ -328,8 +329,14 @@ def _readable_problems(cfg) -> list[str]:
         )
         if tok is not None:
             toks[name] = tok
-            if examples:
-                attempt(render_prompt, tok, examples[0].prompt, name=f"{name} tokenizer")
+            if (
+                examples
+                and attempt(render_prompt, tok, examples[0].prompt, name=name)
+                and (name == "student")
+            ):
+                attempt(
+                    check_lengths, examples, tok, cfg.data, completions_used=uses_completions(cfg)
+                )
     same_tokenizer = cfg.loss.name != "sft" and not is_cross_tokenizer(cfg.loss.name)
     if same_tokenizer and len(toks) == 2 and not problems:
         problems += filter(None, [vocab_mismatch(cfg.loss.name, toks["student"], toks["teacher"])])

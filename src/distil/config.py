@@ -53,6 +53,11 @@ class DataConfig(Section):
     max_completion_tokens: int = Field(
         256, gt=0, description="dataset completions are truncated to this many tokens"
     )
+    overlong: Literal["error", "truncate"] = Field(
+        "error",
+        description="a prompt or reference completion over its max_*_tokens: stop naming the "
+        "row (error), or cut it and count the cut rows in a warning (truncate)",
+    )
     shuffle: bool = Field(True, description="shuffle prompts every epoch (seeded)")
     num_workers: int = Field(
         0, ge=0, description="processes preparing micro-batches (cross-tokenizer alignment)"
@@ -205,6 +210,8 @@ LOCATION_KEYS = ("train.output_dir", "logging.run_name")
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
+    if problem := path_problem(path, "config file"):
+        raise ConfigError(problem)
     path = Path(path)
     if path.is_dir():
         path = path / "config.yaml"
@@ -658,6 +665,9 @@ def source_problems(cfg: DistilConfig) -> tuple[list[str], list[str]]:
 
 
 def _check_source(key: str, value: str, kind: str, problems: list[str], notes: list[str]) -> None:
+    if problem := path_problem(value, key):
+        problems.append(problem)
+        return
     path = Path(value).expanduser()
     if path.exists():
         if kind == "model" and not path.is_dir():
@@ -678,11 +688,29 @@ def _check_source(key: str, value: str, kind: str, problems: list[str], notes: l
         notes.append(f"{key} = {value!r} is taken as a hub id; not checked (no network access)")
 
 
+def path_problem(value: str | Path, key: str) -> str | None:
+    """Why `value` cannot name a path here (a NUL byte, a name too long, no permission), or
+    None. Checked first, so later `exists()`/`is_dir()` calls cannot raise."""
+    text = str(value)
+    if "\x00" in text:
+        return f"{key} = {_short(text)!r} holds a NUL byte, which no path can. Fix: check the path"
+    try:
+        os.stat(os.path.expanduser(text))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or _one_line(exc)
+        return f"{key} = {_short(text)!r}: {reason}. Fix: check the path"
+    return None
+
+
 def output_dir_problem(path: str | Path, key: str) -> str | None:
     """Why `path` cannot be (or become) a writable directory, or None.
 
     Checked before anything is loaded or written, so a bad output directory costs nothing.
     """
+    if problem := path_problem(path, key):
+        return problem
     path = Path(path).expanduser()
     if path.exists():
         if not path.is_dir():

@@ -2,8 +2,8 @@
 
 Each case builds its inputs in a temporary directory, runs the real CLI entry in-process
 (`distil.cli.main`), and asserts the exit code, the message's key phrases, that no traceback
-was printed, that it answered at once, and that no output was left behind. Cases that `distil
-train` rejects fail before any model is loaded (the model directories here hold no weights).
+was printed, that it answered at once, and that no output was left behind. `distil train`
+rejects every case before its first step (all but the row lengths before any model loads).
 """
 
 from __future__ import annotations
@@ -219,6 +219,28 @@ CASES = {
         VALIDATE,
         ["data/train.jsonl:1", "'nums' must be"],
         {"data/train.jsonl": '{"nums": [true, 3, 4], "target": 7}\n'},
+    ),
+    "prompt-far-over-max-tokens": Case(
+        TRAIN,
+        [
+            "1 of 2 prompts are longer than data.max_prompt_tokens = 256",
+            "data/train.jsonl:2",
+            "data.overlong=truncate",
+        ],
+        {
+            "data/train.jsonl": '{"prompt": "short", "completion": "a"}\n'
+            + json.dumps({"prompt": "long text " * 400, "completion": "b"})
+            + "\n"
+        },
+        ["runs/x"],
+        with_keys(data__template=None),
+    ),
+    "completion-over-max-tokens-in-validate": Case(
+        [*VALIDATE, "train.lambda=0", "data.max_completion_tokens=8"],
+        ["1 of 1 completions are longer than data.max_completion_tokens = 8", "data/train.jsonl:1"],
+        {"data/train.jsonl": json.dumps({"prompt": "p", "completion": "word " * 200}) + "\n"},
+        [],
+        with_keys(data__template=None),
     ),
     "config-validate-unknown-loss": Case(
         VALIDATE, ["loss.name='nope' is not a known loss"], {}, [], with_keys(loss__name="nope")

@@ -43,6 +43,7 @@ def load_examples(
             prompt = _prompt(row, prompt_field, where)
             completion = _completion(row.get(completion_field), completion_field, where)
         meta = {k: v for k, v in row.items() if k not in (prompt_field, completion_field)}
+        meta["_where"] = f"{where['path']}:{where['line']}"  # for messages about this row
         examples.append(Example(len(examples), prompt, completion, meta))
     return examples
 
@@ -51,12 +52,14 @@ def _read_rows(
     source: str, split: str, limit: int | None = None
 ) -> list[tuple[dict[str, Any], Any]]:
     """[(where, row)] with `where` = dict(path=..., line=...) for error messages."""
-    from distil.config import DATA_SUFFIXES, looks_local
+    from distil.config import DATA_SUFFIXES, looks_local, path_problem
 
+    if problem := path_problem(source, "data"):
+        raise DataError(problem)
     path = Path(source).expanduser()
     if path.is_file():
         if path.suffix in (".jsonl", ".json"):
-            return _read_jsonl(path, limit)
+            return read_jsonl_rows(path, limit)
         if path.suffix == ".parquet":
             return _read_parquet(path, limit)
         raise DataError(
@@ -125,7 +128,7 @@ def _read_saved(path: Path, split: str, limit: int | None) -> list[tuple[dict[st
     return out
 
 
-def _read_jsonl(path: Path, limit: int | None = None) -> list[tuple[dict[str, Any], Any]]:
+def read_jsonl_rows(path: Path, limit: int | None = None) -> list[tuple[dict[str, Any], Any]]:
     out = []
     with path.open("rb") as fh:
         for line_no, raw in enumerate(fh, 1):

@@ -129,10 +129,12 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _check_exists(path: str | None, key: str) -> None:
-    from distil.config import looks_local
+    from distil.config import looks_local, path_problem
 
     if not path:
         raise ConfigError(f"{key} is not set. Fix: set {key} to a model directory or hub id")
+    if problem := path_problem(path, key):
+        raise ConfigError(problem)
     if Path(path).expanduser().exists():
         return
     if looks_local(path):
