@@ -7,6 +7,7 @@ and exits with code 2, never as a traceback; anything else is a bug and keeps it
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -321,7 +322,7 @@ def _readable_problems(cfg) -> list[str]:
     if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd):
         sides.append(("teacher", cfg.teacher))
     for name, section in sides:
-        if not Path(section.tokenizer).expanduser().exists():
+        if not Path(os.path.expanduser(section.tokenizer)).exists():
             continue  # a hub id: not fetched here
         key = f"{name}.tokenizer" if section.tokenizer != section.path else f"{name}.path"
         tok = attempt(

@@ -668,7 +668,7 @@ def _check_source(key: str, value: str, kind: str, problems: list[str], notes: l
     if problem := path_problem(value, key):
         problems.append(problem)
         return
-    path = Path(value).expanduser()
+    path = Path(os.path.expanduser(value))
     if path.exists():
         if kind == "model" and not path.is_dir():
             problems.append(
@@ -711,7 +711,7 @@ def output_dir_problem(path: str | Path, key: str) -> str | None:
     """
     if problem := path_problem(path, key):
         return problem
-    path = Path(path).expanduser()
+    path = Path(os.path.expanduser(path))
     if path.exists():
         if not path.is_dir():
             return f"{key} = '{path}' is a file, not a directory. Fix: choose another path"

@@ -165,6 +165,26 @@ CASES = {
         [],
         with_keys(data__train="./countdown"),
     ),
+    "data-path-of-an-unknown-user": Case(
+        TRAIN,
+        ["data.train = '~nosuchuser0/d.jsonl': no such local file"],
+        {},
+        ["runs/x"],
+        with_keys(data__train="~nosuchuser0/d.jsonl"),
+    ),
+    "data-path-name-too-long": Case(
+        TRAIN, ["File name too long"], {}, ["runs/x"], with_keys(data__train="x" * 300 + ".jsonl")
+    ),
+    "output-dir-with-nul-byte": Case(
+        TRAIN, ["holds a NUL byte"], {}, [], with_keys(train__output_dir="runs/a\x00b")
+    ),
+    "chat-message-role-not-a-string": Case(
+        TRAIN,
+        ["data/train.jsonl:1", "column 'prompt' must be"],
+        {"data/train.jsonl": '{"prompt": [{"role": 1, "content": "hi"}]}\n'},
+        ["runs/x"],
+        with_keys(data__template=None),
+    ),
     "missing-student-path": Case(
         TRAIN,
         ["student.path = 'models/studnet'", "no such local directory"],

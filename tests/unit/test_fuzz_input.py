@@ -143,6 +143,90 @@ def test_fuzz_overrides(overrides):
     _load_overrides(overrides)
 
 
+SECTIONS = sorted({k.split(".")[0] for k in KEYS})
+TREE = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(),
+        st.text(max_size=10),
+        st.dates(),
+        st.binary(max_size=5),
+    ),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(
+            st.sampled_from([k.split(".")[-1] for k in KEYS] + ["x"]), children, max_size=3
+        )
+    ),
+    max_leaves=10,
+)
+
+
+def _load_tree(root: Path, tree) -> None:
+    import yaml
+
+    path = root / "c.yaml"
+    path.write_text(yaml.safe_dump(tree, allow_unicode=True))
+    _only_distil_errors(load_config, path)
+
+
+@FAST
+@given(tree=st.dictionaries(st.sampled_from([*SECTIONS, "x"]), TREE, max_size=4) | TREE)
+def test_fuzz_config_structure(tmp_path, tree):
+    _load_tree(tmp_path, tree)
+
+
+PATH_KEYS = [
+    "data.train",
+    "data.eval",
+    "student.path",
+    "student.tokenizer",
+    "teacher.path",
+    "train.output_dir",
+    "eval.data",
+]
+PATHS = st.one_of(
+    st.text(max_size=20),
+    st.sampled_from(
+        [
+            "d.jsonl",
+            "c.yaml",
+            ".",
+            "/",
+            "~",
+            "x" * 300,
+            "a\x00b",
+            "d.jsonl/x",
+            "org/name",
+            "./missing",
+            "c.yaml/",
+            "..",
+            "/dev/null",
+            "/proc/self",
+        ]
+    ),
+)
+
+
+def _validate_paths(root: Path, pairs, monkeypatch) -> None:
+    monkeypatch.chdir(root)
+    (root / "c.yaml").write_text("train:\n  lr: 0.001\n  eval_every: 1\n")
+    (root / "d.jsonl").write_text('{"nums": [1, 2, 3], "target": 6}\n')
+    argv = ["config", "validate", "c.yaml", "data.template=countdown_plain"]
+    argv += [f"{k}={json.dumps(v)}" for k, v in pairs]
+    code = main(argv)
+    assert code in (0, 2)
+
+
+@FAST
+@given(pairs=st.lists(st.tuples(st.sampled_from(PATH_KEYS), PATHS), max_size=4))
+def test_fuzz_config_validate_paths(tmp_path, pairs, monkeypatch, capsys):
+    _validate_paths(tmp_path, pairs, monkeypatch)
+    capsys.readouterr()
+
+
 # ----------------------------------------------------------------------------- data loaders
 
 JSON = st.recursive(
@@ -299,6 +383,21 @@ def test_fuzz_overrides_long(overrides):
 )
 def test_fuzz_data_files_long(tmp_path, lines, suffix, template):
     _load_data(tmp_path, lines, suffix, template)
+
+
+@pytest.mark.slow
+@LONG
+@given(tree=st.dictionaries(st.sampled_from([*SECTIONS, "x"]), TREE, max_size=4) | TREE)
+def test_fuzz_config_structure_long(tmp_path, tree):
+    _load_tree(tmp_path, tree)
+
+
+@pytest.mark.slow
+@LONG
+@given(pairs=st.lists(st.tuples(st.sampled_from(PATH_KEYS), PATHS), max_size=4))
+def test_fuzz_config_validate_paths_long(tmp_path, pairs, monkeypatch, capsys):
+    _validate_paths(tmp_path, pairs, monkeypatch)
+    capsys.readouterr()
 
 
 @pytest.mark.slow

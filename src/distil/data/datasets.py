@@ -8,6 +8,7 @@ A malformed row raises a `DataError` that names the file and the 1-based line (J
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ def _read_rows(
 
     if problem := path_problem(source, "data"):
         raise DataError(problem)
-    path = Path(source).expanduser()
+    path = Path(os.path.expanduser(source))
     if path.is_file():
         if path.suffix in (".jsonl", ".json"):
             return read_jsonl_rows(path, limit)

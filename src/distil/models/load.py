@@ -7,6 +7,7 @@ device cannot run) become `ConfigError`s naming the config key and the fix.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,10 @@ def load_tokenizer(path: str, *, key: str = "student.tokenizer", trust_remote_co
     from transformers import AutoTokenizer
 
     _check_exists(path, key)
+    local = os.path.expanduser(path)
     try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        tok = _respect_tokenizer_json(tok, path)
+        tok = AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
+        tok = _respect_tokenizer_json(tok, local)
     except Exception as exc:  # a broken tokenizer dir raises many types
         raise ConfigError(
             f"{key} = {path!r}: could not load a tokenizer ({_one_line(exc)}). Fix: point "
@@ -101,7 +103,7 @@ def load_model(
     _check_exists(path, key)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path,
+            os.path.expanduser(path),
             dtype=torch_dtype(dtype),
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
@@ -135,7 +137,7 @@ def _check_exists(path: str | None, key: str) -> None:
         raise ConfigError(f"{key} is not set. Fix: set {key} to a model directory or hub id")
     if problem := path_problem(path, key):
         raise ConfigError(problem)
-    if Path(path).expanduser().exists():
+    if Path(os.path.expanduser(path)).exists():
         return
     if looks_local(path):
         raise ConfigError(f"{key} = {path!r}: no such local directory. Fix: check the path")
