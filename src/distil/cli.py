@@ -7,7 +7,6 @@ and exits with code 2, never as a traceback; anything else is a bug and keeps it
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -268,80 +267,16 @@ def _config_show(args) -> int:
 
 
 def _config_validate(args) -> int:
-    from distil.config import load_config, source_problems, training_problems
+    from distil.config import load_config
+    from distil.preflight import preflight
 
-    cfg = load_config(args.file, args.overrides)
-    for note in source_problems(cfg)[1]:
+    problems, notes = preflight(load_config(args.file, args.overrides))
+    for note in notes:
         print(f"note: {note}")
-    problems = training_problems(cfg)
-    if not problems:  # the checks that read files: only once every path is there
-        problems = _readable_problems(cfg)
     if problems:
         raise ConfigError(problems, header=f"{args.file} is valid but cannot train")
     print(f"{args.file}: ok")
     return 0
-
-
-def _readable_problems(cfg) -> list[str]:
-    """What `distil train` would find before its first step, without loading model weights:
-    the loss exists, the first rows of the data parse, the tokenizers load, render the
-    prompts and (for a same-tokenizer loss) share one vocabulary."""
-    from distil.config import looks_local
-    from distil.data.datasets import load_examples
-    from distil.data.lengths import check_lengths, uses_completions
-    from distil.losses import get_loss, is_cross_tokenizer
-    from distil.models.load import load_tokenizer, vocab_mismatch
-    from distil.models.tokenizers import render_prompt
-
-    problems: list[str] = []
-
-    def attempt(fn, *a, **kw):
-        try:
-            return fn(*a, **kw)
-        except DistilError as exc:
-            problems.append(str(exc))
-            return None
-
-    attempt(get_loss, cfg.loss.name)
-    examples = None
-    for key in ("train", "eval"):
-        source = getattr(cfg.data, key)
-        if source and (looks_local(source) or Path(source).exists()):
-            rows = attempt(
-                load_examples,
-                source,
-                split=cfg.data.split,
-                prompt_field=cfg.data.prompt_field,
-                completion_field=cfg.data.completion_field,
-                template=cfg.data.template,
-                limit=64,
-            )
-            examples = examples if examples is not None or key != "train" else rows
-    toks = {}
-    sides = [("student", cfg.student)]
-    if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd):
-        sides.append(("teacher", cfg.teacher))
-    for name, section in sides:
-        if not Path(os.path.expanduser(section.tokenizer)).exists():
-            continue  # a hub id: not fetched here
-        key = f"{name}.tokenizer" if section.tokenizer != section.path else f"{name}.path"
-        tok = attempt(
-            load_tokenizer, section.tokenizer, key=key, trust_remote_code=section.trust_remote_code
-        )
-        if tok is not None:
-            toks[name] = tok
-            if (
-                examples
-                and attempt(render_prompt, tok, examples[0].prompt, name=name)
-                and (name == "student")
-            ):
-                attempt(
-                    check_lengths, examples, tok, cfg.data, completions_used=uses_completions(cfg)
-                )
-    same_tokenizer = cfg.loss.name != "sft" and not is_cross_tokenizer(cfg.loss.name)
-    if same_tokenizer and len(toks) == 2 and not problems:
-        problems += filter(None, [vocab_mismatch(cfg.loss.name, toks["student"], toks["teacher"])])
-    return problems
 
 
 def _config_diff(args) -> int:

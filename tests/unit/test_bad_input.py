@@ -262,6 +262,13 @@ CASES = {
         [],
         with_keys(data__template=None),
     ),
+    "teacher-top-k-with-cross-tokenizer-loss": Case(
+        VALIDATE,
+        ["teacher.top_k = 8 with loss.name = 'aligned_kl'", "teacher.top_k=null"],
+        {},
+        [],
+        with_keys(teacher__top_k=8, loss__name="aligned_kl"),
+    ),
     "config-validate-unknown-loss": Case(
         VALIDATE, ["loss.name='nope' is not a known loss"], {}, [], with_keys(loss__name="nope")
     ),
@@ -323,6 +330,18 @@ def test_bad_input_exits_2_with_one_paragraph(name, workdir, capsys):
         assert not (workdir / path).exists()
     after = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
     assert after == before, "the failed command left files behind"
+
+
+TRAIN_CASES = [name for name, case in CASES.items() if case.argv == TRAIN]
+
+
+@pytest.mark.parametrize("name", TRAIN_CASES)
+def test_config_validate_rejects_what_train_rejects(name, workdir, capsys):
+    """`config validate` prints ok only when `distil train` would start."""
+    write(workdir, CASES[name])
+    code, out, err = run_cli(capsys, VALIDATE)
+    assert code == 2 and ": ok" not in out, (out, err)
+    assert err.startswith("distil: error: ") and "Traceback" not in err
 
 
 def test_the_base_config_is_good(workdir, capsys):
