@@ -13,7 +13,7 @@ import string
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from distil.cli import main
@@ -277,6 +277,68 @@ def _load_data(root: Path, lines: list[bytes], suffix: str, template: str | None
 )
 def test_fuzz_data_files(tmp_path, lines, suffix, template):
     _load_data(tmp_path, lines, suffix, template)
+
+
+MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "system", "assistant", ""]),
+            "content": st.text(max_size=8),
+        }
+    ),
+    max_size=3,
+)
+COLUMN_TYPES = st.sampled_from(
+    [
+        st.integers(-(2**63), 2**63 - 1),
+        st.booleans(),
+        st.text(max_size=10),
+        st.floats(),
+        st.lists(st.integers(-(2**63), 2**63 - 1), max_size=5),
+        st.lists(st.booleans(), max_size=5),
+        MESSAGES,
+    ]
+)
+# one type per column (as a parquet file has), values drawn per row, any of them null
+PARQUET_ROWS = st.tuples(COLUMN_TYPES, COLUMN_TYPES, COLUMN_TYPES, COLUMN_TYPES).flatmap(
+    lambda types: st.lists(
+        st.fixed_dictionaries(
+            {
+                name: st.none() | kind
+                for name, kind in zip(
+                    ("nums", "target", "prompt", "completion"), types, strict=True
+                )
+            }
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+
+
+def _load_parquet(root: Path, rows, template: str | None) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = root / "d.parquet"
+    try:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        assume(False)  # rows arrow cannot write as one table are not a parquet file
+    _only_distil_errors(load_examples, str(path), template=template)
+
+
+@FAST
+@given(rows=PARQUET_ROWS, template=st.sampled_from([None, "countdown_plain"]))
+def test_fuzz_parquet_rows(tmp_path, rows, template):
+    _load_parquet(tmp_path, rows, template)
+
+
+@pytest.mark.slow
+@LONG
+@given(rows=PARQUET_ROWS, template=st.sampled_from([None, "countdown_plain"]))
+def test_fuzz_parquet_rows_long(tmp_path, rows, template):
+    _load_parquet(tmp_path, rows, template)
 
 
 # ----------------------------------------------------------------------------- command line
