@@ -147,7 +147,7 @@ def _add_scratch(sub) -> None:
 
 def _check_out(path: str, flag: str = "--out") -> None:
     """Refuse an output path that is (or sits under) a file before any work is done."""
-    from distil.config import output_dir_problem
+    from distil.paths import output_dir_problem
 
     if problem := output_dir_problem(path, flag):
         raise ConfigError(problem)

@@ -15,8 +15,9 @@ import importlib.util
 import os
 from pathlib import Path
 
-from distil.config import DistilConfig, looks_local, source_problems, training_problems
+from distil.config import DistilConfig, training_problems
 from distil.errors import DistilError
+from distil.paths import looks_local, source_problems
 
 ROWS_READ = 64  # rows of each data file parsed and measured
 

@@ -227,7 +227,7 @@ CASES = {
             )
         },
     ),
-    "config-non-string-key": Case(VALIDATE, ["key 1 is a int"], {"c.yaml": "1: 2\n"}),
+    "config-non-string-key": Case(VALIDATE, ["key 1 (int) is not a name"], {"c.yaml": "1: 2\n"}),
     "config-validate-vocab-mismatch": Case(
         VALIDATE,
         ["teacher's tokenizer differs from the student's", "cross-tokenizer loss"],

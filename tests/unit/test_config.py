@@ -224,7 +224,7 @@ def test_anchor_expansion_and_non_string_keys_are_bounded(tmp_path):
     path.write_text(laughs)
     assert "more than 100000 values" in problems_of(load_config, path)[0]
     path.write_text("train:\n  1: 2\n")
-    assert "key 1 is a int" in problems_of(load_config, path)[0]
+    assert "key 1 (int) is not a name" in problems_of(load_config, path)[0]
 
 
 def test_warmup_over_max_steps_and_ignored_seq_kd_are_rejected():
@@ -260,7 +260,7 @@ def test_window_hint_for_a_huge_batch_returns_at_once():
 
 
 def test_looks_local_sends_only_hub_shaped_names_to_the_hub(tmp_path, monkeypatch):
-    from distil.config import looks_local
+    from distil.paths import looks_local
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
@@ -271,7 +271,7 @@ def test_looks_local_sends_only_hub_shaped_names_to_the_hub(tmp_path, monkeypatc
 
 
 def test_output_dir_and_path_problems(tmp_path):
-    from distil.config import output_dir_problem, path_problem
+    from distil.paths import output_dir_problem, path_problem
 
     (tmp_path / "f").write_text("x")
     assert "is a file" in output_dir_problem(tmp_path / "f", "k")

@@ -155,7 +155,7 @@ def _check_row(row: Any, path: Path, line: int) -> None:
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Read rows back from a .jsonl or .parquet file written by `write_rows` (or any file with
     `nums` and `target` columns). Bad rows raise DataError naming the file and 1-based line/row."""
-    from distil.config import path_problem
+    from distil.paths import path_problem
 
     if problem := path_problem(path, "problems file"):
         raise DataError(problem)

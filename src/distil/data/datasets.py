@@ -53,7 +53,7 @@ def _read_rows(
     source: str, split: str, limit: int | None = None
 ) -> list[tuple[dict[str, Any], Any]]:
     """[(where, row)] with `where` = dict(path=..., line=...) for error messages."""
-    from distil.config import DATA_SUFFIXES, looks_local, path_problem
+    from distil.paths import DATA_SUFFIXES, looks_local, path_problem
 
     if problem := path_problem(source, "data"):
         raise DataError(problem)

@@ -131,7 +131,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _check_exists(path: str | None, key: str) -> None:
-    from distil.config import looks_local, path_problem
+    from distil.paths import looks_local, path_problem
 
     if not path:
         raise ConfigError(f"{key} is not set. Fix: set {key} to a model directory or hub id")
