@@ -335,6 +335,17 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     return build_config(raw, problems)
 
 
+def _loc_key(loc: tuple) -> str:
+    """The config key of a pydantic error location: list indices and the member names a union
+    field adds (`target_modules.str`) dropped."""
+    parts = [str(p) for p in loc if not isinstance(p, int)]
+    leaves = leaf_fields()
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in leaves:
+            return ".".join(parts[:end])
+    return ".".join(parts)
+
+
 def build_config(raw: dict[str, Any], problems: list[str] | None = None) -> DistilConfig:
     problems = list(problems or [])
     problems += unknown_key_problems(raw, DistilConfig)
@@ -345,10 +356,14 @@ def build_config(raw: dict[str, Any], problems: list[str] | None = None) -> Dist
         for err in exc.errors():
             if err["type"] == "extra_forbidden":
                 continue  # reported above with a suggestion
-            key = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
-            bad_keys.add(key)
-            problems.append(_type_problem(key, err))
-        cfg = DistilConfig.model_validate(_without(raw, bad_keys | _unknown_keys(raw)))
+            key = _loc_key(err["loc"])
+            if key not in bad_keys:  # a union field fails once per member: report it once
+                bad_keys.add(key)
+                problems.append(_type_problem(key, err))
+        try:
+            cfg = DistilConfig.model_validate(_without(raw, bad_keys | _unknown_keys(raw)))
+        except ValidationError:  # defaults for the bad keys should always validate
+            raise ConfigError(problems) from exc
     cfg = resolve(cfg)
     for keys, message in semantic_problems(cfg):
         if not (set(keys) & bad_keys):

@@ -297,3 +297,11 @@ def test_training_problems_name_the_key_the_user_set(tmp_path):
     assert f"student.path = '{tmp_path}/nope': no such local directory" in text
     assert "student.tokenizer" not in text
     assert f"data.train = '{tmp_path}/d.jsonl': no such local file" in text
+
+
+def test_a_union_field_of_the_wrong_type_is_one_problem():
+    # found by fuzzing: the error location of a union field names the member (`.str`)
+    (problem,) = problems_of(load_config, None, ["student.lora.target_modules=::"])
+    assert problem.startswith("'student.lora.target_modules' = {':': None}")
+    (problem,) = problems_of(load_config, None, ["logging.trackers=[1]"])
+    assert problem.startswith("'logging.trackers' = 1")
