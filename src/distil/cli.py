@@ -23,7 +23,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except DistilError as exc:
-        print(f"distil: error: {exc}", file=sys.stderr)
+        # backslashreplace: a message may quote a lone surrogate from the input
+        text = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")
+        print(f"distil: error: {text}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("distil: interrupted", file=sys.stderr)
@@ -143,8 +145,18 @@ def _add_scratch(sub) -> None:
     m.set_defaults(func=_init_model)
 
 
+def _check_out(path: str, flag: str = "--out") -> None:
+    """Refuse an output path that is (or sits under) a file before any work is done."""
+    from distil.paths import output_dir_problem
+
+    if problem := output_dir_problem(path, flag):
+        raise ConfigError(problem)
+
+
 def _tokenizer_train(args) -> int:
     from distil.models.scratch import train_tokenizer_from_data
+
+    _check_out(args.out)
 
     tok = train_tokenizer_from_data(
         args.family,
@@ -160,6 +172,8 @@ def _tokenizer_train(args) -> int:
 
 def _init_model(args) -> int:
     from distil.models.scratch import init_model
+
+    _check_out(args.out)
 
     n = init_model(
         args.tokenizer,
@@ -260,9 +274,12 @@ def _config_show(args) -> int:
 
 
 def _config_validate(args) -> int:
-    from distil.config import load_config, training_problems
+    from distil.config import load_config
+    from distil.preflight import preflight
 
-    problems = training_problems(load_config(args.file, args.overrides))
+    problems, notes = preflight(load_config(args.file, args.overrides))
+    for note in notes:
+        print(f"note: {note}")
     if problems:
         raise ConfigError(problems, header=f"{args.file} is valid but cannot train")
     print(f"{args.file}: ok")
@@ -313,6 +330,7 @@ def _countdown_generate(args) -> int:
 
     if args.test_n < 0:
         raise ConfigError(f"--test-n must be >= 0, got {args.test_n}")
+    _check_out(args.out)
     summary = generate_dataset(
         args.out,
         n=args.n,

@@ -11,6 +11,7 @@ value included, is written to the run directory as `config.yaml`.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -19,12 +20,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from distil.errors import ConfigError
+from distil.paths import path_problem, source_problems
 
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    # inf/nan are never meant (train.lr=.inf passes gt=0); null says "no limit" where one exists
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 class DataConfig(Section):
@@ -47,6 +52,11 @@ class DataConfig(Section):
     max_prompt_tokens: int = Field(256, gt=0, description="prompts are truncated from the left")
     max_completion_tokens: int = Field(
         256, gt=0, description="dataset completions are truncated to this many tokens"
+    )
+    overlong: Literal["error", "truncate"] = Field(
+        "error",
+        description="a prompt or reference completion over its max_*_tokens: stop naming the "
+        "row (error), or cut it and count the cut rows in a warning (truncate)",
     )
     shuffle: bool = Field(True, description="shuffle prompts every epoch (seeded)")
     num_workers: int = Field(
@@ -212,20 +222,94 @@ LOCATION_KEYS = ("train.output_dir", "logging.run_name")
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
+    if problem := path_problem(path, "config file"):
+        raise ConfigError(problem)
     path = Path(path)
     if path.is_dir():
         path = path / "config.yaml"
-    if not path.exists():
-        raise ConfigError(f"config file {path} does not exist; pass a YAML file or a run directory")
+    if not path.is_file():
+        what = "is not a file" if path.exists() else "does not exist"
+        raise ConfigError(f"config file {path} {what}; pass a YAML file or a run directory")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 1]!r})"
+            "; save the config as UTF-8"
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    raw = parse_yaml(text, str(path))
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
     return raw
+
+
+# A config is a few sections deep and holds a few hundred values; YAML anchors can expand a
+# short file into a huge (or cyclic) tree, which pydantic would walk forever.
+MAX_DEPTH, MAX_VALUES = 32, 100_000
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """yaml.safe_load that turns every failure into a ConfigError naming `where`.
+
+    PyYAML's constructors raise arbitrary exceptions for values they cannot build (`!!bool
+    maybe` a KeyError, `2001-13-45` a ValueError, `!!timestamp x` an AttributeError), hence
+    the broad except. The result is checked for size, depth and non-string keys.
+    """
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where} is not valid YAML: {_one_line(exc)}") from exc
+    except RecursionError as exc:
+        raise ConfigError(
+            f"{where}: YAML nested too deeply; a config is a few levels deep"
+        ) from exc
+    except Exception as exc:  # see the docstring
+        raise ConfigError(
+            f"{where}: PyYAML cannot build a value ({type(exc).__name__}: {_one_line(exc)}); "
+            "quote the value to keep it as a string, or fix its tag (e.g. !!float 1e-4)"
+        ) from exc
+    _check_tree(value, where)
+    return value
+
+
+def _check_tree(value: Any, where: str) -> None:
+    """Reject trees too deep, too large (anchors expanded) or with keys that are not strings."""
+    stack, seen = [(value, 0)], 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if depth > MAX_DEPTH or seen > MAX_VALUES:
+            raise ConfigError(
+                f"{where}: the YAML holds more than {MAX_VALUES} values or nests deeper than "
+                f"{MAX_DEPTH} levels (a cyclic or repeatedly expanded anchor?); a config is a "
+                "few sections of plain values"
+            )
+        if isinstance(node, dict):
+            for key, child in node.items():
+                if not isinstance(key, str):
+                    raise ConfigError(
+                        f"{where}: key {_short(key)} ({type(key).__name__}) is not a name; "
+                        "config keys are names like train or lr"
+                    )
+                stack.append((child, depth + 1))
+        elif isinstance(node, (list, tuple, set, frozenset)):
+            stack.extend((child, depth + 1) for child in node)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(_short(str(exc), 300).split())
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    try:
+        text = value if isinstance(value, str) else repr(value)
+    except ValueError:  # an int over Python's 4,300-digit str limit
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
@@ -234,17 +318,21 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
     for item in overrides:
         key, sep, text = item.partition("=")
         key = key.strip()
-        if not sep or not key:
-            problems.append(f"override '{item}' is not key=value; write e.g. train.lr=1e-4")
-            continue
-        value = yaml.safe_load(text) if text.strip() else None
-        node = raw
         parts = key.split(".")
+        if not sep or not key or not all(p.strip() for p in parts):
+            problems.append(f"override {_short(item)!r} is not key=value; write e.g. train.lr=1e-4")
+            continue
+        try:
+            value = parse_yaml(text, f"override {_short(item)!r}") if text.strip() else None
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        node = raw
         for depth, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 where = ".".join(parts[: depth + 1])
-                problems.append(f"override '{item}': '{where}' is a value, not a section")
+                problems.append(f"override {_short(item)!r}: '{where}' is a value, not a section")
                 break
             node = child
         else:
@@ -259,6 +347,17 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     return build_config(raw, problems)
 
 
+def _loc_key(loc: tuple) -> str:
+    """The config key of a pydantic error location: list indices and the member names a union
+    field adds (`target_modules.str`) dropped."""
+    parts = [str(p) for p in loc if not isinstance(p, int)]
+    leaves = leaf_fields()
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in leaves:
+            return ".".join(parts[:end])
+    return ".".join(parts)
+
+
 def build_config(raw: dict[str, Any], problems: list[str] | None = None) -> DistilConfig:
     problems = list(problems or [])
     problems += unknown_key_problems(raw, DistilConfig)
@@ -269,10 +368,14 @@ def build_config(raw: dict[str, Any], problems: list[str] | None = None) -> Dist
         for err in exc.errors():
             if err["type"] == "extra_forbidden":
                 continue  # reported above with a suggestion
-            key = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
-            bad_keys.add(key)
-            problems.append(_type_problem(key, err))
-        cfg = DistilConfig.model_validate(_without(raw, bad_keys | _unknown_keys(raw)))
+            key = _loc_key(err["loc"])
+            if key not in bad_keys:  # a union field fails once per member: report it once
+                bad_keys.add(key)
+                problems.append(_type_problem(key, err))
+        try:
+            cfg = DistilConfig.model_validate(_without(raw, bad_keys | _unknown_keys(raw)))
+        except ValidationError:  # defaults for the bad keys should always validate
+            raise ConfigError(problems) from exc
     cfg = resolve(cfg)
     for keys, message in semantic_problems(cfg):
         if not (set(keys) & bad_keys):
@@ -333,11 +436,12 @@ def unknown_key_problems(raw: dict[str, Any], model: type[BaseModel]) -> list[st
 
 def _type_problem(key: str, err: dict[str, Any]) -> str:
     info = leaf_fields().get(key)
-    value = err.get("input")
+    seen = err.get("input")
+    value = repr(_short(seen, 200)) if isinstance(seen, str) else _short(seen, 200)
     msg = err["msg"]
     if info is None:
-        return f"'{key}' = {value!r}: {msg}"
-    return f"'{key}' = {value!r}: {msg}. Fix: {_fix_hint(key, info)}"
+        return f"'{key}' = {value}: {msg}"
+    return f"'{key}' = {value}: {msg}. Fix: {_fix_hint(key, info)}"
 
 
 def _fix_hint(key: str, info: Any) -> str:
@@ -421,17 +525,51 @@ def _window_invariant(cfg: DistilConfig):
     g, n = gen.generation_batch_size, gen.num_generations
     if g is not None and g * n == window:
         return None
-    valid_n = [d for d in range(1, window + 1) if window % d == 0]
     shown = g if g is not None else "unset"
     return (
         ("generation.generation_batch_size", "generation.num_generations"),
         f"generation.generation_batch_size * generation.num_generations must equal "
         f"train.per_device_batch_size * train.grad_accum_steps: {shown} * {n} != "
         f"{train.per_device_batch_size} * {train.grad_accum_steps} = {window}. Fix: set "
-        f"generation.num_generations to a divisor of {window} ({', '.join(map(str, valid_n))}) "
+        f"generation.num_generations to a divisor of {window}{_divisors(window)} "
         f"and generation.generation_batch_size to {window} / num_generations, or leave "
         f"generation_batch_size null to derive it",
     )
+
+
+def _divisors(n: int, limit: int = 10**6) -> str:
+    """' (1, 2, 4, ...)' for a small n; '' when listing them would take long (n is a product
+    of user-given sizes, e.g. 10**11)."""
+    if n > limit:
+        return ""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    found = sorted({*small, *(n // d for d in small)})
+    return f" ({', '.join(map(str, found))})"
+
+
+@check
+def _warmup_within_run(cfg: DistilConfig):
+    t = cfg.train
+    if t.warmup_steps > t.max_steps:
+        return ("train.warmup_steps", "train.max_steps"), (
+            f"train.warmup_steps ({t.warmup_steps}) > train.max_steps ({t.max_steps}): the "
+            f"learning rate would never reach train.lr ({t.lr}). Fix: set train.warmup_steps "
+            f"to at most {t.max_steps} (e.g. {max(t.max_steps // 10, 0)}), or raise "
+            "train.max_steps"
+        )
+    return None
+
+
+@check
+def _seq_kd_has_slices(cfg: DistilConfig):
+    t = cfg.train
+    if t.seq_kd and t.lambda_ >= 1.0:
+        return ("train.seq_kd", "train.lambda"), (
+            f"train.seq_kd=true makes the off-policy slices teacher-written, but train.lambda = "
+            f"{t.lambda_} draws every slice on-policy, so seq_kd would be ignored. Fix: set "
+            "train.lambda below 1 (0 for pure sequence-level KD), or train.seq_kd=false"
+        )
+    return None
 
 
 @check
@@ -505,7 +643,9 @@ def _student_needed(cfg: DistilConfig):
 
 
 def training_problems(cfg: DistilConfig) -> list[str]:
-    """What `distil train` needs beyond a valid config (models to train and to learn from)."""
+    """What `distil train` needs beyond a valid config, checked without loading anything:
+    models to train and to learn from, data, and paths that exist (local ones) or can be
+    created (the output directory)."""
     found = [_student_needed(cfg), _teacher_needed(cfg)]
     if not cfg.data.train:
         found.append(
@@ -515,7 +655,8 @@ def training_problems(cfg: DistilConfig) -> list[str]:
                 "file, a saved dataset directory or a hub id",
             )
         )
-    return [message for p in found if p is not None for message in [p[1]]]
+    problems = [message for p in found if p is not None for message in [p[1]]]
+    return problems + source_problems(cfg)[0]
 
 
 # ----------------------------------------------------------------------------- output

@@ -46,7 +46,30 @@ def test_config_validate_reports_all_problems_without_traceback(tmp_path, capsys
         "train:\n  lr: 0.001\n  lambda: 0\nloss:\n  name: sft\n"
         "student:\n  path: s\ndata:\n  train: d.jsonl\n"
     )
-    assert run(capsys, "config", "validate", str(cfg))[0] == 0  # sft needs no teacher
+    code, _, err = run(capsys, "config", "validate", str(cfg))  # sft needs no teacher, but ...
+    assert code == 2 and "student.path = 's': no such local directory" not in err  # a hub id
+    assert "data.train = 'd.jsonl': no such local file" in err
+
+
+def test_config_validate_ok_only_when_train_would_start(tmp_path, capsys, tiny_model_dir):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "2 + 2 =", "completion": " 4"}\n')
+    cfg = tmp_path / "c.yaml"
+    base = (
+        f"train:\n  lambda: 0\n  output_dir: {tmp_path}/run\nloss:\n  name: sft\n"
+        f"data:\n  train: {data}\n"
+    )
+    cfg.write_text(base + f"student:\n  path: {tiny_model_dir}\n")
+    code, out, err = run(capsys, "config", "validate", str(cfg))
+    assert code == 0 and out.strip().endswith(": ok"), err
+    cfg.write_text(base + "student:\n  path: org/some-model\n")
+    code, out, err = run(capsys, "config", "validate", str(cfg))
+    assert code == 0 and "student.path = 'org/some-model' is taken as a hub id; not checked" in out
+    data.write_text('{"prompt": "2 + 2 =", "completion": " 4"}\n{"prompt": 7}\n')
+    cfg.write_text(base + f"student:\n  path: {tiny_model_dir}\n")
+    code, out, err = run(capsys, "config", "validate", str(cfg))
+    assert code == 2 and f"{data}:2: column 'prompt'" in err and ": ok" not in out
+    assert not (tmp_path / "run").exists()
 
 
 def test_config_diff_two_runs_differing_only_in_bf16(tmp_path, capsys):

@@ -199,3 +199,109 @@ def test_flatten_uses_aliases():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_every_preset_loads(path):
     load_config(path)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "value", ["!!timestamp x", "!!bool maybe", "2001-13-45", "!!float x", "[", "{a: 1", "&x [*x]"]
+)
+def test_values_pyyaml_cannot_build_are_config_errors(tmp_path, value):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"train:\n  lr: {value}\n")
+    (file_problem,) = problems_of(load_config, path)
+    assert str(path) in file_problem
+    (override_problem,) = problems_of(load_config, None, [f"train.lr={value}"])
+    assert override_problem.startswith(f"override 'train.lr={value}'")
+
+
+def test_anchor_expansion_and_non_string_keys_are_bounded(tmp_path):
+    laughs = "a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
+        f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]\n" for p, n in zip("abcdefg", "bcdefgh")
+    )
+    path = tmp_path / "c.yaml"
+    path.write_text(laughs)
+    assert "more than 100000 values" in problems_of(load_config, path)[0]
+    path.write_text("train:\n  1: 2\n")
+    assert "key 1 (int) is not a name" in problems_of(load_config, path)[0]
+
+
+def test_warmup_over_max_steps_and_ignored_seq_kd_are_rejected():
+    (warm,) = problems_of(load_config, None, ["train.max_steps=10", "train.warmup_steps=11"])
+    assert "train.warmup_steps (11) > train.max_steps (10)" in warm
+    load_config(None, ["train.max_steps=10", "train.warmup_steps=10"])  # equal is fine
+    (seq,) = problems_of(load_config, None, ["train.seq_kd=true"])
+    assert "train.seq_kd=true" in seq and "train.lambda = 1.0" in seq
+    load_config(None, ["train.seq_kd=true", "train.lambda=0.5"])
+
+
+def test_inf_and_nan_are_not_numbers_here():
+    problems = problems_of(load_config, None, ["train.lr=.inf", "loss.beta=.nan"])
+    assert any("'train.lr' = inf" in p for p in problems)
+    assert any("'loss.beta' = nan" in p for p in problems)
+
+
+def test_window_hint_for_a_huge_batch_returns_at_once():
+    import time
+
+    start = time.perf_counter()
+    (msg,) = problems_of(
+        load_config,
+        None,
+        ["train.per_device_batch_size=100000000001", "generation.num_generations=2"],
+    )
+    assert time.perf_counter() - start < 1.0
+    assert "a divisor of 100000000001 " in msg
+    (small,) = problems_of(
+        load_config, None, ["train.per_device_batch_size=12", "generation.num_generations=5"]
+    )
+    assert "a divisor of 12 (1, 2, 3, 4, 6, 12)" in small
+
+
+def test_looks_local_sends_only_hub_shaped_names_to_the_hub(tmp_path, monkeypatch):
+    from distil.paths import looks_local
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for local in ["./x", "/abs", "~/x", "a/b/c", "d.jsonl", "org/d.parquet", "data/countdwn"]:
+        assert looks_local(local), local
+    for hub in ["gsm8k", "openai/gsm8k", "Qwen/Qwen2.5-0.5B"]:
+        assert not looks_local(hub), hub
+
+
+def test_output_dir_and_path_problems(tmp_path):
+    from distil.paths import output_dir_problem, path_problem
+
+    (tmp_path / "f").write_text("x")
+    assert "is a file" in output_dir_problem(tmp_path / "f", "k")
+    assert "sits under" in output_dir_problem(tmp_path / "f" / "a" / "b", "k")
+    assert output_dir_problem(tmp_path / "new" / "dir", "k") is None
+    assert "NUL byte" in path_problem("a\x00b", "k")
+    assert "File name too long" in path_problem("x" * 300, "k")
+    assert path_problem(tmp_path / "missing", "k") is None
+
+
+def test_training_problems_name_the_key_the_user_set(tmp_path):
+    from distil.config import training_problems
+
+    cfg = load_config(
+        None,
+        [
+            f"student.path={tmp_path}/nope",
+            f"teacher.path={tmp_path}",
+            f"data.train={tmp_path}/d.jsonl",
+        ],
+    )
+    text = "\n".join(training_problems(cfg))
+    assert f"student.path = '{tmp_path}/nope': no such local directory" in text
+    assert "student.tokenizer" not in text
+    assert f"data.train = '{tmp_path}/d.jsonl': no such local file" in text
+
+
+def test_a_union_field_of_the_wrong_type_is_one_problem():
+    # found by fuzzing: the error location of a union field names the member (`.str`)
+    (problem,) = problems_of(load_config, None, ["student.lora.target_modules=::"])
+    assert problem.startswith("'student.lora.target_modules' = {':': None}")
+    (problem,) = problems_of(load_config, None, ["logging.trackers=[1]"])
+    assert problem.startswith("'logging.trackers' = 1")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 import time
 from collections import Counter
 
@@ -318,7 +319,7 @@ def test_rows_round_trip_jsonl_and_parquet(tmp_path):
 def test_read_rows_errors_name_file_and_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"nums": [1, 2], "target": 3}\n{not json}\n')
-    with pytest.raises(DataError, match=r"bad\.jsonl:2: invalid JSON"):
+    with pytest.raises(DataError, match=r"bad\.jsonl:2: not valid JSON"):
         read_rows(bad)
     bad.write_text('{"nums": [1, 2], "target": 3}\n\n{"nums": "1 2", "target": 3}\n')
     with pytest.raises(DataError, match=r"bad\.jsonl:3: a Countdown row needs"):
@@ -363,3 +364,30 @@ def test_generate_dataset_rejects_bad_options_before_writing(tmp_path):
     with pytest.raises(ConfigError, match="n_test"):
         generate_dataset(tmp_path / "x", n=5, test_n=-1)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "phrase"),
+    [
+        (b'{"nums": [1, 2], "target": 3}\n{"nums": [1, 2], "target": "\xe9"}\n', "2: not UTF-8"),
+        (b'{"nums": [true, 2], "target": 3}\n', "1: a Countdown row needs"),
+        (b'{"nums": [1, 2], "target": true}\n', "1: a Countdown row needs"),
+        (b'{"nums": [1, 2], "target": 3, "x": "\\udc80"}\n', "1: text holds a lone surrogate"),
+        (b'{"nums": [1, 2], "target": ' + b"1" * 4301 + b"}\n", "1: a JSON number is too long"),
+        (b"[" * 4000 + b"]" * 4000 + b"\n", "1: JSON nested too deeply"),
+    ],
+)
+def test_read_rows_bad_bytes_and_values_name_the_line(tmp_path, content, phrase):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(content)
+    with pytest.raises(DataError, match=re.escape(f"bad.jsonl:{phrase}")):
+        read_rows(bad)
+
+
+def test_read_rows_text_named_parquet_and_long_names(tmp_path):
+    fake = tmp_path / "fake.parquet"
+    fake.write_text("nums,target\n1,2\n")
+    with pytest.raises(DataError, match="cannot read parquet"):
+        read_rows(fake)
+    with pytest.raises(DataError, match="File name too long"):
+        read_rows(tmp_path / ("x" * 300 + ".jsonl"))

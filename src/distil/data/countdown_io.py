@@ -126,17 +126,12 @@ def write_rows(rows: list[dict[str, Any]], out_dir: str | os.PathLike, name: str
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    from distil.data.datasets import read_jsonl_rows  # decoding, JSON and text checks per line
+
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"invalid JSON: {exc.msg}", path=str(path), line=line_no) from exc
-            _check_row(row, path, line_no)
-            rows.append(row)
+    for where, row in read_jsonl_rows(path):
+        _check_row(row, path, where["line"])
+        rows.append(row)
     return rows
 
 
@@ -160,6 +155,10 @@ def _check_row(row: Any, path: Path, line: int) -> None:
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Read rows back from a .jsonl or .parquet file written by `write_rows` (or any file with
     `nums` and `target` columns). Bad rows raise DataError naming the file and 1-based line/row."""
+    from distil.paths import path_problem
+
+    if problem := path_problem(path, "problems file"):
+        raise DataError(problem)
     path = Path(path)
     if not path.is_file():
         raise DataError("no such file; pass a .jsonl or .parquet Countdown file", path=str(path))
@@ -172,7 +171,7 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
 
     try:
         rows = pq.read_table(path).to_pylist()
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise DataError(f"cannot read parquet: {exc}", path=str(path)) from exc
     for i, row in enumerate(rows, 1):
         _check_row(row, path, i)

@@ -8,6 +8,7 @@ A malformed row raises a `DataError` that names the file and the 1-based line (J
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ def load_examples(
             prompt = _prompt(row, prompt_field, where)
             completion = _completion(row.get(completion_field), completion_field, where)
         meta = {k: v for k, v in row.items() if k not in (prompt_field, completion_field)}
+        meta["_where"] = f"{where['path']}:{where['line']}"  # for messages about this row
         examples.append(Example(len(examples), prompt, completion, meta))
     return examples
 
@@ -51,39 +53,146 @@ def _read_rows(
     source: str, split: str, limit: int | None = None
 ) -> list[tuple[dict[str, Any], Any]]:
     """[(where, row)] with `where` = dict(path=..., line=...) for error messages."""
-    path = Path(source)
-    if path.suffix in (".jsonl", ".json") and path.is_file():
-        return _read_jsonl(path, limit)
-    if path.suffix == ".parquet" and path.is_file():
-        import pyarrow.parquet as pq
+    from distil.paths import DATA_SUFFIXES, looks_local, path_problem
 
-        table = pq.read_table(path).to_pylist()[:limit]
-        return [({"path": str(path), "line": i + 2}, r) for i, r in enumerate(table)]
+    if problem := path_problem(source, "data"):
+        raise DataError(problem)
+    path = Path(os.path.expanduser(source))
+    if path.is_file():
+        if path.suffix in (".jsonl", ".json"):
+            return read_jsonl_rows(path, limit)
+        if path.suffix == ".parquet":
+            return _read_parquet(path, limit)
+        raise DataError(
+            f"unsupported file type '{path.suffix}'; distil reads .jsonl/.json (one JSON object "
+            "per line), .parquet, or a directory written by Dataset.save_to_disk",
+            path=source,
+        )
     if path.is_dir():
-        from datasets import DatasetDict, load_from_disk
-
-        ds = load_from_disk(str(path))
-        if isinstance(ds, DatasetDict):
-            ds = ds[split]
-        return [({"path": str(path), "line": i + 1}, r) for i, r in enumerate(ds)]
-    if path.suffix or path.exists() or source.startswith((".", "/")):
-        raise DataError("no such file, or not .jsonl/.json/.parquet/a dataset dir", path=source)
+        return _read_saved(path, split, limit)
+    if path.exists():
+        raise DataError("not a regular file or directory", path=source)
+    if looks_local(source):
+        raise DataError(
+            "no such local file or directory (taken as a local path, not a hub id, because it "
+            f"starts with '.', '/' or '~', has a directory part or ends in "
+            f"{'/'.join(DATA_SUFFIXES)}). Fix: check the path",
+            path=source,
+        )
     return _read_hub(source, split)
 
 
-def _read_jsonl(path: Path, limit: int | None = None) -> list[tuple[dict[str, Any], Any]]:
+def _read_parquet(path: Path, limit: int | None) -> list[tuple[dict[str, Any], Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+        rows = (table.slice(0, limit) if limit is not None else table).to_pylist()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise DataError(f"cannot read as parquet ({_one_line(exc)})", path=str(path)) from exc
     out = []
-    with path.open() as fh:
-        for line_no, line in enumerate(fh, 1):
+    for i, row in enumerate(rows):
+        where = {"path": str(path), "line": i + 1}
+        _check_text(row, where)
+        out.append((where, row))
+    return out
+
+
+def _read_saved(path: Path, split: str, limit: int | None) -> list[tuple[dict[str, Any], Any]]:
+    from datasets import DatasetDict, load_from_disk
+
+    try:
+        ds = load_from_disk(str(path))
+    except (FileNotFoundError, ValueError, OSError, KeyError) as exc:
+        raise DataError(
+            "a directory, but not a dataset written by Dataset.save_to_disk "
+            f"({_one_line(exc)}). Fix: point to a .jsonl/.parquet file inside it, or to a "
+            "saved dataset directory",
+            path=str(path),
+        ) from exc
+    if isinstance(ds, DatasetDict):
+        if split not in ds:
+            raise DataError(
+                f"the saved DatasetDict has no split {split!r} (splits: {', '.join(ds)}). "
+                "Fix: set data.split",
+                path=str(path),
+            )
+        ds = ds[split]
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    out = []
+    for i, row in enumerate(ds):
+        where = {"path": str(path), "line": i + 1}
+        _check_text(row, where)
+        out.append((where, row))
+    return out
+
+
+def read_jsonl_rows(path: Path, limit: int | None = None) -> list[tuple[dict[str, Any], Any]]:
+    out = []
+    with path.open("rb") as fh:
+        for line_no, raw in enumerate(fh, 1):
             if limit is not None and len(out) >= limit:
                 break
+            where = {"path": str(path), "line": line_no}
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                bad = raw[exc.start : exc.start + 1]
+                raise DataError(
+                    f"not UTF-8 text (byte {bad!r} at column {exc.start + 1}). Fix: save the "
+                    "file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+                    **where,
+                ) from exc
             if not line.strip():
                 continue
             try:
-                out.append(({"path": str(path), "line": line_no}, json.loads(line)))
+                row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataError(f"not valid JSON: {exc.msg}", path=str(path), line=line_no) from exc
+                raise DataError(f"not valid JSON: {exc.msg}", **where) from exc
+            except RecursionError as exc:
+                raise DataError("JSON nested too deeply to read", **where) from exc
+            except ValueError as exc:  # an integer over Python's 4,300-digit limit
+                raise DataError(
+                    f"a JSON number is too long to read (Python reads at most 4,300 digits; "
+                    f"{_one_line(exc)[:60]}...). Fix: remove or quote it",
+                    **where,
+                ) from exc
+            _check_text(row, where)
+            out.append((where, row))
     return out
+
+
+MAX_DEPTH = 64  # a data row is a few levels deep (chat messages in a list of objects)
+
+
+def _check_text(row: Any, where: dict[str, Any]) -> None:
+    """Reject what every later step would choke on: lone surrogates (JSON allows the escape
+    \\ud800, UTF-8 cannot encode it) and nesting far deeper than any real row."""
+    stack = [(row, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise DataError(f"the row nests deeper than {MAX_DEPTH} levels", **where)
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise DataError(
+                    f"text holds a lone surrogate {node[exc.start]!r} (not a character; "
+                    "UTF-8 cannot encode it). Fix: repair the text's escapes",
+                    **where,
+                ) from exc
+        elif isinstance(node, dict):
+            stack.extend((k, depth + 1) for k in node)
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+
+
+def _one_line(exc: BaseException) -> str:
+    return _short(" ".join(str(exc).split()), 300)
 
 
 def _read_hub(source: str, split: str) -> list[tuple[dict[str, Any], Any]]:
@@ -93,7 +202,8 @@ def _read_hub(source: str, split: str) -> list[tuple[dict[str, Any], Any]]:
         ds = load_dataset(source, split=split)
     except Exception as exc:  # datasets raises many types for unreachable/unknown ids
         raise DataError(
-            f"could not load '{source}' (split '{split}') as a local file or hub dataset: {exc}"
+            f"could not load '{source}' (split '{split}') as a hub dataset (no local file or "
+            f"directory has this name): {_one_line(exc)}"
         ) from exc
     return [({"path": source, "line": i + 1}, r) for i, r in enumerate(ds)]
 
@@ -130,7 +240,10 @@ def _is_messages(value: Any) -> bool:
         isinstance(value, list)
         and len(value) > 0
         and all(
-            isinstance(m, dict) and isinstance(m.get("content"), str) and "role" in m for m in value
+            isinstance(m, dict)
+            and isinstance(m.get("content"), str)
+            and isinstance(m.get("role"), str)
+            for m in value
         )
     )
 
@@ -142,10 +255,16 @@ def _countdown_renderer(name: str):
 
     def render(row: dict[str, Any], where: dict[str, Any]):
         nums, target = row.get("nums"), row.get("target")
-        if not (isinstance(nums, list) and nums and all(isinstance(x, int) for x in nums)):
-            raise DataError(f"'nums' must be a list of integers, got {_short(nums)}", **where)
-        if not isinstance(target, int) or isinstance(target, bool):
-            raise DataError(f"'target' must be an integer, got {_short(target)}", **where)
+        # type() is int, not isinstance: JSON true/false would pass as 1/0
+        if not (isinstance(nums, list) and nums and all(type(x) is int and x > 0 for x in nums)):
+            raise DataError(
+                f"'nums' must be a list of positive integers (not booleans), got {_short(nums)}",
+                **where,
+            )
+        if type(target) is not int:
+            raise DataError(
+                f"'target' must be an integer (not a boolean), got {_short(target)}", **where
+            )
         solution = row.get("solution")
         completion = None
         if isinstance(solution, str) and solution:
@@ -155,6 +274,9 @@ def _countdown_renderer(name: str):
     return render
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+def _short(value: Any, limit: int = 80) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int over Python's 4,300-digit str limit
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -7,6 +7,7 @@ device cannot run) become `ConfigError`s naming the config key and the fix.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,14 @@ def load_tokenizer(path: str, *, key: str = "student.tokenizer", trust_remote_co
     from transformers import AutoTokenizer
 
     _check_exists(path, key)
+    local = os.path.expanduser(path)
     try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        tok = _respect_tokenizer_json(tok, path)
-    except (OSError, ValueError) as exc:
+        tok = AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
+        tok = _respect_tokenizer_json(tok, local)
+    except Exception as exc:  # a broken tokenizer dir raises many types
         raise ConfigError(
-            f"{key} = {path!r}: could not load a tokenizer ({exc}). Fix: point {key} to a "
-            "directory written by save_pretrained or to a hub id available offline"
+            f"{key} = {path!r}: could not load a tokenizer ({_one_line(exc)}). Fix: point "
+            f"{key} to a directory written by save_pretrained or to a hub id available offline"
         ) from exc
     if not tok.is_fast:
         raise ConfigError(
@@ -45,6 +47,21 @@ def load_tokenizer(path: str, *, key: str = "student.tokenizer", trust_remote_co
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def vocab_mismatch(loss_name: str, s_tok, t_tok) -> str | None:
+    """Why a same-tokenizer loss cannot compare these two tokenizers' distributions, or None."""
+    s_vocab, t_vocab = s_tok.get_vocab(), t_tok.get_vocab()
+    if s_vocab == t_vocab:
+        return None
+    only_s, only_t = len(set(s_vocab) - set(t_vocab)), len(set(t_vocab) - set(s_vocab))
+    return (
+        f"loss.name = {loss_name!r} compares the two models token by token, but the "
+        f"teacher's tokenizer differs from the student's ({len(t_tok)} vs {len(s_tok)} "
+        f"tokens; {only_s} only in the student's, {only_t} only in the teacher's). distil "
+        "never resizes embeddings to hide this. Fix: use a cross-tokenizer loss "
+        "(loss.name=uld, gold or aligned_kl), or a teacher with the student's tokenizer"
+    )
 
 
 def _respect_tokenizer_json(tok, path: str):
@@ -86,7 +103,7 @@ def load_model(
     _check_exists(path, key)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path,
+            os.path.expanduser(path),
             dtype=torch_dtype(dtype),
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
@@ -108,14 +125,22 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def _check_exists(path: str | None, key: str) -> None:
+    from distil.paths import looks_local, path_problem
+
     if not path:
         raise ConfigError(f"{key} is not set. Fix: set {key} to a model directory or hub id")
-    if Path(path).exists():
+    if problem := path_problem(path, key):
+        raise ConfigError(problem)
+    if Path(os.path.expanduser(path)).exists():
         return
-    hub_id = path.count("/") <= 1 and not path.startswith((".", "/", "~"))
-    if not hub_id:
-        raise ConfigError(f"{key} = {path!r}: no such directory. Fix: check the path")
+    if looks_local(path):
+        raise ConfigError(f"{key} = {path!r}: no such local directory. Fix: check the path")
 
 
 def read_model_meta(path: str | Path) -> dict[str, Any]:

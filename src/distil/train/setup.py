@@ -67,9 +67,9 @@ def build_accelerator(cfg: DistilConfig):
 
 def _load(section, name: str, device=None):
     """(model, tokenizer) of the `student` or `teacher` config section."""
-    tok = load_tokenizer(
-        section.tokenizer, key=f"{name}.tokenizer", trust_remote_code=section.trust_remote_code
-    )
+    # a tokenizer defaulted from the model path is reported under the key the user set
+    key = f"{name}.path" if section.tokenizer == section.path else f"{name}.tokenizer"
+    tok = load_tokenizer(section.tokenizer, key=key, trust_remote_code=section.trust_remote_code)
     model = load_model(
         section.path,
         key=f"{name}.path",
@@ -256,6 +256,7 @@ def build(cfg: DistilConfig) -> Components:
 
     from distil.config import training_problems
     from distil.data.datasets import load_examples
+    from distil.data.lengths import check_lengths, uses_completions
     from distil.losses import get_loss, is_cross_tokenizer
     from distil.teacher.live import LiveTeacher
     from distil.train.optim import build_optimizer
@@ -273,6 +274,7 @@ def build(cfg: DistilConfig) -> Components:
         template=cfg.data.template,
     )
     model, tok = load_student(cfg, accelerator)
+    check_lengths(examples, tok, cfg.data, completions_used=uses_completions(cfg))
     cross, teacher_model, teacher_tok, vocab_size = None, None, None, None
     if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd):
         teacher_model, teacher_tok = load_teacher(cfg, accelerator)
