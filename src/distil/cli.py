@@ -403,10 +403,10 @@ def _eval(args) -> int:
     sources = [("completions", f) for f in args.completions] + [("model", m) for m in args.model]
     names = unique_names(sources)
     if args.model:
-        from distil.models.load import _check_exists
+        from distil.models.load import check_model_path
 
         for m in args.model:  # a mistyped local path stops here, not after the first model ran
-            _check_exists(m, "--model")
+            check_model_path(m, "--model")
     results = [
         score_file(f, name=name, number_usage=cfg.number_usage)
         for f, name in zip(args.completions, names, strict=False)

@@ -28,7 +28,7 @@ def load_tokenizer(path: str, *, key: str = "student.tokenizer", trust_remote_co
     """AutoTokenizer.from_pretrained with a clear error; pad token falls back to EOS."""
     from transformers import AutoTokenizer
 
-    _check_exists(path, key)
+    check_model_path(path, key)
     local = os.path.expanduser(path)
     try:
         tok = AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
@@ -100,7 +100,7 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
-    _check_exists(path, key)
+    check_model_path(path, key)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             os.path.expanduser(path),
@@ -130,7 +130,9 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _check_exists(path: str | None, key: str) -> None:
+def check_model_path(path: str | None, key: str) -> None:
+    """ConfigError naming `key` when `path` is unset, unusable, or a local path that does not
+    exist (a hub id is left to the loader)."""
     from distil.paths import looks_local, path_problem
 
     if not path:
