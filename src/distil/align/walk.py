@@ -1,0 +1,414 @@
+"""The alignment of a whole micro-batch as compiled loops over flat arrays.
+
+All rows' ids, teacher byte ends and teacher bytes are concatenated with row offsets
+(`FlatRows`); `student_spans` gives every student token its byte end and the rows' student
+bytes; rows whose teacher bytes are not a prefix of the student's get the banded DP
+(`dp.align_bytes`, t2s) in Python; `align_rows` then walks every row once: the two-pointer groups
+over the tokens that are not zero-length specials (or, in a DP row, the teacher ends whose
+mapped position is a student end), groups straddling a removed special dropped, the exact flags,
+the specials paired by role at the same byte position, and the covered tokens. `group_keys`
+gives each group its match-table key and each student token of a plain group its projection
+entry (teacher position and remainder key) as (offset, length) slices of the student bytes, so
+that the tables are looked up once per distinct key (`token_align` has the rules in words).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+import numba
+import numpy as np
+
+
+@dataclass
+class FlatRows:
+    """Rows concatenated: X_off int64 (B + 1,) are the row offsets into the flat X."""
+
+    s_ids: np.ndarray
+    s_off: np.ndarray
+    t_ids: np.ndarray
+    t_ends: np.ndarray
+    t_off: np.ndarray
+    t_bytes: np.ndarray
+    tb_off: np.ndarray
+
+    @classmethod
+    def pack(
+        cls,
+        s_ids: Sequence[Sequence[int] | np.ndarray],
+        t_ids: Sequence[Sequence[int] | np.ndarray],
+        t_ends: Sequence[Sequence[int] | np.ndarray],
+        t_bytes: Sequence[bytes],
+    ) -> FlatRows:
+        data = b"".join(t_bytes)
+        return cls(
+            _flat(s_ids),
+            _offsets(map(len, s_ids), len(s_ids)),
+            _flat(t_ids),
+            _flat(t_ends),
+            _offsets(map(len, t_ids), len(t_ids)),
+            np.frombuffer(data, dtype=np.uint8) if data else np.zeros(0, np.uint8),
+            _offsets(map(len, t_bytes), len(t_bytes)),
+        )
+
+
+def _flat(parts: Sequence[Sequence[int] | np.ndarray]) -> np.ndarray:
+    if parts and all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts).astype(np.int64, copy=False).reshape(-1)
+    return np.fromiter(chain.from_iterable(parts), dtype=np.int64)
+
+
+def _offsets(lengths, n: int) -> np.ndarray:
+    out = np.zeros(n + 1, dtype=np.int64)
+    out[1:] = np.fromiter(lengths, dtype=np.int64, count=n)
+    return np.cumsum(out, out=out)
+
+
+@numba.njit(cache=True)
+def student_spans(s_ids, s_off, v_data, v_start, t_bytes, tb_off):  # pragma: no cover
+    """(s_ends (N_s,) per-row byte ends, s_bytes flat, sb_off (B + 1,), prefix bool (B,):
+    the row's teacher bytes are a prefix of its student bytes). Ids outside the table spell
+    nothing."""
+    n_rows = s_off.shape[0] - 1
+    size = v_start.shape[0] - 1
+    s_ends = np.empty(s_ids.shape[0], np.int64)
+    sb_off = np.zeros(n_rows + 1, np.int64)
+    for b in range(n_rows):
+        pos = 0
+        for k in range(s_off[b], s_off[b + 1]):
+            i = s_ids[k]
+            if 0 <= i < size:
+                pos += v_start[i + 1] - v_start[i]
+            s_ends[k] = pos
+        sb_off[b + 1] = sb_off[b] + pos
+    s_bytes = np.empty(sb_off[n_rows], np.uint8)
+    prefix = np.zeros(n_rows, np.bool_)
+    for b in range(n_rows):
+        w = sb_off[b]
+        for k in range(s_off[b], s_off[b + 1]):
+            i = s_ids[k]
+            if 0 <= i < size:
+                for a in range(v_start[i], v_start[i + 1]):
+                    s_bytes[w] = v_data[a]
+                    w += 1
+        n_t = tb_off[b + 1] - tb_off[b]
+        ok = n_t <= sb_off[b + 1] - sb_off[b]
+        for a in range(n_t if ok else 0):
+            if s_bytes[sb_off[b] + a] != t_bytes[tb_off[b] + a]:
+                ok = False
+                break
+        prefix[b] = ok
+    return s_ends, s_bytes, sb_off, prefix
+
+
+@numba.njit(cache=True)
+def _last_at_or_before(t_ends, base, n, value):  # pragma: no cover - compiled
+    # the last local j with t_start[j] <= value (t_start[j] = t_ends[j - 1], 0 for j = 0)
+    lo, hi = 0, n
+    while lo < hi:
+        m = (lo + hi) >> 1
+        st = t_ends[base + m - 1] if m > 0 else 0
+        if st <= value:
+            lo = m + 1
+        else:
+            hi = m
+    return lo - 1
+
+
+@numba.njit(cache=True)
+def align_rows(
+    s_ids, s_off, s_ends, s_bytes, sb_off, s_special,
+    t_ids, t_ends, t_off, t_bytes, tb_off, t_special,
+    partner, dp, t2s, t2s_off,
+):  # fmt: skip  # pragma: no cover - compiled
+    """Groups of every row: (g int64 (G, 5): row, s0, s1, t0, t1 per row-local token index,
+    ordered by row then s0; exact bool (G,); special bool (G,); covered bool (N_s,);
+    n_exact int64 (B,): student bytes inside exact groups)."""
+    n_rows = s_off.shape[0] - 1
+    n_s_all = s_ids.shape[0]
+    out_g = np.empty((n_s_all, 5), np.int64)
+    out_exact = np.zeros(n_s_all, np.bool_)
+    out_special = np.zeros(n_s_all, np.bool_)
+    covered = np.zeros(n_s_all, np.bool_)
+    n_exact = np.zeros(n_rows, np.int64)
+    n_g = 0
+    for b in range(n_rows):
+        sb, ns = s_off[b], s_off[b + 1] - s_off[b]
+        tb, nt = t_off[b], t_off[b + 1] - t_off[b]
+        n_tb = tb_off[b + 1] - tb_off[b]
+        use_dp = dp[b]
+        se, te = s_ends[sb : sb + ns], t_ends[tb : tb + nt]
+        row_t2s = t2s[t2s_off[b] : t2s_off[b + 1]]
+        s_zero, ks = _kept_student(s_ids[sb : sb + ns], se, s_special, n_tb, use_dp)
+        t_zero, kt = _kept_teacher(t_ids[tb : tb + nt], te, t_special)
+        if use_dp:
+            bs, bt = _mapped_bounds(se, ks, te, kt, row_t2s)
+        else:
+            bs, bt = _common_bounds(se, ks, te, kt)
+        cg = _content_groups(se, ks, te, kt, bs, bt)
+        ps, pt = _special_pairs(
+            s_ids[sb : sb + ns], se, s_zero, t_ids[tb : tb + nt], te, t_zero, kt, n_tb,
+            partner, use_dp, row_t2s,
+        )  # fmt: skip
+        x = y = 0
+        while x < cg.shape[0] or y < ps.shape[0]:  # merge groups and pairs by s0
+            out_g[n_g, 0] = b
+            if x >= cg.shape[0] or (y < ps.shape[0] and ps[y] < cg[x, 0]):
+                k = ps[y]
+                out_g[n_g, 1], out_g[n_g, 2], out_g[n_g, 3], out_g[n_g, 4] = (
+                    k,
+                    k + 1,
+                    pt[y],
+                    pt[y] + 1,
+                )
+                out_exact[n_g], out_special[n_g] = True, True
+                covered[sb + k] = True
+                y += 1
+            else:
+                s0, s1, t0, t1 = cg[x, 0], cg[x, 1], cg[x, 2], cg[x, 3]
+                out_g[n_g, 1], out_g[n_g, 2], out_g[n_g, 3], out_g[n_g, 4] = s0, s1, t0, t1
+                sa = se[s0 - 1] if s0 > 0 else 0
+                ta = te[t0 - 1] if t0 > 0 else 0
+                same = not use_dp or _same_bytes(
+                    s_bytes,
+                    sb_off[b] + sa,
+                    se[s1 - 1] - sa,
+                    t_bytes,
+                    tb_off[b] + ta,
+                    te[t1 - 1] - ta,
+                )
+                out_exact[n_g] = same
+                if same:
+                    n_exact[b] += se[s1 - 1] - sa
+                covered[sb + s0 : sb + s1] = True
+                x += 1
+            n_g += 1
+    return out_g[:n_g], out_exact[:n_g], out_special[:n_g], covered, n_exact
+
+
+@numba.njit(cache=True)
+def _kept_student(ids, ends, special, n_t_bytes, use_dp):  # pragma: no cover - compiled
+    # (zero-length special per token, the other tokens' indices); with equal/prefix bytes
+    # the student's tail after the teacher's bytes (a cut character) is in no group
+    zero = np.zeros(ids.shape[0], np.bool_)
+    kept = np.empty(ids.shape[0], np.int64)
+    n = 0
+    for k in range(ids.shape[0]):
+        zero[k] = 0 <= ids[k] < special.shape[0] and special[ids[k]]
+        if not zero[k] and (use_dp or ends[k] <= n_t_bytes):
+            kept[n] = k
+            n += 1
+    return zero, kept[:n]
+
+
+@numba.njit(cache=True)
+def _kept_teacher(ids, ends, special):  # pragma: no cover - compiled
+    # a teacher special is zero-length only where its span is empty (an unknown character
+    # spans its bytes and stays a content token)
+    zero = np.zeros(ids.shape[0], np.bool_)
+    kept = np.empty(ids.shape[0], np.int64)
+    n = 0
+    for j in range(ids.shape[0]):
+        start = ends[j - 1] if j > 0 else 0
+        zero[j] = 0 <= ids[j] < special.shape[0] and special[ids[j]] and ends[j] == start
+        if not zero[j]:
+            kept[n] = j
+            n += 1
+    return zero, kept[:n]
+
+
+@numba.njit(cache=True)
+def _common_bounds(se, ks, te, kt):  # pragma: no cover - compiled
+    # equal bytes: every common end > 0 of the kept tokens (a merge of the sorted ends)
+    n = min(ks.shape[0], kt.shape[0])
+    bs = np.empty(n, np.int64)
+    i = j = m = last = 0
+    while i < ks.shape[0] and j < kt.shape[0]:
+        a, c = se[ks[i]], te[kt[j]]
+        if a == c:
+            if a > last:
+                bs[m] = a
+                m += 1
+                last = a
+            i += 1
+            j += 1
+        elif a < c:
+            i += 1
+        else:
+            j += 1
+    return bs[:m], bs[:m]
+
+
+@numba.njit(cache=True)
+def _mapped_bounds(se, ks, te, kt, t2s):  # pragma: no cover - compiled
+    # DP row: the kept teacher ends whose mapped student boundary is a kept student end
+    n = min(ks.shape[0], kt.shape[0])
+    bs = np.empty(n, np.int64)
+    bt = np.empty(n, np.int64)
+    i = m = last = 0
+    for q in range(kt.shape[0]):
+        end = te[kt[q]]
+        if end <= last:
+            continue
+        last = end
+        mapped = t2s[end]
+        if mapped <= 0:
+            continue
+        while i < ks.shape[0] and se[ks[i]] < mapped:
+            i += 1
+        if i < ks.shape[0] and se[ks[i]] == mapped:
+            bs[m], bt[m] = mapped, end
+            m += 1
+    return bs[:m], bt[:m]
+
+
+@numba.njit(cache=True)
+def _content_groups(se, ks, te, kt, bs, bt):  # pragma: no cover - compiled
+    # from each boundary back to the previous one, over kept tokens: the first kept token on
+    # each side reaching the boundary closes the group (a zero-length token joins the next)
+    out = np.empty((bs.shape[0], 4), np.int64)
+    n = ps = pt = i = j = 0
+    for q in range(bs.shape[0]):
+        while se[ks[i]] < bs[q]:
+            i += 1
+        while te[kt[j]] < bt[q]:
+            j += 1
+        s0, s1, t0, t1 = ks[ps], ks[i] + 1, kt[pt], kt[j] + 1
+        # a removed special inside the range: the group is dropped, not merged across it
+        if s1 - s0 == i + 1 - ps and t1 - t0 == j + 1 - pt:
+            out[n, 0], out[n, 1], out[n, 2], out[n, 3] = s0, s1, t0, t1
+            n += 1
+        i, j = i + 1, j + 1
+        ps, pt = i, j
+    return out[:n]
+
+
+@numba.njit(cache=True)
+def _special_pairs(
+    s_ids, se, s_zero, t_ids, te, t_zero, kt, n_t_bytes, partner, use_dp, t2s
+):  # pragma: no cover - compiled
+    # zero-length specials: 1:1 with the same role at the same byte position, in order; a
+    # teacher special after its last content token stands at the end of the text
+    last_content = kt[kt.shape[0] - 1] if kt.shape[0] else -1
+    n_c = t_ids.shape[0] - kt.shape[0]
+    c_j = np.empty(n_c, np.int64)
+    c_pos = np.empty(n_c, np.int64)
+    c = 0
+    for j in range(t_ids.shape[0]):
+        if t_zero[j]:
+            at = n_t_bytes if j > last_content else te[j]
+            c_j[c], c_pos[c] = j, (t2s[at] if use_dp else at)  # -1: no exact DP match
+            c += 1
+    ps = np.empty(min(s_ids.shape[0], n_c), np.int64)
+    pt = np.empty(min(s_ids.shape[0], n_c), np.int64)
+    n = first = 0
+    for k in range(s_ids.shape[0]):
+        if not s_zero[k]:
+            continue
+        for c in range(first, n_c):
+            if c_pos[c] == se[k] and partner[t_ids[c_j[c]]] == s_ids[k]:
+                ps[n], pt[n] = k, c_j[c]
+                n += 1
+                first = c + 1
+                break
+    return ps[:n], pt[:n]
+
+
+@numba.njit(cache=True)
+def _same_bytes(a, a0, na, b, b0, nb):  # pragma: no cover - compiled
+    if na != nb:
+        return False
+    for d in range(na):  # noqa: SIM110 (numba compiles no generators)
+        if a[a0 + d] != b[b0 + d]:
+            return False
+    return True
+
+
+@numba.njit(cache=True)
+def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
+    # pragma: no cover - compiled
+    """Table keys of a batch's groups (from `align_rows`).
+
+    Per group: kind int8 (0: the whole-vocabulary table, 1: the empty table, 2: the delta
+    table of key (flag = student_longer, s_bytes[off:off + len])). Per projection entry,
+    ordered by row then student token: (group, student token, teacher token, key offset, key
+    length (0: table 0), fits, plain). A plain group (exact, not special) gives one entry per
+    student token; any other group one entry at its first positions."""
+    n_g = g.shape[0]
+    kind = np.zeros(n_g, np.int8)
+    flag = np.zeros(n_g, np.bool_)
+    m_off = np.zeros(n_g, np.int64)
+    m_len = np.zeros(n_g, np.int64)
+    n_e = 0
+    for q in range(n_g):
+        n_e += g[q, 2] - g[q, 1] if exact[q] and not special[q] else 1
+    e_group = np.empty(n_e, np.int64)
+    e_s = np.empty(n_e, np.int64)
+    e_t = np.empty(n_e, np.int64)
+    e_off = np.empty(n_e, np.int64)
+    e_len = np.empty(n_e, np.int64)
+    e_fits = np.ones(n_e, np.bool_)
+    e_plain = np.zeros(n_e, np.bool_)
+    e = 0
+    for q in range(n_g):
+        b, s0, s1, t0, t1 = g[q, 0], g[q, 1], g[q, 2], g[q, 3], g[q, 4]
+        sb, tb, nt = s_off[b], t_off[b], t_off[b + 1] - t_off[b]
+        if not exact[q] or special[q]:
+            if not exact[q] and (s1 - s0 > 1 or t1 - t0 > 1):
+                kind[q] = 1  # texts differ inside a multi-token group: no candidate map
+            t_first = t_ends[tb + t0 - 1] if t0 > 0 else 0
+            j = _last_at_or_before(t_ends, tb, nt, t_first)
+            e_group[e], e_s[e], e_t[e] = q, s0, min(max(j, t0), t1 - 1)
+            e_off[e], e_len[e] = 0, 0
+            e += 1
+            continue
+        # an exact group spells the same bytes on both sides, in a DP row at different
+        # offsets: teacher byte x is student byte x + shift inside the group
+        s_first = s_ends[sb + s0 - 1] if s0 > 0 else 0
+        shift = s_first - (t_ends[tb + t0 - 1] if t0 > 0 else 0)
+        a = s_ends[sb + s1 - 2] if s1 - 1 > 0 else 0  # start of the last student token
+        c = (t_ends[tb + t1 - 2] if t1 - 1 > 0 else 0) + shift  # ... of the last teacher one
+        if a != c:
+            kind[q], flag[q] = 2, a > c
+            m_off[q], m_len[q] = sb_off[b] + min(a, c), abs(a - c)
+        for k in range(s0, s1):
+            s_at = s_ends[sb + k - 1] if k > 0 else 0
+            j = _last_at_or_before(t_ends, tb, nt, s_at - shift)
+            j = min(max(j, t0), t1 - 1)
+            x = (t_ends[tb + j - 1] if j > 0 else 0) + shift
+            e_group[e], e_s[e], e_t[e] = q, k, j
+            e_off[e], e_len[e] = sb_off[b] + x, s_at - x
+            # the teacher token's distribution covers the student token only if it ends within
+            e_fits[e] = s_ends[sb + k] <= t_ends[tb + j] + shift
+            e_plain[e] = True
+            e += 1
+    return kind, flag, m_off, m_len, e_group, e_s, e_t, e_off, e_len, e_fits, e_plain
+
+
+@numba.njit(cache=True)
+def hash_keys(data, off, length, flag):  # pragma: no cover - compiled
+    """FNV-1a of each key's bytes and flag: uint64 (N,)."""
+    out = np.empty(off.shape[0], np.uint64)
+    prime = np.uint64(1099511628211)
+    for q in range(off.shape[0]):
+        h = np.uint64(14695981039346656037) ^ np.uint64(flag[q])
+        h *= prime
+        for a in range(off[q], off[q] + length[q]):
+            h = (h ^ np.uint64(data[a])) * prime
+        out[q] = h
+    return out
+
+
+@numba.njit(cache=True)
+def same_keys(data, off, length, flag, rep):  # pragma: no cover - compiled
+    """Whether every key equals the key `rep[q]` (its hash representative) byte for byte."""
+    for q in range(off.shape[0]):
+        r = rep[q]
+        if length[q] != length[r] or flag[q] != flag[r]:
+            return False
+        for d in range(length[q]):
+            if data[off[q] + d] != data[off[r] + d]:
+                return False
+    return True
