@@ -25,7 +25,7 @@ import torch
 
 from distil.align.token_align import BatchAlignment, align_flat
 from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes
-from distil.align.walk import FlatRows, group_keys, hash_keys, same_keys
+from distil.align.walk import FlatRows, covered_local, first_seen, group_keys, padded
 from distil.types import AlignmentGroups
 
 
@@ -77,18 +77,18 @@ def build_alignment(
     # a plain entry is kept when its table has an entry and the teacher token covers it
     keep = ~e_plain | (e_fits & ~empty[proj_E])
     e_row = g[e_group[keep], 0]
-    s_offset = np.fromiter((r.s_offset for r in rows), np.int64, len(rows))
-    t_offset = np.fromiter((r.t_offset for r in rows), np.int64, len(rows))
+    s_offset = np.array([r.s_offset for r in rows], dtype=np.int64)
+    t_offset = np.array([r.t_offset for r in rows], dtype=np.int64)
     match_ids, match_list = _local_tables(match_G, match_tables.tables)
     proj_ids, proj_list = _local_tables(proj_E[keep], proj_tables.tables)
-    s_pos, s_tok = _padded(g[:, 0], g[:, 1], g[:, 2], flat.s_ids, flat.s_off, s_offset)
-    t_pos, t_tok = _padded(g[:, 0], g[:, 3], g[:, 4], flat.t_ids, flat.t_off, t_offset)
+    s_pos, s_tok = padded(g[:, 0], g[:, 1], g[:, 2], flat.s_ids, flat.s_off, s_offset)
+    t_pos, t_tok = padded(g[:, 0], g[:, 3], g[:, 4], flat.t_ids, flat.t_off, t_offset)
     result = AlignmentGroups(
         group_row_G=torch.from_numpy(g[:, 0].copy()),
-        student_pos_G_S=s_pos,
-        student_tok_G_S=s_tok,
-        teacher_pos_G_T=t_pos,
-        teacher_tok_G_T=t_tok,
+        student_pos_G_S=torch.from_numpy(s_pos),
+        student_tok_G_S=torch.from_numpy(s_tok),
+        teacher_pos_G_T=torch.from_numpy(t_pos),
+        teacher_tok_G_T=torch.from_numpy(t_tok),
         match_table_G=match_ids,
         match_tables=match_list,
         proj_row_N=torch.from_numpy(e_row),
@@ -102,61 +102,45 @@ def build_alignment(
     return result, _in_groups(ba.covered, flat.s_off)
 
 
-def _first_seen(
-    data: np.ndarray, off: np.ndarray, length: np.ndarray, flag: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """(reps, inv): one entry per distinct key, in order of first appearance, and each
-    entry's index into reps. Keys are deduplicated by hash, then checked byte for byte; a
-    hash collision (never seen) falls back to one lookup per entry."""
-    if not len(off):
-        return off, off
-    _, first, inv = np.unique(hash_keys(data, off, length, flag), True, True)
-    if not same_keys(data, off, length, flag, first[inv]):
-        return np.arange(len(off)), np.arange(len(off))
-    order = np.argsort(first)
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    return first[order], rank[inv.reshape(-1)]
-
-
 def _match_ids(kind, flag, off, length, rows, data, match: MatchTables) -> np.ndarray:
     """Global match-table id per group; tables are created in the order the per-row build
     asked for them (a row's empty table before its deltas)."""
     out = np.zeros(len(kind), dtype=np.int64)
-    need = np.flatnonzero(kind == 2)
-    reps, inv = _first_seen(data, off[need], length[need], flag[need])
+    reps, key = first_seen(data, off, length, flag, kind == 2)
     no_map = np.flatnonzero(kind == 1)
     # the empty table comes before the deltas of the first row that has a no-map group
     empty_at = int(np.searchsorted(rows, rows[no_map[0]])) if len(no_map) else len(kind) + 1
     empty_id = -1
     ids = np.empty(len(reps), dtype=np.int64)
-    rep_off, rep_len = off[need][reps].tolist(), length[need][reps].tolist()
-    rep_flag, rep_group = flag[need][reps].tolist(), need[reps].tolist()
-    for u, (a, n, longer, group) in enumerate(
-        zip(rep_off, rep_len, rep_flag, rep_group, strict=True)
+    for u, (group, a, n, longer) in enumerate(
+        zip(
+            reps.tolist(),
+            off[reps].tolist(),
+            length[reps].tolist(),
+            flag[reps].tolist(),
+            strict=True,
+        )
     ):
         if empty_id < 0 and group >= empty_at:
             empty_id = match.empty_id()
         ids[u] = match.delta_id(data[a : a + n].tobytes(), student_longer=longer)
     if len(no_map):
         out[no_map] = match.empty_id() if empty_id < 0 else empty_id
-    out[need] = ids[inv]
+    need = kind == 2
+    out[need] = ids[key[need]]
     return out
 
 
 def _proj_ids(off, length, plain, data, proj: ProjectionTables) -> np.ndarray:
     """Global projection-table id per entry (0 where the teacher is not behind)."""
+    need = plain & (length > 0)
+    reps, key = first_seen(data, off, length, np.zeros(len(off), np.bool_), need)
+    ids = [
+        proj.table_id(data[a : a + n].tobytes())
+        for a, n in zip(off[reps].tolist(), length[reps].tolist(), strict=True)
+    ]
     out = np.zeros(len(off), dtype=np.int64)
-    need = np.flatnonzero(plain & (length > 0))
-    reps, inv = _first_seen(data, off[need], length[need], np.zeros(len(need), np.bool_))
-    ids = np.asarray(
-        [
-            proj.table_id(data[a : a + n].tobytes())
-            for a, n in zip(off[need][reps].tolist(), length[need][reps].tolist(), strict=True)
-        ],
-        dtype=np.int64,
-    )
-    out[need] = ids[inv] if len(need) else out[need]
+    out[need] = np.asarray(ids, dtype=np.int64)[key[need]]
     return out
 
 
@@ -164,34 +148,18 @@ def _local_tables(
     global_ids: np.ndarray, tables: list[tuple[torch.Tensor, torch.Tensor]]
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     # renumber the cache ids used in this batch: 0 stays 0 (the whole-vocabulary table)
-    used = np.unique(np.concatenate([[0], global_ids]).astype(np.int64))
-    local = np.searchsorted(used, global_ids).astype(np.int64)
-    return torch.from_numpy(local), [tables[i] for i in used.tolist()]
-
-
-def _padded(
-    rows: np.ndarray,
-    start: np.ndarray,
-    stop: np.ndarray,
-    flat_ids: np.ndarray,
-    row_off: np.ndarray,
-    offsets: np.ndarray,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pos_G_X, tok_G_X) for one side: predicting positions and ids, -1 padded."""
-    width = max(int((stop - start).max(initial=0)), 1)
-    idx = start[:, None] + np.arange(width)[None, :]
-    valid = idx < stop[:, None]
-    pos = np.where(valid, offsets[rows][:, None] - 1 + idx, -1)
-    tok = np.where(valid, flat_ids[np.where(valid, row_off[rows][:, None] + idx, 0)], -1)
-    return torch.from_numpy(pos.astype(np.int64)), torch.from_numpy(tok.astype(np.int64))
+    mark = np.zeros(len(tables), dtype=bool)
+    mark[0] = True
+    mark[global_ids] = True
+    local = (np.cumsum(mark) - 1)[global_ids]
+    return torch.from_numpy(local), [tables[i] for i in np.flatnonzero(mark).tolist()]
 
 
 def _in_groups(covered: np.ndarray, row_off: np.ndarray) -> list[list[int]]:
     # per row, the local indices of its covered student tokens
-    local = np.arange(len(covered)) - np.repeat(row_off[:-1], np.diff(row_off))
-    cum = np.concatenate([[0], np.cumsum(covered)])[row_off].tolist()
-    flat = local[covered].tolist()
-    return [flat[a:b] for a, b in pairwise(cum)]
+    local, cum = covered_local(covered, row_off)
+    flat = local.tolist()
+    return [flat[a:b] for a, b in pairwise(cum.tolist())]
 
 
 def _metrics(ba: BatchAlignment, n_proj: int) -> dict[str, float]:

@@ -8,8 +8,10 @@ over the tokens that are not zero-length specials (or, in a DP row, the teacher 
 mapped position is a student end), groups straddling a removed special dropped, the exact flags,
 the specials paired by role at the same byte position, and the covered tokens. `group_keys`
 gives each group its match-table key and each student token of a plain group its projection
-entry (teacher position and remainder key) as (offset, length) slices of the student bytes, so
-that the tables are looked up once per distinct key (`token_align` has the rules in words).
+entry (teacher position and remainder key) as (offset, length) slices of the student bytes;
+`first_seen` finds the distinct keys, so that the tables are looked up once per distinct key
+(`token_align` and `batch` have the rules in words); `padded` and `covered_local` shape the
+outputs.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ class FlatRows:
 def _flat(parts: Sequence[Sequence[int] | np.ndarray]) -> np.ndarray:
     if parts and all(isinstance(p, np.ndarray) for p in parts):
         return np.concatenate(parts).astype(np.int64, copy=False).reshape(-1)
-    return np.fromiter(chain.from_iterable(parts), dtype=np.int64)
+    # one conversion of one list (a numpy call per row costs more than the row's data)
+    return np.array(list(chain.from_iterable(parts)), dtype=np.int64).reshape(-1)
 
 
 def _offsets(lengths, n: int) -> np.ndarray:
@@ -101,20 +104,6 @@ def student_spans(s_ids, s_off, v_data, v_start, t_bytes, tb_off):  # pragma: no
                 break
         prefix[b] = ok
     return s_ends, s_bytes, sb_off, prefix
-
-
-@numba.njit(cache=True)
-def _last_at_or_before(t_ends, base, n, value):  # pragma: no cover - compiled
-    # the last local j with t_start[j] <= value (t_start[j] = t_ends[j - 1], 0 for j = 0)
-    lo, hi = 0, n
-    while lo < hi:
-        m = (lo + hi) >> 1
-        st = t_ends[base + m - 1] if m > 0 else 0
-        if st <= value:
-            lo = m + 1
-        else:
-            hi = m
-    return lo - 1
 
 
 @numba.njit(cache=True)
@@ -335,7 +324,9 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
     table of key (flag = student_longer, s_bytes[off:off + len])). Per projection entry,
     ordered by row then student token: (group, student token, teacher token, key offset, key
     length (0: table 0), fits, plain). A plain group (exact, not special) gives one entry per
-    student token; any other group one entry at its first positions."""
+    student token; any other group one entry at its first positions. The teacher token of an
+    entry is the last one of the group starting at or before the student's point (ties go to
+    the later token, which has seen any zero-length token before it)."""
     n_g = g.shape[0]
     kind = np.zeros(n_g, np.int8)
     flag = np.zeros(n_g, np.bool_)
@@ -347,68 +338,120 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
     e_group = np.empty(n_e, np.int64)
     e_s = np.empty(n_e, np.int64)
     e_t = np.empty(n_e, np.int64)
-    e_off = np.empty(n_e, np.int64)
-    e_len = np.empty(n_e, np.int64)
+    e_off = np.zeros(n_e, np.int64)
+    e_len = np.zeros(n_e, np.int64)
     e_fits = np.ones(n_e, np.bool_)
     e_plain = np.zeros(n_e, np.bool_)
     e = 0
     for q in range(n_g):
         b, s0, s1, t0, t1 = g[q, 0], g[q, 1], g[q, 2], g[q, 3], g[q, 4]
-        sb, tb, nt = s_off[b], t_off[b], t_off[b + 1] - t_off[b]
+        se, te = s_ends[s_off[b] : s_off[b + 1]], t_ends[t_off[b] : t_off[b + 1]]
+        t_first = te[t0 - 1] if t0 > 0 else 0
         if not exact[q] or special[q]:
             if not exact[q] and (s1 - s0 > 1 or t1 - t0 > 1):
                 kind[q] = 1  # texts differ inside a multi-token group: no candidate map
-            t_first = t_ends[tb + t0 - 1] if t0 > 0 else 0
-            j = _last_at_or_before(t_ends, tb, nt, t_first)
-            e_group[e], e_s[e], e_t[e] = q, s0, min(max(j, t0), t1 - 1)
-            e_off[e], e_len[e] = 0, 0
+            j = t0
+            while j + 1 < t1 and te[j] <= t_first:  # te[j] is the start of token j + 1
+                j += 1
+            e_group[e], e_s[e], e_t[e] = q, s0, j
             e += 1
             continue
         # an exact group spells the same bytes on both sides, in a DP row at different
         # offsets: teacher byte x is student byte x + shift inside the group
-        s_first = s_ends[sb + s0 - 1] if s0 > 0 else 0
-        shift = s_first - (t_ends[tb + t0 - 1] if t0 > 0 else 0)
-        a = s_ends[sb + s1 - 2] if s1 - 1 > 0 else 0  # start of the last student token
-        c = (t_ends[tb + t1 - 2] if t1 - 1 > 0 else 0) + shift  # ... of the last teacher one
+        shift = (se[s0 - 1] if s0 > 0 else 0) - t_first
+        a = se[s1 - 2] if s1 > 1 else 0  # start of the last student token
+        c = (te[t1 - 2] if t1 > 1 else 0) + shift  # ... of the last teacher one
         if a != c:
             kind[q], flag[q] = 2, a > c
             m_off[q], m_len[q] = sb_off[b] + min(a, c), abs(a - c)
+        j = t0
         for k in range(s0, s1):
-            s_at = s_ends[sb + k - 1] if k > 0 else 0
-            j = _last_at_or_before(t_ends, tb, nt, s_at - shift)
-            j = min(max(j, t0), t1 - 1)
-            x = (t_ends[tb + j - 1] if j > 0 else 0) + shift
+            s_at = se[k - 1] if k > 0 else 0
+            while j + 1 < t1 and te[j] + shift <= s_at:
+                j += 1
+            x = (te[j - 1] if j > 0 else 0) + shift
             e_group[e], e_s[e], e_t[e] = q, k, j
             e_off[e], e_len[e] = sb_off[b] + x, s_at - x
             # the teacher token's distribution covers the student token only if it ends within
-            e_fits[e] = s_ends[sb + k] <= t_ends[tb + j] + shift
+            e_fits[e] = se[k] <= te[j] + shift
             e_plain[e] = True
             e += 1
     return kind, flag, m_off, m_len, e_group, e_s, e_t, e_off, e_len, e_fits, e_plain
 
 
 @numba.njit(cache=True)
-def hash_keys(data, off, length, flag):  # pragma: no cover - compiled
-    """FNV-1a of each key's bytes and flag: uint64 (N,)."""
-    out = np.empty(off.shape[0], np.uint64)
+def first_seen(data, off, length, flag, select):  # pragma: no cover - compiled
+    """Distinct keys among the selected entries, by an open-addressing hash table that compares
+    the bytes: (reps int64 (U,): entry index of each distinct key in order of first appearance,
+    key int64 (N,): index into reps per selected entry, -1 elsewhere)."""
+    n = off.shape[0]
+    n_sel = 0
+    for q in range(n):
+        n_sel += select[q]
+    size = 16
+    while size < 2 * n_sel:
+        size *= 2
+    slots = np.full(size, -1, np.int64)  # index into reps
+    reps = np.empty(n_sel, np.int64)
+    key = np.full(n, -1, np.int64)
+    n_u = 0
     prime = np.uint64(1099511628211)
-    for q in range(off.shape[0]):
-        h = np.uint64(14695981039346656037) ^ np.uint64(flag[q])
-        h *= prime
+    for q in range(n):
+        if not select[q]:
+            continue
+        h = (np.uint64(14695981039346656037) ^ np.uint64(flag[q])) * prime
         for a in range(off[q], off[q] + length[q]):
             h = (h ^ np.uint64(data[a])) * prime
-        out[q] = h
-    return out
+        s = np.int64(h & np.uint64(size - 1))
+        while True:
+            u = slots[s]
+            if u < 0:
+                slots[s] = n_u
+                reps[n_u] = q
+                key[q] = n_u
+                n_u += 1
+                break
+            r = reps[u]
+            if length[r] == length[q] and flag[r] == flag[q]:
+                same = True
+                for d in range(length[q]):
+                    if data[off[r] + d] != data[off[q] + d]:
+                        same = False
+                        break
+                if same:
+                    key[q] = u
+                    break
+            s = (s + 1) & (size - 1)
+    return reps[:n_u], key
 
 
 @numba.njit(cache=True)
-def same_keys(data, off, length, flag, rep):  # pragma: no cover - compiled
-    """Whether every key equals the key `rep[q]` (its hash representative) byte for byte."""
-    for q in range(off.shape[0]):
-        r = rep[q]
-        if length[q] != length[r] or flag[q] != flag[r]:
-            return False
-        for d in range(length[q]):
-            if data[off[q] + d] != data[off[r] + d]:
-                return False
-    return True
+def padded(rows, start, stop, flat_ids, row_off, offsets):  # pragma: no cover - compiled
+    """(pos (G, W), tok (G, W)): predicting positions offsets[row] - 1 + i and ids of the
+    token ranges [start, stop) of each group, -1 padded; W = the widest range (at least 1)."""
+    width = 1
+    for q in range(rows.shape[0]):
+        width = max(width, stop[q] - start[q])
+    pos = np.full((rows.shape[0], width), -1, np.int64)
+    tok = np.full((rows.shape[0], width), -1, np.int64)
+    for q in range(rows.shape[0]):
+        b = rows[q]
+        for i in range(start[q], stop[q]):
+            pos[q, i - start[q]] = offsets[b] - 1 + i
+            tok[q, i - start[q]] = flat_ids[row_off[b] + i]
+    return pos, tok
+
+
+@numba.njit(cache=True)
+def covered_local(covered, row_off):  # pragma: no cover - compiled
+    """(local indices of the covered tokens, concatenated; their row offsets (B + 1,))."""
+    out = np.empty(covered.shape[0], np.int64)
+    cum = np.zeros(row_off.shape[0], np.int64)
+    n = 0
+    for b in range(row_off.shape[0] - 1):
+        for k in range(row_off[b], row_off[b + 1]):
+            if covered[k]:
+                out[n] = k - row_off[b]
+                n += 1
+        cum[b + 1] = n
+    return out[:n], cum
