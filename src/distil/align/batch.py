@@ -25,7 +25,14 @@ import torch
 
 from distil.align.token_align import BatchAlignment, align_flat
 from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes
-from distil.align.walk import FlatRows, covered_local, first_seen, group_keys, padded
+from distil.align.walk import (
+    FlatRows,
+    covered_local,
+    first_seen,
+    group_keys,
+    padded,
+    projection_entries,
+)
 from distil.types import AlignmentGroups
 
 
@@ -74,13 +81,13 @@ def build_alignment(
     proj_E = _proj_ids(e_off, e_len, e_plain, ba.s_bytes, proj_tables)
     empty = np.zeros(len(proj_tables.tables), dtype=bool)
     empty[proj_tables.empty_ids()] = True
-    # a plain entry is kept when its table has an entry and the teacher token covers it
-    keep = ~e_plain | (e_fits & ~empty[proj_E])
-    e_row = g[e_group[keep], 0]
     s_offset = np.array([r.s_offset for r in rows], dtype=np.int64)
     t_offset = np.array([r.t_offset for r in rows], dtype=np.int64)
+    p_row, p_s, p_t, p_table = projection_entries(
+        g, e_group, e_s, e_t, e_plain, e_fits, proj_E, empty, s_offset, t_offset
+    )
     match_ids, match_list = _local_tables(match_G, match_tables.tables)
-    proj_ids, proj_list = _local_tables(proj_E[keep], proj_tables.tables)
+    proj_ids, proj_list = _local_tables(p_table, proj_tables.tables)
     s_pos, s_tok = padded(g[:, 0], g[:, 1], g[:, 2], flat.s_ids, flat.s_off, s_offset)
     t_pos, t_tok = padded(g[:, 0], g[:, 3], g[:, 4], flat.t_ids, flat.t_off, t_offset)
     result = AlignmentGroups(
@@ -91,56 +98,55 @@ def build_alignment(
         teacher_tok_G_T=torch.from_numpy(t_tok),
         match_table_G=match_ids,
         match_tables=match_list,
-        proj_row_N=torch.from_numpy(e_row),
-        proj_student_pos_N=torch.from_numpy(s_offset[e_row] - 1 + e_s[keep]),
-        proj_teacher_pos_N=torch.from_numpy(t_offset[e_row] - 1 + e_t[keep]),
+        proj_row_N=torch.from_numpy(p_row),
+        proj_student_pos_N=torch.from_numpy(p_s),
+        proj_teacher_pos_N=torch.from_numpy(p_t),
         proj_table_N=proj_ids,
         proj_tables=proj_list,
         exact_G=torch.from_numpy(ba.exact.copy()),
-        metrics=_metrics(ba, int(keep.sum())),
+        metrics=_metrics(ba, len(p_row)),
     )
     return result, _in_groups(ba.covered, flat.s_off)
 
 
 def _match_ids(kind, flag, off, length, rows, data, match: MatchTables) -> np.ndarray:
-    """Global match-table id per group; tables are created in the order the per-row build
-    asked for them (a row's empty table before its deltas)."""
-    out = np.zeros(len(kind), dtype=np.int64)
-    reps, key = first_seen(data, off, length, flag, kind == 2)
+    """Global match-table id per group. Keys already in the cache are looked up in one compiled
+    pass; missing tables are built in the order the per-row build asked for them (a row's
+    empty table before its deltas)."""
+    out = match.keys.lookup(data, off, length, flag, kind == 2)
+    miss = (kind == 2) & (out < 0)
     no_map = np.flatnonzero(kind == 1)
+    reps, key = first_seen(data, off, length, flag, miss)
     # the empty table comes before the deltas of the first row that has a no-map group
     empty_at = int(np.searchsorted(rows, rows[no_map[0]])) if len(no_map) else len(kind) + 1
     empty_id = -1
     ids = np.empty(len(reps), dtype=np.int64)
-    for u, (group, a, n, longer) in enumerate(
-        zip(
-            reps.tolist(),
-            off[reps].tolist(),
-            length[reps].tolist(),
-            flag[reps].tolist(),
-            strict=True,
-        )
-    ):
+    new = zip(reps.tolist(), off[reps].tolist(), length[reps].tolist(), flag[reps].tolist())
+    for u, (group, a, n, longer) in enumerate(new):
         if empty_id < 0 and group >= empty_at:
             empty_id = match.empty_id()
         ids[u] = match.delta_id(data[a : a + n].tobytes(), student_longer=longer)
+    out[miss] = ids[key[miss]]
+    out[kind < 2] = 0
     if len(no_map):
         out[no_map] = match.empty_id() if empty_id < 0 else empty_id
-    need = kind == 2
-    out[need] = ids[key[need]]
     return out
 
 
 def _proj_ids(off, length, plain, data, proj: ProjectionTables) -> np.ndarray:
-    """Global projection-table id per entry (0 where the teacher is not behind)."""
+    """Global projection-table id per entry (0 where the teacher is not behind); like
+    `_match_ids`, cached keys in one compiled pass, missing tables in order of appearance."""
     need = plain & (length > 0)
-    reps, key = first_seen(data, off, length, np.zeros(len(off), np.bool_), need)
+    no_flag = np.zeros(len(off), np.bool_)
+    out = proj.keys.lookup(data, off, length, no_flag, need)
+    miss = need & (out < 0)
+    reps, key = first_seen(data, off, length, no_flag, miss)
     ids = [
         proj.table_id(data[a : a + n].tobytes())
         for a, n in zip(off[reps].tolist(), length[reps].tolist(), strict=True)
     ]
-    out = np.zeros(len(off), dtype=np.int64)
-    out[need] = np.asarray(ids, dtype=np.int64)[key[need]]
+    out[miss] = np.asarray(ids, dtype=np.int64)[key[miss]]
+    out[~need] = 0
     return out
 
 

@@ -28,6 +28,7 @@ from distil.align.byte_index import (
     match_pairs,
     projection_pairs,
 )
+from distil.align.walk import KeyIndex
 from distil.errors import AlignmentError
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -376,6 +377,7 @@ class MatchTables:
             matched_vocab(student_vb, teacher_vb)
         ]
         self._ids: dict[tuple, int] = {(True, b""): 0, (False, b""): 0}
+        self.keys = KeyIndex()  # (delta, student_longer) -> table id, for batch lookups
 
     def table_id(self, ps: bytes, pt: bytes) -> int:
         """Table of the group prefixes `ps` (student) and `pt` (teacher)."""
@@ -390,6 +392,7 @@ class MatchTables:
         if found is None:
             found = self._ids[key] = len(self.tables)
             self.tables.append(self._build(delta, student_longer))
+            self.keys.add(delta, student_longer, found)
         return found
 
     def empty_id(self) -> int:
@@ -438,6 +441,7 @@ class ProjectionTables:
         self._ids: dict[bytes, int] = {}
         self._empty: list[int] = []
         self._absent: np.ndarray | None = None  # see byte_index.absent_prefix_sum
+        self.keys = KeyIndex()  # remainder -> table id, for batch lookups
         self.table_id(b"")
 
     def table_id(self, remainder: bytes) -> int:
@@ -446,6 +450,7 @@ class ProjectionTables:
         if found is None:
             found = self._ids[remainder] = len(self.tables)
             self.tables.append(self._build(remainder))
+            self.keys.add(remainder, False, found)
             if self.is_empty(found):
                 self._empty.append(found)
         return found

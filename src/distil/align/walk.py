@@ -45,22 +45,24 @@ class FlatRows:
         t_bytes: Sequence[bytes],
     ) -> FlatRows:
         data = b"".join(t_bytes)
+        s_off = _offsets(map(len, s_ids), len(s_ids))
+        t_off = _offsets(map(len, t_ids), len(t_ids))
         return cls(
-            _flat(s_ids),
-            _offsets(map(len, s_ids), len(s_ids)),
-            _flat(t_ids),
-            _flat(t_ends),
-            _offsets(map(len, t_ids), len(t_ids)),
+            _flat(s_ids, int(s_off[-1])),
+            s_off,
+            _flat(t_ids, int(t_off[-1])),
+            _flat(t_ends, int(t_off[-1])),
+            t_off,
             np.frombuffer(data, dtype=np.uint8) if data else np.zeros(0, np.uint8),
             _offsets(map(len, t_bytes), len(t_bytes)),
         )
 
 
-def _flat(parts: Sequence[Sequence[int] | np.ndarray]) -> np.ndarray:
-    if parts and all(isinstance(p, np.ndarray) for p in parts):
+def _flat(parts: Sequence[Sequence[int] | np.ndarray], n: int) -> np.ndarray:
+    if parts and isinstance(parts[0], np.ndarray) and all(isinstance(p, np.ndarray) for p in parts):
         return np.concatenate(parts).astype(np.int64, copy=False).reshape(-1)
-    # one conversion of one list (a numpy call per row costs more than the row's data)
-    return np.array(list(chain.from_iterable(parts)), dtype=np.int64).reshape(-1)
+    # one pass over all rows (a numpy call per row costs as much as the row's data)
+    return np.fromiter(chain.from_iterable(parts), dtype=np.int64, count=n)
 
 
 def _offsets(lengths, n: int) -> np.ndarray:
@@ -116,63 +118,53 @@ def align_rows(
     ordered by row then s0; exact bool (G,); special bool (G,); covered bool (N_s,);
     n_exact int64 (B,): student bytes inside exact groups)."""
     n_rows = s_off.shape[0] - 1
-    n_s_all = s_ids.shape[0]
-    out_g = np.empty((n_s_all, 5), np.int64)
-    out_exact = np.zeros(n_s_all, np.bool_)
-    out_special = np.zeros(n_s_all, np.bool_)
-    covered = np.zeros(n_s_all, np.bool_)
+    out_g = np.empty((s_ids.shape[0], 5), np.int64)  # at most one group per student token
+    out_exact = np.zeros(s_ids.shape[0], np.bool_)
+    out_special = np.zeros(s_ids.shape[0], np.bool_)
+    covered = np.zeros(s_ids.shape[0], np.bool_)
     n_exact = np.zeros(n_rows, np.int64)
     n_g = 0
     for b in range(n_rows):
         sb, ns = s_off[b], s_off[b + 1] - s_off[b]
         tb, nt = t_off[b], t_off[b + 1] - t_off[b]
         n_tb = tb_off[b + 1] - tb_off[b]
-        use_dp = dp[b]
         se, te = s_ends[sb : sb + ns], t_ends[tb : tb + nt]
         row_t2s = t2s[t2s_off[b] : t2s_off[b + 1]]
-        s_zero, ks = _kept_student(s_ids[sb : sb + ns], se, s_special, n_tb, use_dp)
+        s_zero, ks = _kept_student(s_ids[sb : sb + ns], se, s_special, n_tb, dp[b])
         t_zero, kt = _kept_teacher(t_ids[tb : tb + nt], te, t_special)
-        if use_dp:
+        if dp[b]:
             bs, bt = _mapped_bounds(se, ks, te, kt, row_t2s)
         else:
             bs, bt = _common_bounds(se, ks, te, kt)
         cg = _content_groups(se, ks, te, kt, bs, bt)
         ps, pt = _special_pairs(
             s_ids[sb : sb + ns], se, s_zero, t_ids[tb : tb + nt], te, t_zero, kt, n_tb,
-            partner, use_dp, row_t2s,
+            partner, dp[b], row_t2s,
         )  # fmt: skip
         x = y = 0
-        while x < cg.shape[0] or y < ps.shape[0]:  # merge groups and pairs by s0
-            out_g[n_g, 0] = b
+        while x < cg.shape[0] or y < ps.shape[0]:  # groups and pairs merged by s0
             if x >= cg.shape[0] or (y < ps.shape[0] and ps[y] < cg[x, 0]):
-                k = ps[y]
-                out_g[n_g, 1], out_g[n_g, 2], out_g[n_g, 3], out_g[n_g, 4] = (
-                    k,
-                    k + 1,
-                    pt[y],
-                    pt[y] + 1,
-                )
-                out_exact[n_g], out_special[n_g] = True, True
-                covered[sb + k] = True
+                s0, s1, t0, t1 = ps[y], ps[y] + 1, pt[y], pt[y] + 1
+                same = True
+                out_special[n_g] = True
                 y += 1
             else:
                 s0, s1, t0, t1 = cg[x, 0], cg[x, 1], cg[x, 2], cg[x, 3]
-                out_g[n_g, 1], out_g[n_g, 2], out_g[n_g, 3], out_g[n_g, 4] = s0, s1, t0, t1
-                sa = se[s0 - 1] if s0 > 0 else 0
-                ta = te[t0 - 1] if t0 > 0 else 0
-                same = not use_dp or _same_bytes(
-                    s_bytes,
-                    sb_off[b] + sa,
-                    se[s1 - 1] - sa,
-                    t_bytes,
-                    tb_off[b] + ta,
-                    te[t1 - 1] - ta,
+                sa, ta = (se[s0 - 1] if s0 > 0 else 0), (te[t0 - 1] if t0 > 0 else 0)
+                n = se[s1 - 1] - sa
+                # the DP maps boundaries only: the bytes between them may differ
+                same = not dp[b] or (
+                    n == te[t1 - 1] - ta
+                    and _same(s_bytes, sb_off[b] + sa, t_bytes, tb_off[b] + ta, n)
                 )
-                out_exact[n_g] = same
                 if same:
-                    n_exact[b] += se[s1 - 1] - sa
-                covered[sb + s0 : sb + s1] = True
+                    n_exact[b] += n
                 x += 1
+            out_g[n_g, 0], out_g[n_g, 1], out_g[n_g, 2] = b, s0, s1
+            out_g[n_g, 3], out_g[n_g, 4] = t0, t1
+            out_exact[n_g] = same
+            for k in range(sb + s0, sb + s1):
+                covered[k] = True
             n_g += 1
     return out_g[:n_g], out_exact[:n_g], out_special[:n_g], covered, n_exact
 
@@ -306,16 +298,6 @@ def _special_pairs(
 
 
 @numba.njit(cache=True)
-def _same_bytes(a, a0, na, b, b0, nb):  # pragma: no cover - compiled
-    if na != nb:
-        return False
-    for d in range(na):  # noqa: SIM110 (numba compiles no generators)
-        if a[a0 + d] != b[b0 + d]:
-            return False
-    return True
-
-
-@numba.njit(cache=True)
 def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
     # pragma: no cover - compiled
     """Table keys of a batch's groups (from `align_rows`).
@@ -345,38 +327,56 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
     e = 0
     for q in range(n_g):
         b, s0, s1, t0, t1 = g[q, 0], g[q, 1], g[q, 2], g[q, 3], g[q, 4]
-        se, te = s_ends[s_off[b] : s_off[b + 1]], t_ends[t_off[b] : t_off[b + 1]]
-        t_first = te[t0 - 1] if t0 > 0 else 0
+        sb, tb = s_off[b], t_off[b]  # row bases: token k of row b is sb + k
+        t_first = t_ends[tb + t0 - 1] if t0 > 0 else 0
         if not exact[q] or special[q]:
             if not exact[q] and (s1 - s0 > 1 or t1 - t0 > 1):
                 kind[q] = 1  # texts differ inside a multi-token group: no candidate map
             j = t0
-            while j + 1 < t1 and te[j] <= t_first:  # te[j] is the start of token j + 1
+            while j + 1 < t1 and t_ends[tb + j] <= t_first:  # the start of token j + 1
                 j += 1
             e_group[e], e_s[e], e_t[e] = q, s0, j
             e += 1
             continue
         # an exact group spells the same bytes on both sides, in a DP row at different
         # offsets: teacher byte x is student byte x + shift inside the group
-        shift = (se[s0 - 1] if s0 > 0 else 0) - t_first
-        a = se[s1 - 2] if s1 > 1 else 0  # start of the last student token
-        c = (te[t1 - 2] if t1 > 1 else 0) + shift  # ... of the last teacher one
+        shift = (s_ends[sb + s0 - 1] if s0 > 0 else 0) - t_first
+        a = s_ends[sb + s1 - 2] if s1 > 1 else 0  # start of the last student token
+        c = (t_ends[tb + t1 - 2] if t1 > 1 else 0) + shift  # ... of the last teacher one
         if a != c:
             kind[q], flag[q] = 2, a > c
             m_off[q], m_len[q] = sb_off[b] + min(a, c), abs(a - c)
         j = t0
         for k in range(s0, s1):
-            s_at = se[k - 1] if k > 0 else 0
-            while j + 1 < t1 and te[j] + shift <= s_at:
+            s_at = s_ends[sb + k - 1] if k > 0 else 0
+            while j + 1 < t1 and t_ends[tb + j] + shift <= s_at:
                 j += 1
-            x = (te[j - 1] if j > 0 else 0) + shift
+            x = (t_ends[tb + j - 1] if j > 0 else 0) + shift
             e_group[e], e_s[e], e_t[e] = q, k, j
             e_off[e], e_len[e] = sb_off[b] + x, s_at - x
             # the teacher token's distribution covers the student token only if it ends within
-            e_fits[e] = se[k] <= te[j] + shift
+            e_fits[e] = s_ends[sb + k] <= t_ends[tb + j] + shift
             e_plain[e] = True
             e += 1
     return kind, flag, m_off, m_len, e_group, e_s, e_t, e_off, e_len, e_fits, e_plain
+
+
+@numba.njit(cache=True, inline="always")
+def _hash(data, a, n, flag):  # pragma: no cover - compiled
+    # FNV-1a over the flag and the bytes data[a:a + n]
+    prime = np.uint64(1099511628211)
+    h = (np.uint64(14695981039346656037) ^ np.uint64(flag)) * prime
+    for i in range(a, a + n):
+        h = (h ^ np.uint64(data[i])) * prime
+    return h
+
+
+@numba.njit(cache=True, inline="always")
+def _same(data_a, a, data_b, b, n):  # pragma: no cover - compiled
+    for d in range(n):  # noqa: SIM110 (numba compiles no generators)
+        if data_a[a + d] != data_b[b + d]:
+            return False
+    return True
 
 
 @numba.njit(cache=True)
@@ -385,44 +385,104 @@ def first_seen(data, off, length, flag, select):  # pragma: no cover - compiled
     the bytes: (reps int64 (U,): entry index of each distinct key in order of first appearance,
     key int64 (N,): index into reps per selected entry, -1 elsewhere)."""
     n = off.shape[0]
-    n_sel = 0
-    for q in range(n):
-        n_sel += select[q]
     size = 16
-    while size < 2 * n_sel:
+    while size < 2 * n:
         size *= 2
     slots = np.full(size, -1, np.int64)  # index into reps
-    reps = np.empty(n_sel, np.int64)
+    reps = np.empty(n, np.int64)
     key = np.full(n, -1, np.int64)
     n_u = 0
-    prime = np.uint64(1099511628211)
     for q in range(n):
         if not select[q]:
             continue
-        h = (np.uint64(14695981039346656037) ^ np.uint64(flag[q])) * prime
-        for a in range(off[q], off[q] + length[q]):
-            h = (h ^ np.uint64(data[a])) * prime
-        s = np.int64(h & np.uint64(size - 1))
+        s = np.int64(_hash(data, off[q], length[q], flag[q]) & np.uint64(size - 1))
         while True:
             u = slots[s]
             if u < 0:
-                slots[s] = n_u
-                reps[n_u] = q
-                key[q] = n_u
+                slots[s], reps[n_u], key[q] = n_u, q, n_u
                 n_u += 1
                 break
             r = reps[u]
-            if length[r] == length[q] and flag[r] == flag[q]:
-                same = True
-                for d in range(length[q]):
-                    if data[off[r] + d] != data[off[q] + d]:
-                        same = False
-                        break
-                if same:
-                    key[q] = u
-                    break
+            if (
+                length[r] == length[q]
+                and flag[r] == flag[q]
+                and _same(data, off[r], data, off[q], length[q])
+            ):
+                key[q] = u
+                break
             s = (s + 1) & (size - 1)
     return reps[:n_u], key
+
+
+@numba.njit(cache=True)
+def lookup_keys(k_data, k_off, k_len, k_flag, k_value, slots, data, off, length, flag, select):
+    # pragma: no cover - compiled
+    """Value of each selected key in a `KeyIndex` (slots from `first_seen` over its keys), or
+    -1 where it is absent or not selected: int64 (N,)."""
+    size = slots.shape[0]
+    out = np.full(off.shape[0], -1, np.int64)
+    for q in range(off.shape[0]):
+        if not select[q]:
+            continue
+        s = np.int64(_hash(data, off[q], length[q], flag[q]) & np.uint64(size - 1))
+        while slots[s] >= 0:
+            r = slots[s]
+            if (
+                k_len[r] == length[q]
+                and k_flag[r] == flag[q]
+                and _same(k_data, k_off[r], data, off[q], length[q])
+            ):
+                out[q] = k_value[r]
+                break
+            s = (s + 1) & (size - 1)
+    return out
+
+
+@numba.njit(cache=True)
+def key_slots(k_data, k_off, k_len, k_flag):  # pragma: no cover - compiled
+    """The open-addressing slots of distinct keys (entry index, -1 free) for `lookup_keys`."""
+    size = 16
+    while size < 2 * k_off.shape[0]:
+        size *= 2
+    slots = np.full(size, -1, np.int64)
+    for q in range(k_off.shape[0]):
+        s = np.int64(_hash(k_data, k_off[q], k_len[q], k_flag[q]) & np.uint64(size - 1))
+        while slots[s] >= 0:
+            s = (s + 1) & (size - 1)
+        slots[s] = q
+    return slots
+
+
+class KeyIndex:
+    """Byte-string keys with a flag -> value (a table id), looked up for a whole batch at once in
+    compiled code, so that a warm batch needs no Python per key."""
+
+    def __init__(self) -> None:
+        self._keys: list[bytes] = []
+        self._flags: list[bool] = []
+        self._values: list[int] = []
+        self._arrays: tuple | None = None
+
+    def add(self, key: bytes, flag: bool, value: int) -> None:
+        self._keys.append(key)
+        self._flags.append(flag)
+        self._values.append(value)
+        self._arrays = None
+
+    def lookup(self, data, off, length, flag, select) -> np.ndarray:
+        """int64 (N,): the value of each selected key data[off:off + length], -1 if absent."""
+        if not self._keys:
+            return np.full(len(off), -1, dtype=np.int64)
+        if self._arrays is None:
+            joined = b"".join(self._keys)
+            k_data = np.frombuffer(joined, np.uint8) if joined else np.zeros(1, np.uint8)
+            k_len = np.array([len(k) for k in self._keys], dtype=np.int64)
+            k_off = np.concatenate([[0], np.cumsum(k_len)[:-1]]).astype(np.int64)
+            k_flag = np.array(self._flags, dtype=np.bool_)
+            slots = key_slots(k_data, k_off, k_len, k_flag)
+            values = np.array(self._values, dtype=np.int64)
+            self._arrays = (k_data, k_off, k_len, k_flag, values, slots)
+        return lookup_keys(*self._arrays, data, off, length, flag, select)
 
 
 @numba.njit(cache=True)
@@ -455,3 +515,27 @@ def covered_local(covered, row_off):  # pragma: no cover - compiled
                 n += 1
         cum[b + 1] = n
     return out[:n], cum
+
+
+@numba.njit(cache=True)
+def projection_entries(g, e_group, e_s, e_t, e_plain, e_fits, table, empty, s_offset, t_offset):
+    # pragma: no cover - compiled
+    """The kept projection entries as (row, student position, teacher position, table), each
+    int64 (N,): a plain entry is kept when its table is not empty and the teacher token covers
+    the student token; positions are predicting positions (offset - 1 + token index)."""
+    n = 0
+    for e in range(e_group.shape[0]):
+        n += not e_plain[e] or (e_fits[e] and not empty[table[e]])
+    row = np.empty(n, np.int64)
+    s_pos = np.empty(n, np.int64)
+    t_pos = np.empty(n, np.int64)
+    out_table = np.empty(n, np.int64)
+    m = 0
+    for e in range(e_group.shape[0]):
+        if not e_plain[e] or (e_fits[e] and not empty[table[e]]):
+            b = g[e_group[e], 0]
+            row[m], out_table[m] = b, table[e]
+            s_pos[m] = s_offset[b] - 1 + e_s[e]
+            t_pos[m] = t_offset[b] - 1 + e_t[e]
+            m += 1
+    return row, s_pos, t_pos, out_table
