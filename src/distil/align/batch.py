@@ -23,16 +23,10 @@ from itertools import pairwise
 import numpy as np
 import torch
 
+from distil.align.keys import first_seen
 from distil.align.token_align import BatchAlignment, align_flat
 from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes
-from distil.align.walk import (
-    FlatRows,
-    covered_local,
-    first_seen,
-    group_keys,
-    padded,
-    projection_entries,
-)
+from distil.align.walk import FlatRows, covered_local, group_keys, padded, projection_entries
 from distil.types import AlignmentGroups
 
 

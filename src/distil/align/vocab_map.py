@@ -28,7 +28,7 @@ from distil.align.byte_index import (
     match_pairs,
     projection_pairs,
 )
-from distil.align.walk import KeyIndex
+from distil.align.keys import KeyIndex
 from distil.errors import AlignmentError
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
