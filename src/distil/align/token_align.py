@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from distil.align.vocab_map import VocabBytes, role_map, vocab_bytes
-from distil.align.walk import FlatRows, align_rows, student_spans
+from distil.align.walk import FlatRows, align_rows, student_spans, text_ends
 
 
 def completion_text(student_bytes: bytes) -> str:
@@ -68,23 +68,16 @@ def text_byte_ends(
     data = text.encode("utf-8", "surrogatepass")
     spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
     spans = char_end[np.clip(spans, 0, len(char_end) - 1)]
-    starts, stops = spans[:, 0].tolist(), spans[:, 1].tolist()
-    # start of the next token with a non-empty span (zero-width (0, 0) specials are skipped)
-    next_start, upcoming = [0] * len(starts), len(data)
-    for k in range(len(starts) - 1, -1, -1):
-        next_start[k] = upcoming
-        if stops[k] > starts[k]:
-            upcoming = starts[k]
-    ends = np.empty(len(starts), dtype=np.int64)
-    pos = 0
-    for k in range(len(starts)):
-        own = token_bytes[k] if token_bytes is not None else b""
-        if own and starts[k] < pos + len(own) <= stops[k] and data.startswith(own, pos):
-            pos += len(own)
-        else:
-            pos = max(pos, min(stops[k], next_start[k]))
-        ends[k] = pos
-    return ends
+    own = list(token_bytes) if token_bytes is not None else [b""] * len(spans)
+    own_off = np.zeros(len(spans) + 1, dtype=np.int64)
+    own_off[1:] = np.fromiter(map(len, own), dtype=np.int64, count=len(spans))
+    return text_ends(
+        np.frombuffer(data, np.uint8) if data else np.zeros(0, np.uint8),
+        np.ascontiguousarray(spans[:, 0]),
+        np.ascontiguousarray(spans[:, 1]),
+        np.frombuffer(b"".join(own) or b"\0", np.uint8),
+        np.cumsum(own_off, out=own_off),
+    )
 
 
 def token_starts(ends: np.ndarray) -> np.ndarray:

@@ -418,3 +418,28 @@ def projection_entries(g, e_group, e_s, e_t, e_plain, e_fits, table, empty, s_of
             t_pos[m] = t_offset[b] - 1 + e_t[e]
             m += 1
     return row, s_pos, t_pos, out_table
+
+
+@numba.njit(cache=True)
+def text_ends(data, starts, stops, own_data, own_off):  # pragma: no cover - compiled
+    """Byte end of each token of one text (`token_align.text_byte_ends`): data uint8, the
+    token spans [starts, stops) in bytes, token k's own bytes own_data[own_off[k]:own_off[k+1]]
+    (empty: unknown)."""
+    n = starts.shape[0]
+    # start of the next token with a non-empty span (zero-width (0, 0) specials are skipped)
+    next_start = np.empty(n, np.int64)
+    upcoming = data.shape[0]
+    for k in range(n - 1, -1, -1):
+        next_start[k] = upcoming
+        if stops[k] > starts[k]:
+            upcoming = starts[k]
+    ends = np.empty(n, np.int64)
+    pos = 0
+    for k in range(n):
+        a, m = own_off[k], own_off[k + 1] - own_off[k]
+        if m > 0 and starts[k] < pos + m <= stops[k] and same_bytes(own_data, a, data, pos, m):
+            pos += m
+        else:
+            pos = max(pos, min(stops[k], next_start[k]))
+        ends[k] = pos
+    return ends

@@ -408,3 +408,31 @@ def _metrics(aligned, n_proj):
         "inexact_groups": float(sum(int((~ra.exact).sum()) for ra in aligned)),
         "projection_entries": float(n_proj),
     }
+
+
+# ---------------------------------------------------------------- teacher byte ends
+
+
+def text_byte_ends(text, offsets, token_bytes=None) -> np.ndarray:
+    char_end = np.concatenate(
+        [[0], np.cumsum([len(c.encode("utf-8", "surrogatepass")) for c in text], dtype=np.int64)]
+    ).astype(np.int64)
+    data = text.encode("utf-8", "surrogatepass")
+    spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    spans = char_end[np.clip(spans, 0, len(char_end) - 1)]
+    starts, stops = spans[:, 0].tolist(), spans[:, 1].tolist()
+    next_start, upcoming = [0] * len(starts), len(data)
+    for k in range(len(starts) - 1, -1, -1):
+        next_start[k] = upcoming
+        if stops[k] > starts[k]:
+            upcoming = starts[k]
+    ends = np.empty(len(starts), dtype=np.int64)
+    pos = 0
+    for k in range(len(starts)):
+        own = token_bytes[k] if token_bytes is not None else b""
+        if own and starts[k] < pos + len(own) <= stops[k] and data.startswith(own, pos):
+            pos += len(own)
+        else:
+            pos = max(pos, min(stops[k], next_start[k]))
+        ends[k] = pos
+    return ends

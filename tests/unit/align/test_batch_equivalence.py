@@ -7,7 +7,8 @@ batches of every tokenizer family pair, with cut characters, texts that differ (
 specials inside and around the completion and ids outside the tokenizer, every output is equal:
 groups, flags, unalignable tokens, the AlignmentGroups tensors, the tables and the order in
 which the caches create them. On random tiny vocabularies (many shared prefixes, duplicate
-byte strings, byte-fallback ids) the tables for every key are equal too.
+byte strings, byte-fallback ids) the tables for every key are equal too, and so are the
+teacher byte ends computed from offsets (`text_byte_ends`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from distil.align.token_align import (
     completion_text,
     encode_with_byte_ends,
     student_byte_spans,
+    text_byte_ends,
 )
 from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes, vocab_bytes
 
@@ -275,3 +277,58 @@ def test_real_vocabulary_tables_equal_the_reference(student, teacher):
     assert_same_tables(pt.tables, ref_pt.tables)
     assert_same_tables(mt.tables, ref_mt.tables)
     assert len(pt.tables[0][0]) > 100_000 and (pt.tables[0][1] == -1).any()
+
+
+# ---------------------------------------------------------------- teacher byte ends
+
+
+def check_ends(toks, text, spans, pieces) -> None:
+    for fam in FAMILIES:
+        tok, vb = toks[fam]
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        table = [vb.token_bytes[i] for i in enc["input_ids"]]
+        got = text_byte_ends(text, enc["offset_mapping"], table)
+        assert got.tolist() == ref.text_byte_ends(text, enc["offset_mapping"], table).tolist()
+        assert text_byte_ends(text, enc["offset_mapping"]).tolist() == (
+            ref.text_byte_ends(text, enc["offset_mapping"]).tolist()
+        )
+    # arbitrary spans (overlapping, empty, out of range), each token's bytes a slice of the
+    # text's bytes somewhere (so they match at the current position, or nearby, often)
+    data = text.encode("utf-8", "surrogatepass")
+    own = [data[a : a + n] for a, n in pieces[: len(spans)]] + [b""] * (len(spans) - len(pieces))
+    assert (
+        text_byte_ends(text, spans, own).tolist() == ref.text_byte_ends(text, spans, own).tolist()
+    )
+
+
+SPANS = st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)).map(sorted), max_size=12)
+PIECES_AT = st.lists(st.tuples(st.integers(0, 30), st.integers(0, 4)), max_size=12)
+
+
+@FAST
+@given(text=TEXT, spans=SPANS, pieces=PIECES_AT)
+def test_text_byte_ends_equal_the_reference(toks, text, spans, pieces):
+    check_ends(toks, text, spans, pieces)
+
+
+@pytest.mark.slow
+@LONG
+@given(text=TEXT, spans=SPANS, pieces=PIECES_AT)
+def test_text_byte_ends_equal_the_reference_long(toks, text, spans, pieces):
+    check_ends(toks, text, spans, pieces)
+
+
+@pytest.mark.parametrize(
+    ("text", "spans", "own"),
+    [
+        ("xx", [(1, 2)], [b"x"]),  # the bytes match just before the span: not taken
+        ("xx", [(0, 1), (0, 2)], [b"x", b"x"]),  # shared span split by the bytes
+        ("ab", [(0, 1), (0, 1), (1, 2)], [b" ", b"a", b"b"]),  # a prepended '▁'
+        ("a  b", [(0, 1), (3, 4), (0, 0)], [b"a", b" b", b""]),  # skipped whitespace
+        ("é", [(0, 1), (0, 1)], [b"\xc3", b"\xa9"]),
+    ],
+)
+def test_text_byte_ends_hand_cases_equal_the_reference(text, spans, own):
+    assert (
+        text_byte_ends(text, spans, own).tolist() == ref.text_byte_ends(text, spans, own).tolist()
+    )
