@@ -241,8 +241,8 @@ def time_round_robin(variants: dict[str, Callable], repeats: int, warmup: int) -
 
 
 def ends_ms(rows: list[Row], t_vb) -> float:
-    """ms to compute the batch's teacher byte ends from offsets (`text_byte_ends`, per row in
-    Python, as `CrossTokenizer.teacher_inputs` does; not part of the alignment timed above)."""
+    """ms to compute the batch's teacher byte ends from offsets (`text_byte_ends`, one call per
+    row, as `CrossTokenizer.teacher_inputs` does; not part of the alignment timed above)."""
     from distil.align import text_byte_ends
 
     t0 = time.perf_counter()
@@ -301,7 +301,8 @@ def part_align(args: argparse.Namespace) -> None:
         "groups: identical for naive, distil per row and distil batch on every row (asserted). "
         "Tokenization is outside every timing (both sides start from ids); naive has no "
         "specials and no DP fallback. warm/cold ms: the batch build per micro-batch; ends ms: "
-        "the teacher byte ends from offsets for the batch (per row in Python, data path)."
+        "the teacher byte ends from offsets for the batch (`text_byte_ends` per row, as the "
+        "data path calls it; not part of the alignment timed above)."
     )
 
 
