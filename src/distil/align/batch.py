@@ -1,9 +1,10 @@
 """One cross-tokenizer micro-batch -> `AlignmentGroups` (the tensors the losses gather with).
 
-The rows' completions are aligned together (`token_align.align_flat`); then, per group, the candidate table for
-its last positions (`MatchTables`), and per student token in a group, the teacher position whose
-distribution predicts it with the sparse map from teacher to student next tokens
-(`ProjectionTables`). Positions are *predicting* positions: completion token j of a model whose
+The rows' completions are aligned together (`token_align.align_flat`); then, per group, the
+candidate table for its last positions (`MatchTables`), and per student token in a group, the
+teacher position whose distribution predicts it with the sparse map from teacher to student
+next tokens (`ProjectionTables`), all as compiled passes over the batch (`walk.group_keys`,
+`walk.projection_entries`); Python runs only once per table that is not cached yet. Positions are *predicting* positions: completion token j of a model whose
 completion starts at input index `offset` is predicted by logit row offset - 1 + j.
 
 Groups whose bytes differ between the two sides (`exact=False`, DP rows only) have no byte

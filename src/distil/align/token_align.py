@@ -3,11 +3,12 @@
 The student's completion bytes come from its ids through the byte table (`VocabBytes`); the
 teacher's come from character offsets over the text it was given. When the two byte strings are
 equal, a group closes wherever both sides end a token at the same byte (TRL's
-`_align_by_byte_offsets`, O(n+m), compiled over a whole micro-batch in `walk`); when the teacher's text is
-the student's bytes with an incomplete trailing character dropped, the same walk runs over the
-common prefix; otherwise a banded edit-distance alignment (`dp.align_bytes`) maps teacher
+`_align_by_byte_offsets`, O(n+m)); when the teacher's text is the student's bytes with an
+incomplete trailing character dropped, the same walk runs over the common prefix; otherwise a banded edit-distance alignment (`dp.align_bytes`) maps teacher
 boundaries onto student boundaries. Zero-length specials never enter a content group: they are
 paired by role at the same byte position (EOS with EOS) as 1:1 groups, or left unalignable.
+`align_flat` does all of it for a whole micro-batch in compiled passes (`walk`);
+`align_completion` is the same on one row.
 """
 
 from __future__ import annotations
@@ -152,10 +153,6 @@ class RowAlignment:
     n_bytes: int
     n_bytes_exact: int
     used_dp: bool
-
-    def in_groups(self) -> np.ndarray:
-        """Student completion indices inside some group, sorted: int64."""
-        return np.setdiff1d(np.arange(len(self.s_ends)), self.unalignable)
 
 
 @dataclass

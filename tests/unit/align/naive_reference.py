@@ -303,7 +303,8 @@ def build_alignment(rows, student_vb, teacher_vb, match_tables, proj_tables):
         exact_G=torch.from_numpy(groups_G_7[:, 6].astype(bool)),
         metrics=_metrics(aligned, len(proj_N_4)),
     )
-    return result, [ra.in_groups().tolist() for ra in aligned]
+    in_group = [np.setdiff1d(np.arange(len(ra.s_ends)), ra.unalignable) for ra in aligned]
+    return result, [k.tolist() for k in in_group]
 
 
 def _row_parts(b, ra, row, match, proj):
