@@ -1,22 +1,25 @@
 """Cross-tokenizer alignment and training-step speed, each next to what one would use instead.
 
-Part `align`: student tokens per second aligned on a batch of 64 completions of ~100 student
-tokens of mixed text (`distil.testing.default_corpus`: sentences, arithmetic, Countdown lines,
-numbers, joined), for tokenizer pairs of different `train_tokenizer` families. The teacher
-side is what distil's data path has: the student's bytes as text, tokenized by the teacher with
+Part `align`: student tokens per second aligned on a micro-batch of 64 completions, for
+tokenizer pairs of different `train_tokenizer` families (~100 student tokens a row of mixed
+text: `distil.testing.default_corpus` sentences, arithmetic, Countdown lines, numbers, joined)
+and for the 6 ordered pairs of the real Qwen3, Llama 3 and Gemma 3 tokenizers in
+../shared/tokenizers (256 tokens a row; the same text with code, whitespace runs, CJK and
+emoji lines mixed in; skipped with a message where the folder is absent). The teacher side is
+what distil's data path has: the student's bytes as text, tokenized by the teacher with
 offsets. Compared on the same rows, in the same process, round-robin, median of repeats after
 warm-up:
   naive            per row, in Python: each token's bytes from `convert_ids_to_tokens` and the
                    family's piece rule (GPT-2 byte table, '▁'/<0xNN>, '##'), then the two-pointer
                    walk closing a group wherever both sides end a token at the same byte
-  align_completion distil, per row, teacher byte ends given
-  +ends            the same, with the teacher's byte ends computed from its offsets
-                   (`text_byte_ends`, as `CrossTokenizer.teacher_inputs` does)
-  batch warm/cold  `build_alignment` for the batch (groups + match and projection tables);
-                   warm: the table caches of a previous call; cold: fresh `MatchTables` and
-                   `ProjectionTables` (built inside the timed call; byte tables `vocab_bytes`
-                   stay warm, their one-off cost is printed apart)
-The script asserts that naive and distil groups are identical on every row.
+  per row          distil's `align_completion` per row, teacher byte ends given
+  batch warm/cold  `build_alignment` for the micro-batch (groups + match and projection table
+                   ids + padded tensors); warm: the table caches of a previous call; cold: fresh
+                   `MatchTables` and `ProjectionTables` built inside the timed call (the byte
+                   tables `vocab_bytes` and their sorted byte index stay warm, their one-off
+                   cost is printed apart)
+The script asserts that naive, per-row and batch groups are identical on every row, and prints
+the batch build's milliseconds per micro-batch.
 
 Part `gold`: seconds per optimizer step of on-policy cross-tokenizer distillation (lambda = 1)
 with distil's loop (`loss.name` gold, then aligned_kl) and with TRL 1.16's GOLDTrainer (extended
@@ -27,7 +30,7 @@ virtualenv (bench/.venv-trl, created on first use) through bench/trl_gold_step.p
 rounds of [TRL, distil gold, distil aligned_kl]; model loading and the first `--warmup` steps
 of every run are excluded, the other steps are pooled per side (median).
 
-    OMP_NUM_THREADS=1 python bench/align.py --part align    # about 20 s
+    OMP_NUM_THREADS=1 python bench/align.py --part align    # about 2 min
     OMP_NUM_THREADS=1 python bench/align.py --part gold     # about 2 min (+ the venv, once)
     OMP_NUM_THREADS=1 python bench/align.py                 # both
 """
@@ -62,6 +65,9 @@ TOKENIZERS = {
     "char": ("char", 0, 0),
 }
 PAIRS = (("bpe", "unigram"), ("char", "bpe"), ("wordpiece", "bpe"), ("bpe", "bpe-4k"))
+# real tokenizers (../shared/tokenizers, see its README) -> the naive piece rule's family
+REAL = {"qwen3": "bpe", "llama3": "bpe", "gemma3": "unigram"}
+REAL_DIR = Path(os.environ.get("DISTIL_REAL_TOKENIZERS", HERE.parents[1] / "shared" / "tokenizers"))
 
 
 # ---------------------------------------------------------------------- part 1: alignment
@@ -69,11 +75,19 @@ PAIRS = (("bpe", "unigram"), ("char", "bpe"), ("wordpiece", "bpe"), ("bpe", "bpe
 
 @functools.cache
 def load_tokenizer(name: str):
-    """A `TOKENIZERS` entry, trained once per process."""
+    """A `TOKENIZERS` entry (trained once per process) or a real tokenizer of `REAL`."""
+    if name in REAL:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(REAL_DIR / name))
     from distil.testing import default_corpus, train_tokenizer
 
     family, size, seed = TOKENIZERS[name]
     return train_tokenizer(family, default_corpus(4000, seed=seed), size or 512)
+
+
+def family(name: str) -> str:
+    return REAL[name] if name in REAL else TOKENIZERS[name][0]
 
 
 def naive_piece_rule(family: str) -> Callable[[str], bytes]:
@@ -121,12 +135,28 @@ class Row:
     t_bytes: bytes
 
 
-def make_rows(s_tok, s_vb, t_tok, t_vb, n_rows: int, n_tokens: int) -> list[Row]:
-    """Completions of `n_tokens` student tokens; the teacher tokenizes their bytes as text."""
-    from distil.align import completion_text, student_byte_spans, text_byte_ends
+def corpus_lines(n: int, real: bool) -> list[str]:
+    """Mixed text; for the real tokenizers also code, whitespace runs, CJK and emoji (all NFC,
+    so that Qwen's normalizer leaves the teacher's text as the student wrote it)."""
     from distil.testing import default_corpus
 
-    lines, k, rows = default_corpus(40 * n_rows, seed=11), 0, []
+    lines = default_corpus(n, seed=11)
+    if not real:
+        return lines
+    extra = [
+        'def f(x):\n    if x:\n\t\treturn {"a": [1, 2]}  # done\n\n',
+        "and   spaces,\ttabs\t\t and\n\n\nnewlines   \n  end",
+        "蒸馏模型：教师和学生。日本語のテキスト、한국어 문장.",
+        "family 👨\u200d👩\u200d👧, skin 👍🏽, flags 🇫🇷 ✨ ∑ x² ≤ √y ⇒ α+β≠γ",
+    ]
+    return [extra[k // 5 % len(extra)] if k % 5 == 4 else line for k, line in enumerate(lines)]
+
+
+def make_rows(s_tok, s_vb, t_tok, t_vb, n_rows: int, n_tokens: int, real: bool) -> list[Row]:
+    """Completions of `n_tokens` student tokens; the teacher tokenizes their bytes as text."""
+    from distil.align import completion_text, student_byte_spans, text_byte_ends
+
+    lines, k, rows = corpus_lines(40 * n_rows, real), 0, []
     for _ in range(n_rows):
         text, ids = "", []
         while len(ids) < n_tokens:  # a completion continues a text: it starts with a space
@@ -150,30 +180,19 @@ def align_variants(s_name: str, t_name: str, rows: list[Row], s_vb, t_vb) -> dic
         RowInputs,
         align_completion,
         build_alignment,
-        text_byte_ends,
     )
 
     s_tok, t_tok = load_tokenizer(s_name), load_tokenizer(t_name)
-    s_rule, t_rule = (
-        naive_piece_rule(TOKENIZERS[s_name][0]),
-        naive_piece_rule(TOKENIZERS[t_name][0]),
-    )
+    s_rule, t_rule = naive_piece_rule(family(s_name)), naive_piece_rule(family(t_name))
     inputs = [RowInputs(r.s_ids, 16, r.t_ids, 16, r.t_ends, r.t_bytes) for r in rows]
     warm = (MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb))
-
-    def with_ends(r: Row):
-        table = [t_vb.token_bytes[i] for i in r.t_ids]
-        ends = text_byte_ends(r.t_text, r.t_offsets, table)
-        return align_completion(r.s_ids, s_vb, r.t_ids, ends, r.t_bytes, t_vb)
-
     return {
         "naive": lambda: [
             naive_groups(s_tok, s_rule, r.s_ids, t_tok, t_rule, r.t_ids) for r in rows
         ],
-        "align_completion": lambda: [
+        "per row": lambda: [
             align_completion(r.s_ids, s_vb, r.t_ids, r.t_ends, r.t_bytes, t_vb) for r in rows
         ],
-        "+ends": lambda: [with_ends(r) for r in rows],
         "batch warm": lambda: build_alignment(inputs, s_vb, t_vb, *warm),
         "batch cold": lambda: build_alignment(
             inputs, s_vb, t_vb, MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb)
@@ -181,12 +200,29 @@ def align_variants(s_name: str, t_name: str, rows: list[Row], s_vb, t_vb) -> dic
     }
 
 
+def batch_groups(ag, n_rows: int, offset: int = 16) -> list[list[tuple[int, int, int, int]]]:
+    """(s_start, s_stop, t_start, t_stop) per row from the padded AlignmentGroups tensors."""
+    s_pos, t_pos = ag.student_pos_G_S, ag.teacher_pos_G_T
+    s0 = (s_pos[:, 0] - offset + 1).tolist()
+    t0 = (t_pos[:, 0] - offset + 1).tolist()
+    s_n, t_n = (s_pos >= 0).sum(1).tolist(), (t_pos >= 0).sum(1).tolist()
+    out: list[list[tuple[int, int, int, int]]] = [[] for _ in range(n_rows)]
+    for b, a, n, c, m in zip(ag.group_row_G.tolist(), s0, s_n, t0, t_n, strict=True):
+        out[b].append((a, a + n, c, c + m))
+    return out
+
+
 def check_same_groups(variants: dict[str, Callable]) -> int:
-    """Assert naive == distil groups on every row (no DP fallback); returns the group count."""
-    naive, ours = variants["naive"](), variants["align_completion"]()
-    for b, (groups, ra) in enumerate(zip(naive, ours, strict=True)):
+    """Assert naive == distil per row == distil batch groups on every row (no DP fallback);
+    returns the group count."""
+    naive, ours = variants["naive"](), variants["per row"]()
+    ag, _ = variants["batch warm"]()
+    assert ag.metrics["dp_rows"] == 0, "byte strings differ: distil used the DP fallback"
+    batch = batch_groups(ag, len(naive))
+    for b, (groups, ra, bg) in enumerate(zip(naive, ours, batch, strict=True)):
         assert not ra.used_dp, f"row {b}: byte strings differ, distil used the DP fallback"
         assert [tuple(g) for g in ra.groups.tolist()] == groups, f"row {b}: groups differ"
+        assert bg == groups, f"row {b}: batch groups differ"
     return sum(len(g) for g in naive)
 
 
@@ -204,35 +240,69 @@ def time_round_robin(variants: dict[str, Callable], repeats: int, warmup: int) -
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def part_align(n_rows: int, n_tokens: int, repeats: int, warmup: int) -> None:
+def ends_ms(rows: list[Row], t_vb) -> float:
+    """ms to compute the batch's teacher byte ends from offsets (`text_byte_ends`, one call per
+    row, as `CrossTokenizer.teacher_inputs` does; not part of the alignment timed above)."""
+    from distil.align import text_byte_ends
+
+    t0 = time.perf_counter()
+    for r in rows:
+        text_byte_ends(r.t_text, r.t_offsets, [t_vb.token_bytes[i] for i in r.t_ids])
+    return 1e3 * (time.perf_counter() - t0)
+
+
+def align_table(pairs, n_rows: int, n_tokens: int, repeats: int, warmup: int, real: bool):
+    """One table of pairs; returns the one-off build times of the byte tables (ms)."""
     from distil.align import vocab_bytes
 
-    print(f"## alignment: {n_rows} rows x {n_tokens} student tokens, median of {repeats}\n")
-    vb, build_ms = {}, {}
-    for name in TOKENIZERS:
-        tok = load_tokenizer(name)
-        t0 = time.perf_counter()
-        vb[name] = vocab_bytes(tok)
-        build_ms[name] = 1e3 * (time.perf_counter() - t0)
-    keys = ("naive", "align_completion", "+ends", "batch warm", "batch cold")
-    print("student tokens/s (speed-up over naive Python in brackets)\n")
-    print("| student -> teacher | teacher tokens | groups | " + " | ".join(keys) + " |")
-    print("|---" * (3 + len(keys)) + "|")
-    for s_name, t_name in PAIRS:
+    keys = ("naive", "per row", "batch warm", "batch cold")
+    print("| student -> teacher | teacher tokens | groups | " + " | ".join(keys), end="")
+    print(" | warm ms | cold ms | ends ms |\n" + "|---" * (6 + len(keys)) + "|")
+    built: dict[str, float] = {}
+    for s_name, t_name in pairs:
+        vbs = []
+        for name in (s_name, t_name):
+            t0 = time.perf_counter()
+            vb = vocab_bytes(load_tokenizer(name))
+            vb.index()  # the sorted byte index: built once per vocabulary, like the byte table
+            built.setdefault(name, 1e3 * (time.perf_counter() - t0))
+            vbs.append(vb)
         s_tok, t_tok = load_tokenizer(s_name), load_tokenizer(t_name)
-        rows = make_rows(s_tok, vb[s_name], t_tok, vb[t_name], n_rows, n_tokens)
-        variants = align_variants(s_name, t_name, rows, vb[s_name], vb[t_name])
+        rows = make_rows(s_tok, vbs[0], t_tok, vbs[1], n_rows, n_tokens, real)
+        variants = align_variants(s_name, t_name, rows, *vbs)
         n_groups = check_same_groups(variants)
         med = time_round_robin(variants, repeats, warmup)
         n_s = sum(len(r.s_ids) for r in rows)
         n_t = sum(len(r.t_ids) for r in rows)
         cells = [f"{n_s / med[k] / 1e3:.0f}k ({med['naive'] / med[k]:.1f}x)" for k in keys]
-        print(f"| {s_name} -> {t_name} | {n_t} | {n_groups} | " + " | ".join(cells) + " |")
-    sizes = ", ".join(f"{n} {len(vb[n].token_bytes)}: {build_ms[n]:.0f} ms" for n in TOKENIZERS)
-    print(f"\nbyte tables (`vocab_bytes`, once per tokenizer; vocabulary size: ms): {sizes}")
+        ms = f"{1e3 * med['batch warm']:.2f} | {1e3 * med['batch cold']:.0f} | "
+        ms += f"{ends_ms(rows, vbs[1]):.1f}"
+        print(f"| {s_name} -> {t_name} | {n_t} | {n_groups} | " + " | ".join(cells) + f" | {ms} |")
+    return built
+
+
+def part_align(args: argparse.Namespace) -> None:
     print(
-        "groups: identical for naive and distil on every row (asserted). Tokenization is outside "
-        "every timing (both sides start from ids); naive has no specials and no DP fallback."
+        f"## alignment, median of {args.repeats}; student tokens/s (speed-up over naive Python "
+        "in brackets)\n"
+    )
+    print(f"synthetic tokenizers, {args.rows} rows x {args.tokens} student tokens:\n")
+    built = align_table(PAIRS, args.rows, args.tokens, args.repeats, 2, real=False)
+    missing = [n for n in REAL if not (REAL_DIR / n / "tokenizer.json").exists()]
+    if missing:
+        print(f"\nreal tokenizers skipped: {', '.join(missing)} not found under {REAL_DIR}")
+    else:
+        print(f"\nreal tokenizers ({REAL_DIR}), {args.rows} rows x {args.real_tokens} tokens:\n")
+        real_pairs = [(s, t) for s in REAL for t in REAL if s != t]
+        built |= align_table(real_pairs, args.rows, args.real_tokens, args.repeats, 1, real=True)
+    sizes = ", ".join(f"{n}: {ms:.0f} ms" for n, ms in built.items())
+    print(f"\nbyte tables + sorted byte index (once per tokenizer, not timed above): {sizes}")
+    print(
+        "groups: identical for naive, distil per row and distil batch on every row (asserted). "
+        "Tokenization is outside every timing (both sides start from ids); naive has no "
+        "specials and no DP fallback. warm/cold ms: the batch build per micro-batch; ends ms: "
+        "the teacher byte ends from offsets for the batch (`text_byte_ends` per row, as the "
+        "data path calls it; not part of the alignment timed above)."
     )
 
 
@@ -533,6 +603,7 @@ def main() -> None:
     p.add_argument("--part", choices=("align", "gold", "all"), default="all")
     p.add_argument("--rows", type=int, default=64, help="align: completions in the batch")
     p.add_argument("--tokens", type=int, default=100, help="align: student tokens per row")
+    p.add_argument("--real-tokens", type=int, default=256, help="align: tokens per real row")
     p.add_argument("--repeats", type=int, default=9, help="align: timed calls per variant")
     p.add_argument("--steps", type=int, default=30, help="gold: optimizer steps per run")
     p.add_argument("--warmup", type=int, default=4, help="gold: first steps of a run not timed")
@@ -545,7 +616,7 @@ def main() -> None:
     args = p.parse_args()
     print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
     if args.part in ("align", "all"):
-        part_align(args.rows, args.tokens, args.repeats, warmup=2)
+        part_align(args)
     if args.part in ("gold", "all"):
         part_gold(args)
 

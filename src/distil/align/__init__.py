@@ -2,7 +2,10 @@
 
   vocab_map    bytes per token id (byte-level 'Ġ', SentencePiece '▁' + <0xNN>, WordPiece '##'),
                specials by role, the matched vocabulary and the candidate/projection tables
+  byte_index   a vocabulary's byte strings sorted into arrays; the compiled table builds
   token_align  byte ends of both sides, two-pointer groups, specials paired by role
+  walk         the whole micro-batch aligned in compiled passes over flat arrays (numba)
+  keys         table keys (byte strings) deduplicated and looked up in compiled code
   dp           numba banded edit distance for texts that are not byte-identical
   batch        a micro-batch -> `distil.types.AlignmentGroups`
   inspect      `distil inspect pair` and the training example print (imports rich)

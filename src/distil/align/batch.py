@@ -1,9 +1,10 @@
 """One cross-tokenizer micro-batch -> `AlignmentGroups` (the tensors the losses gather with).
 
-Each row's completion is aligned (`align_completion`); then, per group, the candidate table for
-its last positions (`MatchTables`), and per student token in a group, the teacher position whose
-distribution predicts it with the sparse map from teacher to student next tokens
-(`ProjectionTables`). Positions are *predicting* positions: completion token j of a model whose
+The rows' completions are aligned together (`token_align.align_flat`); then, per group, the
+candidate table for its last positions (`MatchTables`), and per student token in a group, the
+teacher position whose distribution predicts it with the sparse map from teacher to student
+next tokens (`ProjectionTables`), all as compiled passes over the batch (`walk.group_keys`,
+`walk.projection_entries`); Python runs only once per table that is not cached yet. Positions are *predicting* positions: completion token j of a model whose
 completion starts at input index `offset` is predicted by logit row offset - 1 + j.
 
 Groups whose bytes differ between the two sides (`exact=False`, DP rows only) have no byte
@@ -18,12 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import torch
 
-from distil.align.token_align import RowAlignment, align_completion, token_starts
+from distil.align.keys import first_seen
+from distil.align.token_align import BatchAlignment, align_flat
 from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes
+from distil.align.walk import FlatRows, covered_local, group_keys, padded, projection_entries
 from distil.types import AlignmentGroups
 
 
@@ -56,162 +60,118 @@ def build_alignment(
     Returns (alignment, in_group): `in_group[b]` lists row b's student completion-token indices
     that are inside a group (the trainer masks the others out of the loss). Group tensors are
     (G, S_max) / (G, T_max) padded with -1 (S_max, T_max >= 1); projection tensors are (N,).
+    The whole batch is aligned in compiled passes (`token_align.align_flat`); the tables are
+    looked up once per distinct byte key, in the order in which the keys first appear.
     """
-    aligned = [
-        align_completion(r.s_ids, student_vb, r.t_ids, r.t_ends, r.t_bytes, teacher_vb)
-        for r in rows
-    ]
-    parts = [
-        _row_parts(b, ra, r, match_tables, proj_tables)
-        for b, (ra, r) in enumerate(zip(aligned, rows, strict=True))
-    ]
-    groups_G_7 = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, 7), np.int64)
-    proj_N_4 = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, 4), np.int64)
-    match_ids, match_list = _local_tables(groups_G_7[:, 5], match_tables.tables)
-    proj_ids, proj_list = _local_tables(proj_N_4[:, 3], proj_tables.tables)
-    s_pos, s_tok = _padded(groups_G_7, 1, [r.s_ids for r in rows], [r.s_offset for r in rows])
-    t_pos, t_tok = _padded(groups_G_7, 3, [r.t_ids for r in rows], [r.t_offset for r in rows])
+    flat = FlatRows.pack(
+        [r.s_ids for r in rows], [r.t_ids for r in rows], [r.t_ends for r in rows],
+        [r.t_bytes for r in rows],
+    )  # fmt: skip
+    ba = align_flat(flat, student_vb, teacher_vb)
+    g = ba.groups
+    kind, flag, m_off, m_len, e_group, e_s, e_t, e_off, e_len, e_fits, e_plain = group_keys(
+        g, ba.exact, ba.special, flat.s_off, ba.s_ends, ba.sb_off, flat.t_ends, flat.t_off
+    )
+    match_G = _match_ids(kind, flag, m_off, m_len, g[:, 0], ba.s_bytes, match_tables)
+    proj_E = _proj_ids(e_off, e_len, e_plain, ba.s_bytes, proj_tables)
+    empty = np.zeros(len(proj_tables.tables), dtype=bool)
+    empty[proj_tables.empty_ids()] = True
+    s_offset = np.array([r.s_offset for r in rows], dtype=np.int64)
+    t_offset = np.array([r.t_offset for r in rows], dtype=np.int64)
+    p_row, p_s, p_t, p_table = projection_entries(
+        g, e_group, e_s, e_t, e_plain, e_fits, proj_E, empty, s_offset, t_offset
+    )
+    match_ids, match_list = _local_tables(match_G, match_tables.tables)
+    proj_ids, proj_list = _local_tables(p_table, proj_tables.tables)
+    s_pos, s_tok = padded(g[:, 0], g[:, 1], g[:, 2], flat.s_ids, flat.s_off, s_offset)
+    t_pos, t_tok = padded(g[:, 0], g[:, 3], g[:, 4], flat.t_ids, flat.t_off, t_offset)
     result = AlignmentGroups(
-        group_row_G=torch.from_numpy(groups_G_7[:, 0].copy()),
-        student_pos_G_S=s_pos,
-        student_tok_G_S=s_tok,
-        teacher_pos_G_T=t_pos,
-        teacher_tok_G_T=t_tok,
+        group_row_G=torch.from_numpy(g[:, 0].copy()),
+        student_pos_G_S=torch.from_numpy(s_pos),
+        student_tok_G_S=torch.from_numpy(s_tok),
+        teacher_pos_G_T=torch.from_numpy(t_pos),
+        teacher_tok_G_T=torch.from_numpy(t_tok),
         match_table_G=match_ids,
         match_tables=match_list,
-        proj_row_N=torch.from_numpy(proj_N_4[:, 0].copy()),
-        proj_student_pos_N=torch.from_numpy(proj_N_4[:, 1].copy()),
-        proj_teacher_pos_N=torch.from_numpy(proj_N_4[:, 2].copy()),
+        proj_row_N=torch.from_numpy(p_row),
+        proj_student_pos_N=torch.from_numpy(p_s),
+        proj_teacher_pos_N=torch.from_numpy(p_t),
         proj_table_N=proj_ids,
         proj_tables=proj_list,
-        exact_G=torch.from_numpy(groups_G_7[:, 6].astype(bool)),
-        metrics=_metrics(aligned, len(proj_N_4)),
+        exact_G=torch.from_numpy(ba.exact.copy()),
+        metrics=_metrics(ba, len(p_row)),
     )
-    return result, [ra.in_groups().tolist() for ra in aligned]
+    return result, _in_groups(ba.covered, flat.s_off)
 
 
-def _row_parts(
-    b: int, ra: RowAlignment, row: RowInputs, match: MatchTables, proj: ProjectionTables
-) -> tuple[np.ndarray, np.ndarray]:
-    """(groups (G, 7): row, s0, s1, t0, t1, match table, exact; projection (N, 4): row, s_pos,
-    t_pos, projection table) of one row, with global (cache) table ids."""
-    g = ra.groups.reshape(-1, 4)
-    s_start, t_start = token_starts(ra.s_ends), token_starts(ra.t_ends)
-    plain = ra.exact & ~ra.special
-    table_G = np.zeros(len(g), dtype=np.int64)  # specials and 1:1 inexact groups: table 0
-    no_map = ~ra.exact & ((g[:, 1] - g[:, 0] > 1) | (g[:, 3] - g[:, 2] > 1))
-    if no_map.any():  # texts differ inside a multi-token group: no candidate spells the same
-        table_G[no_map] = match.empty_id()
-    # an exact group spells the same bytes on both sides, but in a DP row at different
-    # offsets: teacher byte x is student byte x + shift inside the group
-    shift = s_start[g[plain, 0]] - t_start[g[plain, 2]]
-    table_G[plain] = _match_ids(g[plain], shift, s_start, t_start, ra.s_bytes, match)
-    # every student token k, predicted by the teacher token j that has seen the longest
-    # prefix pt_j of the group that is still a prefix of the student's delta_k
-    k, gi = _expand(g[plain, 0], g[plain, 1])
-    j = _teacher_at(t_start, s_start[k] - shift[gi], g[plain, 2][gi], g[plain, 3][gi])
-    tables = _proj_ids(t_start[j] + shift[gi], s_start[k], ra.s_bytes, proj)
-    # teacher token j's distribution covers the student token only if the token ends within
-    # it; a longer student token (fewer, coarser tokens on the student side) has no entry
-    fits = ra.s_ends[k] <= ra.t_ends[j] + shift[gi]
-    keep = ~np.isin(tables, proj.empty_ids()) & fits
-    # specials: 1:1 with remainder b""; inexact groups: only their first positions correspond
-    other = ~plain
-    j_other = _teacher_at(t_start, t_start[g[other, 2]], g[other, 2], g[other, 3])
-    s_idx = np.concatenate([k[keep], g[other, 0]])
-    t_idx = np.concatenate([j[keep], j_other])
-    tables = np.concatenate([tables[keep], np.zeros(int(other.sum()), np.int64)])
-    order = np.argsort(s_idx, kind="stable")
-    proj_N_4 = np.stack(
-        [
-            np.full(len(s_idx), b, dtype=np.int64),
-            row.s_offset - 1 + s_idx[order],
-            row.t_offset - 1 + t_idx[order],
-            tables[order],
-        ],
-        axis=1,
-    )
-    groups = np.concatenate(
-        [np.full((len(g), 1), b, np.int64), g, table_G[:, None], ra.exact[:, None]], axis=1
-    )
-    return groups.reshape(-1, 7).astype(np.int64), proj_N_4.reshape(-1, 4)
+def _match_ids(kind, flag, off, length, rows, data, match: MatchTables) -> np.ndarray:
+    """Global match-table id per group. Keys already in the cache are looked up in one compiled
+    pass; missing tables are built in the order the per-row build asked for them (a row's
+    empty table before its deltas)."""
+    out = match.keys.lookup(data, off, length, flag, kind == 2)
+    miss = (kind == 2) & (out < 0)
+    no_map = np.flatnonzero(kind == 1)
+    reps, key = first_seen(data, off, length, flag, miss)
+    # the empty table comes before the deltas of the first row that has a no-map group
+    empty_at = int(np.searchsorted(rows, rows[no_map[0]])) if len(no_map) else len(kind) + 1
+    empty_id = -1
+    ids = np.empty(len(reps), dtype=np.int64)
+    new = zip(reps.tolist(), off[reps].tolist(), length[reps].tolist(), flag[reps].tolist())
+    for u, (group, a, n, longer) in enumerate(new):
+        if empty_id < 0 and group >= empty_at:
+            empty_id = match.empty_id()
+        ids[u] = match.delta_id(data[a : a + n].tobytes(), student_longer=longer)
+    out[miss] = ids[key[miss]]
+    out[kind < 2] = 0
+    if len(no_map):
+        out[no_map] = match.empty_id() if empty_id < 0 else empty_id
+    return out
 
 
-def _expand(starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenated ranges [starts[i], stops[i]) and the range index of each element."""
-    sizes = stops - starts
-    gi = np.repeat(np.arange(len(sizes)), sizes)
-    first = np.cumsum(sizes) - sizes
-    return (np.arange(int(sizes.sum())) - first[gi] + starts[gi]).astype(np.int64), gi
-
-
-def _teacher_at(t_start: np.ndarray, byte: np.ndarray, t0: np.ndarray, t1: np.ndarray):
-    """Per query: the last teacher token of [t0, t1) starting at or before `byte` (ties go to
-    the later token, which has seen any zero-length token before it)."""
-    j = np.searchsorted(t_start, byte, side="right") - 1
-    return np.minimum(np.maximum(j, t0), t1 - 1).astype(np.int64)
-
-
-def _match_ids(g, shift, s_start, t_start, data: bytes, match: MatchTables) -> np.ndarray:
-    # ps = G[:ls], pt = G[:lt] for the groups' last tokens (student coordinates); only their
-    # difference matters
-    ls = s_start[g[:, 1] - 1].tolist()
-    lt = (t_start[g[:, 3] - 1] + shift).tolist()
-    out = [
-        0
-        if a == c
-        else match.delta_id(data[c:a], student_longer=True)
-        if a > c
-        else match.delta_id(data[a:c], student_longer=False)
-        for a, c in zip(ls, lt, strict=True)
+def _proj_ids(off, length, plain, data, proj: ProjectionTables) -> np.ndarray:
+    """Global projection-table id per entry (0 where the teacher is not behind); like
+    `_match_ids`, cached keys in one compiled pass, missing tables in order of appearance."""
+    need = plain & (length > 0)
+    no_flag = np.zeros(len(off), np.bool_)
+    out = proj.keys.lookup(data, off, length, no_flag, need)
+    miss = need & (out < 0)
+    reps, key = first_seen(data, off, length, no_flag, miss)
+    ids = [
+        proj.table_id(data[a : a + n].tobytes())
+        for a, n in zip(off[reps].tolist(), length[reps].tolist(), strict=True)
     ]
-    return np.asarray(out, dtype=np.int64)
-
-
-def _proj_ids(t_from: np.ndarray, s_at: np.ndarray, data: bytes, proj: ProjectionTables):
-    # remainder r = bytes the teacher is behind the student: G[t_start[j]:a_k]
-    out = [
-        0 if x == y else proj.table_id(data[x:y])
-        for x, y in zip(t_from.tolist(), s_at.tolist(), strict=True)
-    ]
-    return np.asarray(out, dtype=np.int64)
+    out[miss] = np.asarray(ids, dtype=np.int64)[key[miss]]
+    out[~need] = 0
+    return out
 
 
 def _local_tables(
     global_ids: np.ndarray, tables: list[tuple[torch.Tensor, torch.Tensor]]
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     # renumber the cache ids used in this batch: 0 stays 0 (the whole-vocabulary table)
-    used = np.unique(np.concatenate([[0], global_ids]).astype(np.int64))
-    local = np.searchsorted(used, global_ids).astype(np.int64)
-    return torch.from_numpy(local), [tables[i] for i in used.tolist()]
+    mark = np.zeros(len(tables), dtype=bool)
+    mark[0] = True
+    mark[global_ids] = True
+    local = (np.cumsum(mark) - 1)[global_ids]
+    return torch.from_numpy(local), [tables[i] for i in np.flatnonzero(mark).tolist()]
 
 
-def _padded(
-    groups_G_7: np.ndarray, col: int, ids: list[Sequence[int]], offsets: list[int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pos_G_X, tok_G_X) for one side: predicting positions and ids, -1 padded."""
-    rows, start, stop = groups_G_7[:, 0], groups_G_7[:, col], groups_G_7[:, col + 1]
-    width = max(int((stop - start).max(initial=0)), 1)
-    flat = np.concatenate([np.asarray(x, np.int64).reshape(-1) for x in ids] or [[0]])
-    base = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64)
-    idx = start[:, None] + np.arange(width)[None, :]
-    valid = idx < stop[:, None]
-    offset = np.asarray(offsets, np.int64)[rows] if len(rows) else np.zeros(0, np.int64)
-    pos = np.where(valid, offset[:, None] - 1 + idx, -1)
-    tok = np.where(valid, flat[np.where(valid, base[rows][:, None] + idx, 0)], -1)
-    return torch.from_numpy(pos.astype(np.int64)), torch.from_numpy(tok.astype(np.int64))
+def _in_groups(covered: np.ndarray, row_off: np.ndarray) -> list[list[int]]:
+    # per row, the local indices of its covered student tokens
+    local, cum = covered_local(covered, row_off)
+    flat = local.tolist()
+    return [flat[a:b] for a, b in pairwise(cum.tolist())]
 
 
-def _metrics(aligned: list[RowAlignment], n_proj: int) -> dict[str, float]:
-    groups = sum(len(ra.groups) for ra in aligned)
-    in_groups = sum(int((ra.groups[:, 1] - ra.groups[:, 0]).sum()) for ra in aligned)
+def _metrics(ba: BatchAlignment, n_proj: int) -> dict[str, float]:
+    g = ba.groups
     return {
-        "groups": float(groups),
-        "student_tokens_in_groups": float(in_groups),
-        "unalignable_tokens": float(sum(len(ra.unalignable) for ra in aligned)),
-        "bytes": float(sum(ra.n_bytes for ra in aligned)),
-        "bytes_exact": float(sum(ra.n_bytes_exact for ra in aligned)),
-        "dp_rows": float(sum(ra.used_dp for ra in aligned)),
-        "inexact_groups": float(sum(int((~ra.exact).sum()) for ra in aligned)),
+        "groups": float(len(g)),
+        "student_tokens_in_groups": float((g[:, 2] - g[:, 1]).sum()),
+        "unalignable_tokens": float(len(ba.covered) - ba.covered.sum()),
+        "bytes": float(len(ba.s_bytes)),
+        "bytes_exact": float(ba.n_exact.sum()),
+        "dp_rows": float(ba.dp.sum()),
+        "inexact_groups": float((~ba.exact).sum()),
         "projection_entries": float(n_proj),
     }

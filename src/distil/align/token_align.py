@@ -3,11 +3,12 @@
 The student's completion bytes come from its ids through the byte table (`VocabBytes`); the
 teacher's come from character offsets over the text it was given. When the two byte strings are
 equal, a group closes wherever both sides end a token at the same byte (TRL's
-`_align_by_byte_offsets`, O(n+m), here done with one `intersect1d`); when the teacher's text is
-the student's bytes with an incomplete trailing character dropped, the same walk runs over the
-common prefix; otherwise a banded edit-distance alignment (`dp.align_bytes`) maps teacher
+`_align_by_byte_offsets`, O(n+m)); when the teacher's text is the student's bytes with an
+incomplete trailing character dropped, the same walk runs over the common prefix; otherwise a banded edit-distance alignment (`dp.align_bytes`) maps teacher
 boundaries onto student boundaries. Zero-length specials never enter a content group: they are
 paired by role at the same byte position (EOS with EOS) as 1:1 groups, or left unalignable.
+`align_flat` does all of it for a whole micro-batch in compiled passes (`walk`);
+`align_completion` is the same on one row.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from distil.align.vocab_map import VocabBytes, role_map, vocab_bytes
+from distil.align.walk import FlatRows, align_rows, student_spans, text_ends
 
 
 def completion_text(student_bytes: bytes) -> str:
@@ -67,23 +69,16 @@ def text_byte_ends(
     data = text.encode("utf-8", "surrogatepass")
     spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
     spans = char_end[np.clip(spans, 0, len(char_end) - 1)]
-    starts, stops = spans[:, 0].tolist(), spans[:, 1].tolist()
-    # start of the next token with a non-empty span (zero-width (0, 0) specials are skipped)
-    next_start, upcoming = [0] * len(starts), len(data)
-    for k in range(len(starts) - 1, -1, -1):
-        next_start[k] = upcoming
-        if stops[k] > starts[k]:
-            upcoming = starts[k]
-    ends = np.empty(len(starts), dtype=np.int64)
-    pos = 0
-    for k in range(len(starts)):
-        own = token_bytes[k] if token_bytes is not None else b""
-        if own and starts[k] < pos + len(own) <= stops[k] and data.startswith(own, pos):
-            pos += len(own)
-        else:
-            pos = max(pos, min(stops[k], next_start[k]))
-        ends[k] = pos
-    return ends
+    own = list(token_bytes) if token_bytes is not None else [b""] * len(spans)
+    own_off = np.zeros(len(spans) + 1, dtype=np.int64)
+    own_off[1:] = np.fromiter(map(len, own), dtype=np.int64, count=len(spans))
+    return text_ends(
+        np.frombuffer(data, np.uint8) if data else np.zeros(0, np.uint8),
+        np.ascontiguousarray(spans[:, 0]),
+        np.ascontiguousarray(spans[:, 1]),
+        np.frombuffer(b"".join(own) or b"\0", np.uint8),
+        np.cumsum(own_off, out=own_off),
+    )
 
 
 def token_starts(ends: np.ndarray) -> np.ndarray:
@@ -159,9 +154,80 @@ class RowAlignment:
     n_bytes_exact: int
     used_dp: bool
 
-    def in_groups(self) -> np.ndarray:
-        """Student completion indices inside some group, sorted: int64."""
-        return np.setdiff1d(np.arange(len(self.s_ends)), self.unalignable)
+
+@dataclass
+class BatchAlignment:
+    """The groups of a micro-batch (`align_flat`); token indices are row-local.
+
+    groups int64 (G, 5): row, s_start, s_stop, t_start, t_stop, ordered by row then s_start;
+    exact, special bool (G,); covered bool (N_s,): student token inside a group; n_exact int64
+    (B,): student bytes inside exact groups; s_ends int64 (N_s,) per-row byte ends, s_bytes
+    uint8 and sb_off (B + 1,): the rows' student bytes; dp bool (B,): the DP fallback was used.
+    """
+
+    rows: FlatRows
+    groups: np.ndarray
+    exact: np.ndarray
+    special: np.ndarray
+    covered: np.ndarray
+    n_exact: np.ndarray
+    s_ends: np.ndarray
+    s_bytes: np.ndarray
+    sb_off: np.ndarray
+    dp: np.ndarray
+
+
+def align_flat(rows: FlatRows, s_vb: VocabBytes, t_vb: VocabBytes) -> BatchAlignment:
+    """Align every row of a micro-batch in compiled passes (`walk`); see `align_completion`.
+
+    Rows whose teacher bytes are not a prefix of the student's go through the banded DP
+    (`dp.align_bytes`), one call per such row; the others cost no Python per row.
+    """
+    s_index = s_vb.index()
+    s_ends, s_bytes, sb_off, prefix = student_spans(
+        rows.s_ids, rows.s_off, s_index.data, s_index.start, rows.t_bytes, rows.tb_off
+    )
+    dp_rows = np.flatnonzero(~prefix).tolist()
+    t2s, t2s_off = _dp_maps(rows, s_bytes, sb_off, dp_rows)
+    groups, exact, special, covered, n_exact = align_rows(
+        rows.s_ids, rows.s_off, s_ends, s_bytes, sb_off, s_vb.is_special,
+        rows.t_ids, rows.t_ends, rows.t_off, rows.t_bytes, rows.tb_off, t_vb.is_special,
+        _partners(s_vb, t_vb), ~prefix, t2s, t2s_off,
+    )  # fmt: skip
+    return BatchAlignment(
+        rows, groups, exact, special, covered, n_exact, s_ends, s_bytes, sb_off, ~prefix
+    )
+
+
+def _dp_maps(rows: FlatRows, s_bytes, sb_off, dp_rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    # t2s of each DP row, concatenated (rows with equal/prefix bytes have none)
+    lengths = np.zeros(len(rows.tb_off), dtype=np.int64)
+    if not dp_rows:
+        return np.zeros(1, np.int64), lengths
+    from distil.align.dp import align_bytes  # numba loads only when a row needs it
+
+    maps = []
+    for b in dp_rows:
+        t_b = rows.t_bytes[rows.tb_off[b] : rows.tb_off[b + 1]].tobytes()
+        t2s, _ = align_bytes(t_b, s_bytes[sb_off[b] : sb_off[b + 1]].tobytes())
+        maps.append(t2s)
+        lengths[b + 1] = len(t2s)
+    return np.concatenate(maps), np.cumsum(lengths)
+
+
+_PARTNERS: dict[tuple[int, int], tuple[VocabBytes, VocabBytes, np.ndarray]] = {}
+
+
+def _partners(s_vb: VocabBytes, t_vb: VocabBytes) -> np.ndarray:
+    """int64 (V_t,): the student special with the same role as each teacher special, or -1."""
+    key = (id(s_vb), id(t_vb))
+    hit = _PARTNERS.get(key)
+    if hit is None or hit[0] is not s_vb or hit[1] is not t_vb:
+        out = np.full(t_vb.size, -1, dtype=np.int64)
+        for t, s in role_map(s_vb, t_vb).items():
+            out[t] = s
+        hit = _PARTNERS[key] = (s_vb, t_vb, out)
+    return hit[2]
 
 
 def align_completion(
@@ -180,130 +246,24 @@ def align_completion(
     a teacher end maps exactly onto a student end and are flagged exact only when their bytes
     agree. A group whose token range would contain a zero-length special is dropped (its
     student tokens become unalignable) rather than merged across a token the other side lacks.
+    Zero-length specials pair 1:1 by role at the same byte position (`special`); a teacher
+    special after its last content token stands at the end of the text. This is `align_flat`
+    on a batch of one row.
     """
     s_ids = np.asarray(s_ids, dtype=np.int64).reshape(-1)
     t_ids = np.asarray(t_ids, dtype=np.int64).reshape(-1)
     t_ends = np.asarray(t_ends, dtype=np.int64).reshape(-1)
-    s_bytes, s_ends = student_byte_spans(s_ids, s_vb)
-    s_zero = _is_special(s_ids, s_vb)
-    t_start = token_starts(t_ends)
-    t_zero = _is_special(t_ids, t_vb) & (t_ends == t_start)
-    s_keep, t_keep = np.flatnonzero(~s_zero), np.flatnonzero(~t_zero)
-
-    t2s = None
-    if s_bytes == t_bytes or s_bytes.startswith(t_bytes):
-        s_keep = s_keep[s_ends[s_keep] <= len(t_bytes)]  # the cut tail is in no group
-        common = np.intersect1d(s_ends[s_keep], t_ends[t_keep])
-        s_bounds = t_bounds = common[common > 0]
-    else:
-        from distil.align.dp import align_bytes  # numba loads only when a row needs it
-
-        t2s, _ = align_bytes(t_bytes, s_bytes)
-        t_bounds, s_bounds = _mapped_bounds(t2s, t_ends[t_keep], s_ends[s_keep])
-    groups = _groups_at(s_ends[s_keep], t_ends[t_keep], s_bounds, t_bounds)
-    groups = _to_original(groups, s_keep, t_keep)
-    exact = (
-        _exact_flags(groups, s_bytes, s_ends, t_bytes, t_ends)
-        if t2s is not None
-        else np.ones(len(groups), dtype=bool)
-    )
-    pairs = _pair_specials(s_ids, s_ends, s_zero, t_ids, t_ends, t_bytes, t_zero, s_vb, t_vb, t2s)
-    return _finish(groups, exact, pairs, s_ids, s_bytes, s_ends, t_bytes, t_ends, t2s is not None)
-
-
-def _is_special(ids: np.ndarray, vb: VocabBytes) -> np.ndarray:
-    inside = (ids >= 0) & (ids < vb.size)
-    return inside & vb.is_special[np.where(inside, ids, 0)]
-
-
-def _mapped_bounds(
-    t2s: np.ndarray, te: np.ndarray, se: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    # teacher ends whose mapped student boundary is also a student end (strictly increasing)
-    te = np.unique(te[te > 0])
-    mapped = t2s[te]
-    ok = (mapped > 0) & np.isin(mapped, se)
-    return te[ok], mapped[ok]
-
-
-def _to_original(groups: np.ndarray, s_keep: np.ndarray, t_keep: np.ndarray) -> np.ndarray:
-    # ranges over kept tokens -> original indices; drop groups that straddle a removed special
-    if not len(groups):
-        return groups
-    s0, s1 = s_keep[groups[:, 0]], s_keep[groups[:, 1] - 1] + 1
-    t0, t1 = t_keep[groups[:, 2]], t_keep[groups[:, 3] - 1] + 1
-    contiguous = (s1 - s0 == groups[:, 1] - groups[:, 0]) & (t1 - t0 == groups[:, 3] - groups[:, 2])
-    return np.stack([s0, s1, t0, t1], axis=1)[contiguous]
-
-
-def _exact_flags(groups, s_bytes, s_ends, t_bytes, t_ends) -> np.ndarray:
-    out = np.ones(len(groups), dtype=bool)
-    for g, (s0, s1, t0, t1) in enumerate(groups.tolist()):
-        sa = int(s_ends[s0 - 1]) if s0 else 0
-        ta = int(t_ends[t0 - 1]) if t0 else 0
-        out[g] = s_bytes[sa : s_ends[s1 - 1]] == t_bytes[ta : t_ends[t1 - 1]]
-    return out
-
-
-def _pair_specials(s_ids, s_ends, s_zero, t_ids, t_ends, t_bytes, t_zero, s_vb, t_vb, t2s):
-    """1:1 (s, t) pairs of zero-length specials with the same role at the same byte position."""
-    roles = _role_map_cached(s_vb, t_vb)
-    content = np.flatnonzero(~t_zero)
-    last_content = int(content[-1]) if len(content) else -1
-    t_cands = []
-    for j in np.flatnonzero(t_zero).tolist():
-        # a special after the teacher's last content token stands at the end of the text:
-        # bytes after that token are ones the teacher's tokenizer dropped (a final '\n' under
-        # WordPiece), so the student's tokens for them are unalignable and its EOS still pairs
-        at = len(t_bytes) if j > last_content else int(t_ends[j])
-        pos = at if t2s is None else int(t2s[at])  # -1: no exact match
-        t_cands.append((j, pos, roles.get(int(t_ids[j]))))
-    pairs, start = [], 0
-    for k in np.flatnonzero(s_zero).tolist():
-        for c in range(start, len(t_cands)):
-            j, pos, partner = t_cands[c]
-            if pos == s_ends[k] and partner == s_ids[k]:
-                pairs.append((k, j))
-                start = c + 1
-                break
-    return pairs
-
-
-_ROLE_MAPS: dict[tuple[int, int], tuple[VocabBytes, VocabBytes, dict[int, int]]] = {}
-
-
-def _role_map_cached(s_vb: VocabBytes, t_vb: VocabBytes) -> dict[int, int]:
-    key = (id(s_vb), id(t_vb))
-    hit = _ROLE_MAPS.get(key)
-    if hit is None or hit[0] is not s_vb or hit[1] is not t_vb:
-        hit = _ROLE_MAPS[key] = (s_vb, t_vb, role_map(s_vb, t_vb))
-    return hit[2]
-
-
-def _finish(groups, exact, pairs, s_ids, s_bytes, s_ends, t_bytes, t_ends, used_dp):
-    special = np.zeros(len(groups) + len(pairs), dtype=bool)
-    special[len(groups) :] = True
-    if pairs:
-        extra = np.array([(k, k + 1, j, j + 1) for k, j in pairs], dtype=np.int64)
-        groups = np.concatenate([groups.reshape(-1, 4), extra])
-        exact = np.concatenate([exact, np.ones(len(pairs), dtype=bool)])
-    order = np.argsort(groups[:, 0], kind="stable") if len(groups) else np.zeros(0, np.int64)
-    groups, exact, special = groups.reshape(-1, 4)[order], exact[order], special[order]
-    n = len(s_ids)
-    s0, s1 = groups[:, 0], groups[:, 1]
-    covered = np.cumsum(np.bincount(s0, minlength=n + 1) - np.bincount(s1, minlength=n + 1)) > 0
-    s_start = token_starts(s_ends)
-    n_exact = int((s_ends[s1[exact] - 1] - s_start[s0[exact]]).sum()) if len(groups) else 0
+    ba = align_flat(FlatRows.pack([s_ids], [t_ids], [t_ends], [t_bytes]), s_vb, t_vb)
     return RowAlignment(
-        groups=groups,
-        exact=exact,
-        special=special,
-        unalignable=np.flatnonzero(~covered[:n]),
-        s_bytes=s_bytes,
-        s_ends=s_ends,
+        groups=ba.groups[:, 1:].copy(),
+        exact=ba.exact,
+        special=ba.special,
+        unalignable=np.flatnonzero(~ba.covered),
+        s_bytes=ba.s_bytes.tobytes(),
+        s_ends=ba.s_ends,
         t_bytes=t_bytes,
         t_ends=t_ends,
-        n_bytes=len(s_bytes),
-        n_bytes_exact=n_exact,
-        used_dp=used_dp,
+        n_bytes=len(ba.s_bytes),
+        n_bytes_exact=int(ba.n_exact[0]),
+        used_dp=bool(ba.dp[0]),
     )

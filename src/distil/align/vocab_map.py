@@ -15,13 +15,20 @@ import contextlib
 import json
 import re
 import weakref
-from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from distil.align.byte_index import (
+    ByteIndex,
+    absent_prefix_sum,
+    as_query,
+    match_pairs,
+    projection_pairs,
+)
+from distil.align.keys import KeyIndex
 from distil.errors import AlignmentError
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -76,7 +83,7 @@ class VocabBytes:
     lengths: np.ndarray = field(init=False, repr=False)
     is_special: np.ndarray = field(init=False, repr=False)
     max_len: int = field(init=False)
-    _sorted_all: tuple[list[bytes], list[int]] | None = field(default=None, init=False, repr=False)
+    _index: ByteIndex | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.lengths = np.fromiter(map(len, self.token_bytes), np.int64, len(self.token_bytes))
@@ -109,47 +116,11 @@ class VocabBytes:
                 by_bytes[b] = i
         return cls(table, specials, by_bytes, len(table), dict(specials), convention)
 
-    def longest_prefix(self, data: bytes) -> int:
-        """The canonical id of the longest token whose bytes are a prefix of `data`, or -1."""
-        for n in range(min(self.max_len, len(data)), 0, -1):
-            found = self.by_bytes.get(data[:n])
-            if found is not None:
-                return found
-        return -1
-
-    def ids_with_prefix(self, prefix: bytes, *, canonical: bool) -> list[int]:
-        """Non-special ids whose bytes start with `prefix` and are strictly longer than it.
-
-        canonical=True lists only `by_bytes` ids (one per byte string); False lists every id
-        (duplicates such as '<0x41>' next to 'A' included).
-        """
-        keys, ids = self._sorted()
-        out = []
-        for k in range(bisect_left(keys, prefix), len(keys)):
-            if not keys[k].startswith(prefix):
-                break
-            if len(keys[k]) > len(prefix) and (not canonical or self.by_bytes[keys[k]] == ids[k]):
-                out.append(ids[k])
-        return out
-
-    def ids_spelling(self, data: bytes) -> list[int]:
-        """Every non-special id whose bytes are exactly `data`."""
-        keys, ids = self._sorted()
-        out = []
-        for k in range(bisect_left(keys, data), len(keys)):
-            if keys[k] != data:
-                break
-            out.append(ids[k])
-        return out
-
-    def _sorted(self) -> tuple[list[bytes], list[int]]:
-        # every non-special id with bytes, sorted by (bytes, id): prefix ranges by bisection
-        if self._sorted_all is None:
-            pairs = sorted(
-                (b, i) for i, b in enumerate(self.token_bytes) if b and not self.is_special[i]
-            )
-            self._sorted_all = ([b for b, _ in pairs], [i for _, i in pairs])
-        return self._sorted_all
+    def index(self) -> ByteIndex:
+        """The non-special byte strings sorted into flat arrays (built once, then cached)."""
+        if self._index is None:
+            self._index = ByteIndex.build(self.token_bytes, self.is_special, self.by_bytes)
+        return self._index
 
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -374,10 +345,16 @@ def matched_vocab(
     return ids[:, 0].contiguous(), ids[:, 1].contiguous()
 
 
-def _pair_tensors(pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    pairs.sort()
-    ids = torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
-    return ids[:, 0].contiguous(), ids[:, 1].contiguous()
+def _pair_tensors(first: np.ndarray, second: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    # pairs sorted by (first, second), as two int64 tensors
+    order = np.lexsort((second, first))
+    return (
+        torch.from_numpy(np.ascontiguousarray(first[order], dtype=np.int64)),
+        torch.from_numpy(np.ascontiguousarray(second[order], dtype=np.int64)),
+    )
+
+
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 class MatchTables:
@@ -400,6 +377,7 @@ class MatchTables:
             matched_vocab(student_vb, teacher_vb)
         ]
         self._ids: dict[tuple, int] = {(True, b""): 0, (False, b""): 0}
+        self.keys = KeyIndex()  # (delta, student_longer) -> table id, for batch lookups
 
     def table_id(self, ps: bytes, pt: bytes) -> int:
         """Table of the group prefixes `ps` (student) and `pt` (teacher)."""
@@ -414,6 +392,7 @@ class MatchTables:
         if found is None:
             found = self._ids[key] = len(self.tables)
             self.tables.append(self._build(delta, student_longer))
+            self.keys.add(delta, student_longer, found)
         return found
 
     def empty_id(self) -> int:
@@ -421,7 +400,7 @@ class MatchTables:
         found = self._ids.get(("empty",))
         if found is None:
             found = self._ids[("empty",)] = len(self.tables)
-            self.tables.append(_pair_tensors([]))
+            self.tables.append(_pair_tensors(_NONE, _NONE))
         return found
 
     def _build(self, delta: bytes, student_longer: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -431,12 +410,10 @@ class MatchTables:
             if student_longer
             else (self.student_vb, self.teacher_vb)
         )
-        pairs = []
-        for i in longer.ids_with_prefix(delta, canonical=True):
-            j = other.by_bytes.get(longer.token_bytes[i][len(delta) :])
-            if j is not None:
-                pairs.append((j, i) if student_longer else (i, j))
-        return _pair_tensors(pairs)
+        ids_l, ids_o = match_pairs(
+            *longer.index().arrays(), *other.index().arrays(), as_query(delta)
+        )
+        return _pair_tensors(ids_o, ids_l) if student_longer else _pair_tensors(ids_l, ids_o)
 
 
 AMBIGUOUS = -1  # student id of a teacher token whose next student token cannot be told
@@ -452,8 +429,8 @@ class ProjectionTables:
     that the teacher has no token for starts with those bytes: then the student might cover
     more than t with one token, and t maps to AMBIGUOUS (-1; its mass is the teacher's
     "anything else" bucket, e.g. the teacher's '<' when the student has '<answer>' and the
-    teacher has not; see `_ambiguous`). For remainder b"" teacher
-    specials map to student specials by role. `tables[i]` = (teacher_ids_K, student_ids_K),
+    teacher has not; see `_build`). For remainder b"" teacher specials map to student
+    specials by role. `tables[i]` = (teacher_ids_K, student_ids_K),
     sorted by teacher id; table 0 is remainder b"". Tables for other remainders may be empty
     (callers skip those positions; see `is_empty`).
     """
@@ -463,6 +440,8 @@ class ProjectionTables:
         self.tables: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._ids: dict[bytes, int] = {}
         self._empty: list[int] = []
+        self._absent: np.ndarray | None = None  # see byte_index.absent_prefix_sum
+        self.keys = KeyIndex()  # remainder -> table id, for batch lookups
         self.table_id(b"")
 
     def table_id(self, remainder: bytes) -> int:
@@ -471,6 +450,7 @@ class ProjectionTables:
         if found is None:
             found = self._ids[remainder] = len(self.tables)
             self.tables.append(self._build(remainder))
+            self.keys.add(remainder, False, found)
             if self.is_empty(found):
                 self._empty.append(found)
         return found
@@ -483,36 +463,26 @@ class ProjectionTables:
         return np.asarray(self._empty, dtype=np.int64)
 
     def _build(self, remainder: bytes) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher token t starting with `remainder`, strictly longer: the longest student token
+        u0 that is a prefix of rest = bytes(t)[len(remainder):] (t dropped when none is), or
+        AMBIGUOUS when a longer student token u starting with rest exists and the teacher has no
+        token for remainder + bytes(u) (having emitted the shorter token, the teacher did not
+        mean u: with one tokenizer on both sides nothing is ambiguous; the teacher's '<' is, for
+        a student with a single '<answer>' token the teacher lacks). A teacher token spelling
+        exactly the remainder ends where the student stands: what comes next would be predicted
+        at a later teacher position, which this text does not reach (it continued with a longer
+        token); its mass is "anything else" (AMBIGUOUS), not dropped: dropping it would tell the
+        student that the token never ends here. For remainder b"" teacher specials map to
+        student specials by role."""
         t_vb, s_vb = self.teacher_vb, self.student_vb
-        pairs = []
-        for t in t_vb.ids_with_prefix(remainder, canonical=False):
-            rest = t_vb.token_bytes[t][len(remainder) :]
-            s = s_vb.longest_prefix(rest)
-            if s < 0:
-                continue
-            if self._ambiguous(remainder, rest):
-                s = AMBIGUOUS
-            pairs.append((t, s))
-        if remainder:
-            # a teacher token spelling exactly the remainder ends where the student stands:
-            # what comes next would be predicted at a later teacher position, which this text
-            # does not reach (it continued with a longer token). Its mass is "anything else",
-            # not dropped: dropping it would tell the student that the token never ends here.
-            pairs += [(t, AMBIGUOUS) for t in t_vb.ids_spelling(remainder)]
-        else:
-            pairs += list(role_map(s_vb, t_vb).items())
-        return _pair_tensors(pairs)
-
-    def _ambiguous(self, remainder: bytes, rest: bytes) -> bool:
-        """Could the student's next token cover more than the teacher's token?
-
-        A longer student token u starting with `rest` could follow, unless the teacher has a
-        token for remainder + bytes(u) itself: then, having emitted the shorter token, the
-        teacher did not mean u (with one tokenizer on both sides nothing is ambiguous; the
-        teacher's '<' is, for a student with a single '<answer>' token the teacher lacks).
-        """
-        s_vb, t_vb = self.student_vb, self.teacher_vb
-        return any(
-            remainder + s_vb.token_bytes[u] not in t_vb.by_bytes
-            for u in s_vb.ids_with_prefix(rest, canonical=True)
+        t_data, t_start, t_order, _ = t_vb.index().arrays()
+        if self._absent is None:
+            self._absent = absent_prefix_sum(*s_vb.index().arrays(), t_data, t_start, t_order)
+        t_ids, s_ids = projection_pairs(
+            t_data, t_start, t_order, *s_vb.index().arrays(), as_query(remainder), self._absent
         )
+        if not remainder:
+            roles = np.array(list(role_map(s_vb, t_vb).items()), dtype=np.int64).reshape(-1, 2)
+            t_ids = np.concatenate([t_ids, roles[:, 0]])
+            s_ids = np.concatenate([s_ids, roles[:, 1]])
+        return _pair_tensors(t_ids, s_ids)

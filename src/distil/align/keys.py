@@ -1,0 +1,137 @@
+"""Byte-string keys (slices of one byte array) deduplicated and looked up in compiled code.
+
+The table ids of a micro-batch are keyed by byte strings: the delta of a group's prefixes
+(`MatchTables`) or the remainder the teacher is behind (`ProjectionTables`). The keys are
+(offset, length) slices of the batch's student bytes; `first_seen` finds the distinct ones in
+order of first appearance and `KeyIndex` holds the keys of the tables built so far, both as
+open-addressing hash tables (FNV-1a) that compare the bytes, so no collision can mix two keys.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True, inline="always")
+def _hash(data, a, n, flag):  # pragma: no cover - compiled
+    # FNV-1a over the flag and the bytes data[a:a + n]
+    prime = np.uint64(1099511628211)
+    h = (np.uint64(14695981039346656037) ^ np.uint64(flag)) * prime
+    for i in range(a, a + n):
+        h = (h ^ np.uint64(data[i])) * prime
+    return h
+
+
+@numba.njit(cache=True, inline="always")
+def same_bytes(data_a, a, data_b, b, n):  # pragma: no cover - compiled
+    for d in range(n):  # noqa: SIM110 (numba compiles no generators)
+        if data_a[a + d] != data_b[b + d]:
+            return False
+    return True
+
+
+@numba.njit(cache=True)
+def first_seen(data, off, length, flag, select):  # pragma: no cover - compiled
+    """Distinct keys among the selected entries, by an open-addressing hash table that compares
+    the bytes: (reps int64 (U,): entry index of each distinct key in order of first appearance,
+    key int64 (N,): index into reps per selected entry, -1 elsewhere)."""
+    n = off.shape[0]
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    slots = np.full(size, -1, np.int64)  # index into reps
+    reps = np.empty(n, np.int64)
+    key = np.full(n, -1, np.int64)
+    n_u = 0
+    for q in range(n):
+        if not select[q]:
+            continue
+        s = np.int64(_hash(data, off[q], length[q], flag[q]) & np.uint64(size - 1))
+        while True:
+            u = slots[s]
+            if u < 0:
+                slots[s], reps[n_u], key[q] = n_u, q, n_u
+                n_u += 1
+                break
+            r = reps[u]
+            if (
+                length[r] == length[q]
+                and flag[r] == flag[q]
+                and same_bytes(data, off[r], data, off[q], length[q])
+            ):
+                key[q] = u
+                break
+            s = (s + 1) & (size - 1)
+    return reps[:n_u], key
+
+
+@numba.njit(cache=True)
+def lookup_keys(k_data, k_off, k_len, k_flag, k_value, slots, data, off, length, flag, select):
+    # pragma: no cover - compiled
+    """Value of each selected key in a `KeyIndex` (slots from `first_seen` over its keys), or
+    -1 where it is absent or not selected: int64 (N,)."""
+    size = slots.shape[0]
+    out = np.full(off.shape[0], -1, np.int64)
+    for q in range(off.shape[0]):
+        if not select[q]:
+            continue
+        s = np.int64(_hash(data, off[q], length[q], flag[q]) & np.uint64(size - 1))
+        while slots[s] >= 0:
+            r = slots[s]
+            if (
+                k_len[r] == length[q]
+                and k_flag[r] == flag[q]
+                and same_bytes(k_data, k_off[r], data, off[q], length[q])
+            ):
+                out[q] = k_value[r]
+                break
+            s = (s + 1) & (size - 1)
+    return out
+
+
+@numba.njit(cache=True)
+def key_slots(k_data, k_off, k_len, k_flag):  # pragma: no cover - compiled
+    """The open-addressing slots of distinct keys (entry index, -1 free) for `lookup_keys`."""
+    size = 16
+    while size < 2 * k_off.shape[0]:
+        size *= 2
+    slots = np.full(size, -1, np.int64)
+    for q in range(k_off.shape[0]):
+        s = np.int64(_hash(k_data, k_off[q], k_len[q], k_flag[q]) & np.uint64(size - 1))
+        while slots[s] >= 0:
+            s = (s + 1) & (size - 1)
+        slots[s] = q
+    return slots
+
+
+class KeyIndex:
+    """Byte-string keys with a flag -> value (a table id), looked up for a whole batch at once in
+    compiled code, so that a warm batch needs no Python per key."""
+
+    def __init__(self) -> None:
+        self._keys: list[bytes] = []
+        self._flags: list[bool] = []
+        self._values: list[int] = []
+        self._arrays: tuple | None = None
+
+    def add(self, key: bytes, flag: bool, value: int) -> None:
+        self._keys.append(key)
+        self._flags.append(flag)
+        self._values.append(value)
+        self._arrays = None
+
+    def lookup(self, data, off, length, flag, select) -> np.ndarray:
+        """int64 (N,): the value of each selected key data[off:off + length], -1 if absent."""
+        if not self._keys:
+            return np.full(len(off), -1, dtype=np.int64)
+        if self._arrays is None:
+            joined = b"".join(self._keys)
+            k_data = np.frombuffer(joined, np.uint8) if joined else np.zeros(1, np.uint8)
+            k_len = np.array([len(k) for k in self._keys], dtype=np.int64)
+            k_off = np.concatenate([[0], np.cumsum(k_len)[:-1]]).astype(np.int64)
+            k_flag = np.array(self._flags, dtype=np.bool_)
+            slots = key_slots(k_data, k_off, k_len, k_flag)
+            values = np.array(self._values, dtype=np.int64)
+            self._arrays = (k_data, k_off, k_len, k_flag, values, slots)
+        return lookup_keys(*self._arrays, data, off, length, flag, select)

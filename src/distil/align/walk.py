@@ -1,0 +1,445 @@
+"""The alignment of a whole micro-batch as compiled loops over flat arrays.
+
+All rows' ids, teacher byte ends and teacher bytes are concatenated with row offsets
+(`FlatRows`); `student_spans` gives every student token its byte end and the rows' student
+bytes; rows whose teacher bytes are not a prefix of the student's get the banded DP
+(`dp.align_bytes`, t2s) in Python; `align_rows` then walks every row once: the two-pointer groups
+over the tokens that are not zero-length specials (or, in a DP row, the teacher ends whose
+mapped position is a student end), groups straddling a removed special dropped, the exact flags,
+the specials paired by role at the same byte position, and the covered tokens. `group_keys`
+gives each group its match-table key and each student token of a plain group its projection
+entry (teacher position and remainder key) as (offset, length) slices of the student bytes;
+`keys.KeyIndex` looks the keys of cached tables up in one pass and `keys.first_seen` finds the
+distinct missing ones, so that Python runs once per new table, not per group or token
+(`token_align` and `batch` have the rules in words); `projection_entries`, `padded` and
+`covered_local` shape the outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+import numba
+import numpy as np
+
+from distil.align.keys import same_bytes
+
+
+@dataclass
+class FlatRows:
+    """Rows concatenated: X_off int64 (B + 1,) are the row offsets into the flat X."""
+
+    s_ids: np.ndarray
+    s_off: np.ndarray
+    t_ids: np.ndarray
+    t_ends: np.ndarray
+    t_off: np.ndarray
+    t_bytes: np.ndarray
+    tb_off: np.ndarray
+
+    @classmethod
+    def pack(
+        cls,
+        s_ids: Sequence[Sequence[int] | np.ndarray],
+        t_ids: Sequence[Sequence[int] | np.ndarray],
+        t_ends: Sequence[Sequence[int] | np.ndarray],
+        t_bytes: Sequence[bytes],
+    ) -> FlatRows:
+        data = b"".join(t_bytes)
+        s_off = _offsets(map(len, s_ids), len(s_ids))
+        t_off = _offsets(map(len, t_ids), len(t_ids))
+        return cls(
+            _flat(s_ids, int(s_off[-1])),
+            s_off,
+            _flat(t_ids, int(t_off[-1])),
+            _flat(t_ends, int(t_off[-1])),
+            t_off,
+            np.frombuffer(data, dtype=np.uint8) if data else np.zeros(0, np.uint8),
+            _offsets(map(len, t_bytes), len(t_bytes)),
+        )
+
+
+def _flat(parts: Sequence[Sequence[int] | np.ndarray], n: int) -> np.ndarray:
+    if parts and isinstance(parts[0], np.ndarray) and all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts).astype(np.int64, copy=False).reshape(-1)
+    # one pass over all rows (a numpy call per row costs as much as the row's data)
+    return np.fromiter(chain.from_iterable(parts), dtype=np.int64, count=n)
+
+
+def _offsets(lengths, n: int) -> np.ndarray:
+    out = np.zeros(n + 1, dtype=np.int64)
+    out[1:] = np.fromiter(lengths, dtype=np.int64, count=n)
+    return np.cumsum(out, out=out)
+
+
+@numba.njit(cache=True)
+def student_spans(s_ids, s_off, v_data, v_start, t_bytes, tb_off):  # pragma: no cover
+    """(s_ends (N_s,) per-row byte ends, s_bytes flat, sb_off (B + 1,), prefix bool (B,):
+    the row's teacher bytes are a prefix of its student bytes). Ids outside the table spell
+    nothing."""
+    n_rows = s_off.shape[0] - 1
+    size = v_start.shape[0] - 1
+    s_ends = np.empty(s_ids.shape[0], np.int64)
+    sb_off = np.zeros(n_rows + 1, np.int64)
+    for b in range(n_rows):
+        pos = 0
+        for k in range(s_off[b], s_off[b + 1]):
+            i = s_ids[k]
+            if 0 <= i < size:
+                pos += v_start[i + 1] - v_start[i]
+            s_ends[k] = pos
+        sb_off[b + 1] = sb_off[b] + pos
+    s_bytes = np.empty(sb_off[n_rows], np.uint8)
+    prefix = np.zeros(n_rows, np.bool_)
+    for b in range(n_rows):
+        w = sb_off[b]
+        for k in range(s_off[b], s_off[b + 1]):
+            i = s_ids[k]
+            if 0 <= i < size:
+                for a in range(v_start[i], v_start[i + 1]):
+                    s_bytes[w] = v_data[a]
+                    w += 1
+        n_t = tb_off[b + 1] - tb_off[b]
+        ok = n_t <= sb_off[b + 1] - sb_off[b]
+        for a in range(n_t if ok else 0):
+            if s_bytes[sb_off[b] + a] != t_bytes[tb_off[b] + a]:
+                ok = False
+                break
+        prefix[b] = ok
+    return s_ends, s_bytes, sb_off, prefix
+
+
+@numba.njit(cache=True)
+def align_rows(
+    s_ids, s_off, s_ends, s_bytes, sb_off, s_special,
+    t_ids, t_ends, t_off, t_bytes, tb_off, t_special,
+    partner, dp, t2s, t2s_off,
+):  # fmt: skip  # pragma: no cover - compiled
+    """Groups of every row: (g int64 (G, 5): row, s0, s1, t0, t1 per row-local token index,
+    ordered by row then s0; exact bool (G,); special bool (G,); covered bool (N_s,);
+    n_exact int64 (B,): student bytes inside exact groups)."""
+    n_rows = s_off.shape[0] - 1
+    out_g = np.empty((s_ids.shape[0], 5), np.int64)  # at most one group per student token
+    out_exact = np.zeros(s_ids.shape[0], np.bool_)
+    out_special = np.zeros(s_ids.shape[0], np.bool_)
+    covered = np.zeros(s_ids.shape[0], np.bool_)
+    n_exact = np.zeros(n_rows, np.int64)
+    n_g = 0
+    for b in range(n_rows):
+        sb, ns = s_off[b], s_off[b + 1] - s_off[b]
+        tb, nt = t_off[b], t_off[b + 1] - t_off[b]
+        n_tb = tb_off[b + 1] - tb_off[b]
+        se, te = s_ends[sb : sb + ns], t_ends[tb : tb + nt]
+        row_t2s = t2s[t2s_off[b] : t2s_off[b + 1]]
+        s_zero, ks = _kept_student(s_ids[sb : sb + ns], se, s_special, n_tb, dp[b])
+        t_zero, kt = _kept_teacher(t_ids[tb : tb + nt], te, t_special)
+        if dp[b]:
+            bs, bt = _mapped_bounds(se, ks, te, kt, row_t2s)
+        else:
+            bs, bt = _common_bounds(se, ks, te, kt)
+        cg = _content_groups(se, ks, te, kt, bs, bt)
+        ps, pt = _special_pairs(
+            s_ids[sb : sb + ns], se, s_zero, t_ids[tb : tb + nt], te, t_zero, kt, n_tb,
+            partner, dp[b], row_t2s,
+        )  # fmt: skip
+        x = y = 0
+        while x < cg.shape[0] or y < ps.shape[0]:  # groups and pairs merged by s0
+            if x >= cg.shape[0] or (y < ps.shape[0] and ps[y] < cg[x, 0]):
+                s0, s1, t0, t1 = ps[y], ps[y] + 1, pt[y], pt[y] + 1
+                same = True
+                out_special[n_g] = True
+                y += 1
+            else:
+                s0, s1, t0, t1 = cg[x, 0], cg[x, 1], cg[x, 2], cg[x, 3]
+                sa, ta = (se[s0 - 1] if s0 > 0 else 0), (te[t0 - 1] if t0 > 0 else 0)
+                n = se[s1 - 1] - sa
+                # the DP maps boundaries only: the bytes between them may differ
+                same = not dp[b] or (
+                    n == te[t1 - 1] - ta
+                    and same_bytes(s_bytes, sb_off[b] + sa, t_bytes, tb_off[b] + ta, n)
+                )
+                if same:
+                    n_exact[b] += n
+                x += 1
+            out_g[n_g, 0], out_g[n_g, 1], out_g[n_g, 2] = b, s0, s1
+            out_g[n_g, 3], out_g[n_g, 4] = t0, t1
+            out_exact[n_g] = same
+            for k in range(sb + s0, sb + s1):
+                covered[k] = True
+            n_g += 1
+    return out_g[:n_g], out_exact[:n_g], out_special[:n_g], covered, n_exact
+
+
+@numba.njit(cache=True)
+def _kept_student(ids, ends, special, n_t_bytes, use_dp):  # pragma: no cover - compiled
+    # (zero-length special per token, the other tokens' indices); with equal/prefix bytes
+    # the student's tail after the teacher's bytes (a cut character) is in no group
+    zero = np.zeros(ids.shape[0], np.bool_)
+    kept = np.empty(ids.shape[0], np.int64)
+    n = 0
+    for k in range(ids.shape[0]):
+        zero[k] = 0 <= ids[k] < special.shape[0] and special[ids[k]]
+        if not zero[k] and (use_dp or ends[k] <= n_t_bytes):
+            kept[n] = k
+            n += 1
+    return zero, kept[:n]
+
+
+@numba.njit(cache=True)
+def _kept_teacher(ids, ends, special):  # pragma: no cover - compiled
+    # a teacher special is zero-length only where its span is empty (an unknown character
+    # spans its bytes and stays a content token)
+    zero = np.zeros(ids.shape[0], np.bool_)
+    kept = np.empty(ids.shape[0], np.int64)
+    n = 0
+    for j in range(ids.shape[0]):
+        start = ends[j - 1] if j > 0 else 0
+        zero[j] = 0 <= ids[j] < special.shape[0] and special[ids[j]] and ends[j] == start
+        if not zero[j]:
+            kept[n] = j
+            n += 1
+    return zero, kept[:n]
+
+
+@numba.njit(cache=True)
+def _common_bounds(se, ks, te, kt):  # pragma: no cover - compiled
+    # equal bytes: every common end > 0 of the kept tokens (a merge of the sorted ends)
+    n = min(ks.shape[0], kt.shape[0])
+    bs = np.empty(n, np.int64)
+    i = j = m = last = 0
+    while i < ks.shape[0] and j < kt.shape[0]:
+        a, c = se[ks[i]], te[kt[j]]
+        if a == c:
+            if a > last:
+                bs[m] = a
+                m += 1
+                last = a
+            i += 1
+            j += 1
+        elif a < c:
+            i += 1
+        else:
+            j += 1
+    return bs[:m], bs[:m]
+
+
+@numba.njit(cache=True)
+def _mapped_bounds(se, ks, te, kt, t2s):  # pragma: no cover - compiled
+    # DP row: the kept teacher ends whose mapped student boundary is a kept student end
+    n = min(ks.shape[0], kt.shape[0])
+    bs = np.empty(n, np.int64)
+    bt = np.empty(n, np.int64)
+    i = m = last = 0
+    for q in range(kt.shape[0]):
+        end = te[kt[q]]
+        if end <= last:
+            continue
+        last = end
+        mapped = t2s[end]
+        if mapped <= 0:
+            continue
+        while i < ks.shape[0] and se[ks[i]] < mapped:
+            i += 1
+        if i < ks.shape[0] and se[ks[i]] == mapped:
+            bs[m], bt[m] = mapped, end
+            m += 1
+    return bs[:m], bt[:m]
+
+
+@numba.njit(cache=True)
+def _content_groups(se, ks, te, kt, bs, bt):  # pragma: no cover - compiled
+    # from each boundary back to the previous one, over kept tokens: the first kept token on
+    # each side reaching the boundary closes the group (a zero-length token joins the next)
+    out = np.empty((bs.shape[0], 4), np.int64)
+    n = ps = pt = i = j = 0
+    for q in range(bs.shape[0]):
+        while se[ks[i]] < bs[q]:
+            i += 1
+        while te[kt[j]] < bt[q]:
+            j += 1
+        s0, s1, t0, t1 = ks[ps], ks[i] + 1, kt[pt], kt[j] + 1
+        # a removed special inside the range: the group is dropped, not merged across it
+        if s1 - s0 == i + 1 - ps and t1 - t0 == j + 1 - pt:
+            out[n, 0], out[n, 1], out[n, 2], out[n, 3] = s0, s1, t0, t1
+            n += 1
+        i, j = i + 1, j + 1
+        ps, pt = i, j
+    return out[:n]
+
+
+@numba.njit(cache=True)
+def _special_pairs(
+    s_ids, se, s_zero, t_ids, te, t_zero, kt, n_t_bytes, partner, use_dp, t2s
+):  # pragma: no cover - compiled
+    # zero-length specials: 1:1 with the same role at the same byte position, in order; a
+    # teacher special after its last content token stands at the end of the text
+    last_content = kt[kt.shape[0] - 1] if kt.shape[0] else -1
+    n_c = t_ids.shape[0] - kt.shape[0]
+    c_j = np.empty(n_c, np.int64)
+    c_pos = np.empty(n_c, np.int64)
+    c = 0
+    for j in range(t_ids.shape[0]):
+        if t_zero[j]:
+            at = n_t_bytes if j > last_content else te[j]
+            c_j[c], c_pos[c] = j, (t2s[at] if use_dp else at)  # -1: no exact DP match
+            c += 1
+    ps = np.empty(min(s_ids.shape[0], n_c), np.int64)
+    pt = np.empty(min(s_ids.shape[0], n_c), np.int64)
+    n = first = 0
+    for k in range(s_ids.shape[0]):
+        if not s_zero[k]:
+            continue
+        for c in range(first, n_c):
+            if c_pos[c] == se[k] and partner[t_ids[c_j[c]]] == s_ids[k]:
+                ps[n], pt[n] = k, c_j[c]
+                n += 1
+                first = c + 1
+                break
+    return ps[:n], pt[:n]
+
+
+@numba.njit(cache=True)
+def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
+    # pragma: no cover - compiled
+    """Table keys of a batch's groups (from `align_rows`).
+
+    Per group: kind int8 (0: the whole-vocabulary table, 1: the empty table, 2: the delta
+    table of key (flag = student_longer, s_bytes[off:off + len])). Per projection entry,
+    ordered by row then student token: (group, student token, teacher token, key offset, key
+    length (0: table 0), fits, plain). A plain group (exact, not special) gives one entry per
+    student token; any other group one entry at its first positions. The teacher token of an
+    entry is the last one of the group starting at or before the student's point (ties go to
+    the later token, which has seen any zero-length token before it)."""
+    n_g = g.shape[0]
+    kind = np.zeros(n_g, np.int8)
+    flag = np.zeros(n_g, np.bool_)
+    m_off = np.zeros(n_g, np.int64)
+    m_len = np.zeros(n_g, np.int64)
+    n_e = 0
+    for q in range(n_g):
+        n_e += g[q, 2] - g[q, 1] if exact[q] and not special[q] else 1
+    e_group = np.empty(n_e, np.int64)
+    e_s = np.empty(n_e, np.int64)
+    e_t = np.empty(n_e, np.int64)
+    e_off = np.zeros(n_e, np.int64)
+    e_len = np.zeros(n_e, np.int64)
+    e_fits = np.ones(n_e, np.bool_)
+    e_plain = np.zeros(n_e, np.bool_)
+    e = 0
+    for q in range(n_g):
+        b, s0, s1, t0, t1 = g[q, 0], g[q, 1], g[q, 2], g[q, 3], g[q, 4]
+        sb, tb = s_off[b], t_off[b]  # row bases: token k of row b is sb + k
+        t_first = t_ends[tb + t0 - 1] if t0 > 0 else 0
+        if not exact[q] or special[q]:
+            if not exact[q] and (s1 - s0 > 1 or t1 - t0 > 1):
+                kind[q] = 1  # texts differ inside a multi-token group: no candidate map
+            j = t0
+            while j + 1 < t1 and t_ends[tb + j] <= t_first:  # the start of token j + 1
+                j += 1
+            e_group[e], e_s[e], e_t[e] = q, s0, j
+            e += 1
+            continue
+        # an exact group spells the same bytes on both sides, in a DP row at different
+        # offsets: teacher byte x is student byte x + shift inside the group
+        shift = (s_ends[sb + s0 - 1] if s0 > 0 else 0) - t_first
+        a = s_ends[sb + s1 - 2] if s1 > 1 else 0  # start of the last student token
+        c = (t_ends[tb + t1 - 2] if t1 > 1 else 0) + shift  # ... of the last teacher one
+        if a != c:
+            kind[q], flag[q] = 2, a > c
+            m_off[q], m_len[q] = sb_off[b] + min(a, c), abs(a - c)
+        j = t0
+        for k in range(s0, s1):
+            s_at = s_ends[sb + k - 1] if k > 0 else 0
+            while j + 1 < t1 and t_ends[tb + j] + shift <= s_at:
+                j += 1
+            x = (t_ends[tb + j - 1] if j > 0 else 0) + shift
+            e_group[e], e_s[e], e_t[e] = q, k, j
+            e_off[e], e_len[e] = sb_off[b] + x, s_at - x
+            # the teacher token's distribution covers the student token only if it ends within
+            e_fits[e] = s_ends[sb + k] <= t_ends[tb + j] + shift
+            e_plain[e] = True
+            e += 1
+    return kind, flag, m_off, m_len, e_group, e_s, e_t, e_off, e_len, e_fits, e_plain
+
+
+@numba.njit(cache=True)
+def padded(rows, start, stop, flat_ids, row_off, offsets):  # pragma: no cover - compiled
+    """(pos (G, W), tok (G, W)): predicting positions offsets[row] - 1 + i and ids of the
+    token ranges [start, stop) of each group, -1 padded; W = the widest range (at least 1)."""
+    width = 1
+    for q in range(rows.shape[0]):
+        width = max(width, stop[q] - start[q])
+    pos = np.full((rows.shape[0], width), -1, np.int64)
+    tok = np.full((rows.shape[0], width), -1, np.int64)
+    for q in range(rows.shape[0]):
+        b = rows[q]
+        for i in range(start[q], stop[q]):
+            pos[q, i - start[q]] = offsets[b] - 1 + i
+            tok[q, i - start[q]] = flat_ids[row_off[b] + i]
+    return pos, tok
+
+
+@numba.njit(cache=True)
+def covered_local(covered, row_off):  # pragma: no cover - compiled
+    """(local indices of the covered tokens, concatenated; their row offsets (B + 1,))."""
+    out = np.empty(covered.shape[0], np.int64)
+    cum = np.zeros(row_off.shape[0], np.int64)
+    n = 0
+    for b in range(row_off.shape[0] - 1):
+        for k in range(row_off[b], row_off[b + 1]):
+            if covered[k]:
+                out[n] = k - row_off[b]
+                n += 1
+        cum[b + 1] = n
+    return out[:n], cum
+
+
+@numba.njit(cache=True)
+def projection_entries(g, e_group, e_s, e_t, e_plain, e_fits, table, empty, s_offset, t_offset):
+    # pragma: no cover - compiled
+    """The kept projection entries as (row, student position, teacher position, table), each
+    int64 (N,): a plain entry is kept when its table is not empty and the teacher token covers
+    the student token; positions are predicting positions (offset - 1 + token index)."""
+    n = 0
+    for e in range(e_group.shape[0]):
+        n += not e_plain[e] or (e_fits[e] and not empty[table[e]])
+    row = np.empty(n, np.int64)
+    s_pos = np.empty(n, np.int64)
+    t_pos = np.empty(n, np.int64)
+    out_table = np.empty(n, np.int64)
+    m = 0
+    for e in range(e_group.shape[0]):
+        if not e_plain[e] or (e_fits[e] and not empty[table[e]]):
+            b = g[e_group[e], 0]
+            row[m], out_table[m] = b, table[e]
+            s_pos[m] = s_offset[b] - 1 + e_s[e]
+            t_pos[m] = t_offset[b] - 1 + e_t[e]
+            m += 1
+    return row, s_pos, t_pos, out_table
+
+
+@numba.njit(cache=True)
+def text_ends(data, starts, stops, own_data, own_off):  # pragma: no cover - compiled
+    """Byte end of each token of one text (`token_align.text_byte_ends`): data uint8, the
+    token spans [starts, stops) in bytes, token k's own bytes own_data[own_off[k]:own_off[k+1]]
+    (empty: unknown)."""
+    n = starts.shape[0]
+    # start of the next token with a non-empty span (zero-width (0, 0) specials are skipped)
+    next_start = np.empty(n, np.int64)
+    upcoming = data.shape[0]
+    for k in range(n - 1, -1, -1):
+        next_start[k] = upcoming
+        if stops[k] > starts[k]:
+            upcoming = starts[k]
+    ends = np.empty(n, np.int64)
+    pos = 0
+    for k in range(n):
+        a, m = own_off[k], own_off[k + 1] - own_off[k]
+        if m > 0 and starts[k] < pos + m <= stops[k] and same_bytes(own_data, a, data, pos, m):
+            pos += m
+        else:
+            pos = max(pos, min(stops[k], next_start[k]))
+        ends[k] = pos
+    return ends
