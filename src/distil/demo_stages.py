@@ -212,6 +212,8 @@ def start_students(run: DemoRun) -> None:
                     "student.path": init,
                     "train.output_dir": run.paths["runs"] / f"student_{tok}_start",
                     "train.max_steps": p.start_steps,
+                    # the config's 50 warmup steps, or fewer for the smoke preset's short start
+                    "train.warmup_steps": min(50, p.start_steps),
                     "eval.data": run.paths["data"] / "test.jsonl",
                 },
             )

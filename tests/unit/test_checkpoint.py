@@ -372,6 +372,20 @@ def test_any_manifest_long_run(data):
 def test_an_output_dir_that_is_or_sits_under_a_file_is_a_clear_error(tmp_path, where):
     (tmp_path / "f").write_text("x")
     out = tmp_path / "f" if where == "file" else tmp_path / "f" / "run"
-    with pytest.raises(DistilError, match="cannot be used as the run directory"), RunLock(out):
+    with pytest.raises(DistilError, match=r"is a file, not a directory"), RunLock(out):
         pass
     assert (tmp_path / "f").read_text() == "x"
+
+
+def test_a_run_that_fails_before_writing_leaves_no_directory(tmp_path):
+    """The lock creates the run directory; a run that fails before writing anything (bad data,
+    a model that does not load) removes what the lock created, and only that."""
+    out = tmp_path / "a" / "b" / "run"
+    with pytest.raises(RuntimeError), RunLock(out):
+        raise RuntimeError("bad data")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(RuntimeError), RunLock(tmp_path / "kept" / "run"):
+        (tmp_path / "kept" / "run" / "metrics.jsonl").write_text("{}")
+        raise RuntimeError("after the first step")
+    assert (tmp_path / "kept" / "run" / "metrics.jsonl").exists()

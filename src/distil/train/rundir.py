@@ -13,6 +13,7 @@ change on resume.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import socket
@@ -22,7 +23,7 @@ from typing import Any
 import yaml
 
 from distil.config import DistilConfig, flatten, to_dict, to_yaml
-from distil.errors import DistilError
+from distil.errors import ConfigError, DistilError
 
 LOCK_FILE = ".distil.lock"
 
@@ -60,14 +61,21 @@ class RunLock:
         self.path = Path(run_dir) / LOCK_FILE
         self.enabled = enabled
         self._fd: int | None = None
+        self._created: list[Path] = []
 
     def __enter__(self) -> RunLock:
         if not self.enabled:
             return self
         import fcntl
 
+        from distil.paths import output_dir_problem
+
+        if problem := output_dir_problem(self.path.parent, "train.output_dir"):
+            raise ConfigError(problem)
+        missing = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._created = missing
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:  # a file where the directory should be, no permission, ...
             raise DistilError(
@@ -91,10 +99,20 @@ class RunLock:
         self._fd = fd
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
+            if exc_type is not None and self._created:
+                self._remove_if_untouched()
+
+    def _remove_if_untouched(self) -> None:
+        # a run that failed before writing anything (bad data, a model that does not load)
+        # leaves no directory behind: only what this lock created, and only while empty
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+            for d in self._created:
+                d.rmdir()
 
 
 def record_config(cfg: DistilConfig, run_dir: str | Path, resumed_step: int | None) -> Path:
