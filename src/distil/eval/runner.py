@@ -124,6 +124,16 @@ def score(
     )
 
 
+def eval_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The summary as flat `eval/*` metrics for the training log: accuracy, total, the count of
+    every outcome, mean@k, pass@k (`eval/pass@2`) and per-group accuracy (`eval/group/<g>`)."""
+    out = {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
+    out.update({f"eval/pass@{k}": v for k, v in summary.get("pass_at_k", {}).items()})
+    for g, stats in summary.get("groups", {}).items():
+        out[f"eval/group/{g}"] = stats["accuracy"]
+    return out
+
+
 def score_file(
     path: str | Path,
     *,

@@ -67,4 +67,9 @@ def get_task(name: str) -> type[Task]:
 
 
 def make_task(cfg: EvalConfig) -> Task:
-    return get_task(cfg.task)(cfg)
+    """The task of `cfg.task`, built with the eval section (a nameless user task is named by its
+    import path)."""
+    task = get_task(cfg.task)(cfg)
+    if not task.name:
+        task.name = cfg.task
+    return task
