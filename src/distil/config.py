@@ -38,6 +38,9 @@ class DataConfig(Section):
     )
     eval: str | None = Field(None, description="held-out data in the same formats as data.train")
     split: str = Field("train", description="split to read from a hub dataset or DatasetDict")
+    subset: str | None = Field(
+        None, description="hub dataset config name (e.g. main for openai/gsm8k)"
+    )
     prompt_field: str = Field(
         "prompt", description="column with the prompt (chat messages or text)"
     )

@@ -88,6 +88,7 @@ def _data(cfg: DistilConfig, found: _Problems):
                 load_examples,
                 source,
                 split=cfg.data.split,
+                subset=cfg.data.subset,
                 prompt_field=cfg.data.prompt_field,
                 completion_field=cfg.data.completion_field,
                 template=cfg.data.template,

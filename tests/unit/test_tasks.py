@@ -319,3 +319,16 @@ def test_bad_import_paths(user_module):
 
 def test_verdict_correct_property():
     assert Verdict("correct").correct and not Verdict("wrong").correct
+
+
+@pytest.mark.parametrize("name", ["math_onpolicy", "gsm8k_onpolicy", "mmlu_onpolicy"])
+def test_task_presets_validate_without_downloads(name):
+    from pathlib import Path
+
+    from distil.preflight import preflight
+
+    cfg = load_config(Path(__file__).parents[2] / "configs" / f"{name}.yaml")
+    problems, notes = preflight(cfg)
+    assert problems == []
+    assert any("eval.data" in n and "hub id" in n for n in notes)  # named, not fetched
+    assert cfg.eval.task == name.split("_")[0] and cfg.train.eval_every > 0

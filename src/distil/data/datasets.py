@@ -20,6 +20,7 @@ def load_examples(
     source: str,
     *,
     split: str = "train",
+    subset: str | None = None,
     prompt_field: str = "prompt",
     completion_field: str = "completion",
     template: str | None = None,
@@ -30,7 +31,7 @@ def load_examples(
     With a Countdown `template`, prompts (and completions, from `solution`) are re-rendered from
     each row's `nums` and `target`, so one dataset serves every template.
     """
-    rows = _read_rows(source, split, limit)
+    rows = _read_rows(source, split, limit, subset)
     if not rows:
         raise DataError("the dataset holds no rows", path=source)
     render = _countdown_renderer(template) if template else None
@@ -50,7 +51,7 @@ def load_examples(
 
 
 def _read_rows(
-    source: str, split: str, limit: int | None = None
+    source: str, split: str, limit: int | None = None, subset: str | None = None
 ) -> list[tuple[dict[str, Any], Any]]:
     """[(where, row)] with `where` = dict(path=..., line=...) for error messages."""
     from distil.paths import DATA_SUFFIXES, looks_local, path_problem
@@ -79,7 +80,7 @@ def _read_rows(
             f"{'/'.join(DATA_SUFFIXES)}). Fix: check the path",
             path=source,
         )
-    return _read_hub(source, split)
+    return _read_hub(source, split, subset)
 
 
 def _read_parquet(path: Path, limit: int | None) -> list[tuple[dict[str, Any], Any]]:
@@ -195,11 +196,13 @@ def _one_line(exc: BaseException) -> str:
     return _short(" ".join(str(exc).split()), 300)
 
 
-def _read_hub(source: str, split: str) -> list[tuple[dict[str, Any], Any]]:
+def _read_hub(
+    source: str, split: str, subset: str | None = None
+) -> list[tuple[dict[str, Any], Any]]:
     from datasets import load_dataset
 
     try:
-        ds = load_dataset(source, split=split)
+        ds = load_dataset(source, subset, split=split)
     except Exception as exc:  # datasets raises many types for unreachable/unknown ids
         raise DataError(
             f"could not load '{source}' (split '{split}') as a hub dataset (no local file or "
