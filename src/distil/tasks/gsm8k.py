@@ -18,7 +18,8 @@ from typing import Any
 from distil.errors import DataError
 from distil.tasks.base import Task, Verdict, Where, field
 
-_NUMBER = re.compile(r"-?\$?\s*\d[\d,]*(?:\.\d+)?|-?\$?\s*\.\d+")
+# no \s* inside: a run of spaces would make the scan quadratic
+_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?|-?\$?\.\d+")
 _FINAL = re.compile(r"####\s*([^\n]*)")
 _PROMPT = (
     "{question}\n\nSolve the problem step by step, then give the final answer as a number on "

@@ -15,6 +15,7 @@ reference's); wrong_value (parsed, not equal). When the reference itself is not 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from distil.errors import DataError, require
@@ -22,6 +23,9 @@ from distil.tasks.base import Task, Verdict, Where, field
 
 _PROMPT = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
+# seconds math-verify may spend on one parse or comparison (its default is 5): an answer like
+# 9^{9^{9^{9}}} would otherwise hold the evaluation for seconds per sample
+TIMEOUT_S = 1
 
 
 def last_boxed(text: str) -> str | None:
@@ -65,6 +69,12 @@ class Math(Task):
             self._mv.LatexExtractionConfig(boxed_match_priority=0),
             self._mv.ExprExtractionConfig(),
         ]
+        self._gold: dict[str, list] = {}  # reference answers parsed once
+
+    @staticmethod
+    def _timeout() -> int | None:
+        """math-verify's limit per parse / comparison (signal.alarm: main thread only)."""
+        return TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
     def problem(self, row: dict[str, Any], where: Where) -> dict[str, Any]:
         problem = field(row, "problem", str, where)
@@ -86,7 +96,9 @@ class Math(Task):
     def _parse(self, latex: str) -> list:
         """math-verify's parse of one answer: [] or [..., original text] when unreadable."""
         try:
-            return self._mv.parse(f"${latex}$", extraction_config=self._config)
+            return self._mv.parse(
+                f"${latex}$", extraction_config=self._config, parsing_timeout=self._timeout()
+            )
         except Exception:  # math-verify's parsers raise many types on odd input
             return []
 
@@ -97,11 +109,14 @@ class Math(Task):
         gold_text = problem["answer"]
         if _normalized(answer) == _normalized(gold_text):
             return Verdict("correct", answer, "")
-        pred, gold = self._parse(answer), self._parse(gold_text)
+        pred = self._parse(answer)
+        if gold_text not in self._gold:
+            self._gold[gold_text] = self._parse(gold_text)
+        gold = self._gold[gold_text]
         if len(pred) < 2:  # parse returns [value, text] when it read a value
             return Verdict("unparsable", answer, "math-verify reads no value from the answer")
         try:
-            same = len(gold) >= 2 and self._mv.verify(gold, pred)
+            same = len(gold) >= 2 and self._mv.verify(gold, pred, timeout_seconds=self._timeout())
         except Exception:  # a comparison math-verify cannot make counts as unequal
             same = False
         if same:

@@ -28,7 +28,8 @@ LETTERS = "ABCDEFGHIJ"
 def _pattern(letters: str) -> list[re.Pattern]:
     c = f"[{letters}]"
     return [
-        re.compile(rf"(?i:answer)\s*(?:is|:)?\s*:?\s*\(?({c})\b"),  # Answer: B
+        # optional parts one after another, never two \s* side by side: linear on runs of spaces
+        re.compile(rf"(?i:answer)(?:\s+is)?(?:\s*:)?\s*\(?({c})\b"),  # Answer: B
         re.compile(rf"^\s*\(?({c})\)?(?:[.:)\s]|$)"),  # B. / (B) / B at the start
         re.compile(rf"\(({c})\)"),  # (B) anywhere
         re.compile(rf"(?:^|\s)({c})(?:[.)]|\s*$)", re.MULTILINE),  # a lone letter
