@@ -31,7 +31,7 @@ _task = {name: make_task(EvalConfig(task=name, num_fewshot=0)) for name in TASKS
 _problem = {name: _task[name].problem(row, WHERE) for name, row in TASKS.items()}
 
 latexish = st.lists(
-    st.sampled_from(list("0123456789{}()^_\\$.,-+*/ =#abxABCD") + ["\\boxed{", "\\frac"]),
+    st.sampled_from([*"0123456789{}()^_\\$.,-+*/ =#abxABCD", "\\boxed{", "\\frac"]),
     max_size=60,
 ).map("".join)
 
