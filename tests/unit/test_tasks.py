@@ -332,3 +332,21 @@ def test_task_presets_validate_without_downloads(name):
     assert problems == []
     assert any("eval.data" in n and "hub id" in n for n in notes)  # named, not fetched
     assert cfg.eval.task == name.split("_")[0] and cfg.train.eval_every > 0
+
+
+def test_the_example_task_in_docs_works(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "tasks.md").read_text()
+    code = text.split("## Writing a task", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "docs_yesno.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "docs_yesno", raising=False)
+    t = task("docs_yesno:YesNo")
+    row = {"question": "is it", "passage": "It is.", "answer": True}
+    problem = t.make_problem(row, WHERE, 0)
+    assert "Answer yes or no" in t.messages(problem)[0]["content"]
+    outs = [t.check(c, problem).outcome for c in ["Yes.", "no", "maybe"]]
+    assert outs == ["correct", "wrong_answer", "no_answer"]
+    with pytest.raises(DataError, match="rows.jsonl:7: column 'question' must be text"):
+        t.problem({"passage": "p"}, WHERE)
