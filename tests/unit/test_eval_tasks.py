@@ -185,3 +185,41 @@ def test_eval_with_a_task_by_import_path(tmp_path, capsys, monkeypatch, tiny_mod
         "empty",
     ]
     assert report["models"][0]["total"] == 2
+
+
+def test_hub_ids_load_through_datasets_with_subset_and_split(monkeypatch):
+    """No download: datasets.load_dataset is replaced; the task passes id, subset and split, the
+    mmlu shots come from the same id's dev split, and the report records the hub source."""
+    import datasets
+
+    calls = []
+
+    def load_dataset(path, name=None, *, split):
+        calls.append((path, name, split))
+        if path == "my/gsm":
+            return GSM8K
+        return {"test": MMLU_TEST, "dev": MMLU_DEV}[split]
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    problems, info = make_task(EvalConfig(task="mmlu", n=2)).load()  # eval.data null: cais/mmlu
+    assert calls == [("cais/mmlu", "all", "test"), ("cais/mmlu", "all", "dev")]
+    assert info == {
+        "hub": "cais/mmlu",
+        "subset": "all",
+        "split": "test",
+        "rows": 3,
+        "used": 2,
+        "fewshot": {"k": 5, "hub": "cais/mmlu"},
+    }
+    assert [s["question"] for s in problems[0]["_shots"]] == ["D0?", "D2?", "D4?"]
+    calls.clear()
+    problems, info = make_task(EvalConfig(task="gsm8k", data="my/gsm", subset="x")).load()
+    assert calls == [("my/gsm", "x", "test")] and info["hub"] == "my/gsm"
+    # a hub source in the report's sources line
+    from distil.eval.runner import format_sources, score
+
+    r = score(
+        "m", [{**problems[0], "completions": ["#### 7"]}], task=make_task(EvalConfig(task="gsm8k"))
+    )
+    r.data = info
+    assert "problems hub dataset `my/gsm`, subset x, split test" in format_sources([r], {})

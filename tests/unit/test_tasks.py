@@ -348,5 +348,5 @@ def test_the_example_task_in_docs_works(tmp_path, monkeypatch):
     assert "Answer yes or no" in t.messages(problem)[0]["content"]
     outs = [t.check(c, problem).outcome for c in ["Yes.", "no", "maybe"]]
     assert outs == ["correct", "wrong_answer", "no_answer"]
-    with pytest.raises(DataError, match="rows.jsonl:7: column 'question' must be text"):
+    with pytest.raises(DataError, match=r"rows\.jsonl:7: column 'question' must be text"):
         t.problem({"passage": "p"}, WHERE)

@@ -92,7 +92,9 @@ class Task:
         source = self.cfg.data or (self.hub[0] if self.hub else None)
         if not source:
             raise DataError(f"task {self.name!r} needs eval.data (a file or a hub id)")
-        subset = self.cfg.subset if self.cfg.data else self.hub[1]
+        subset = (
+            self.cfg.subset if self.cfg.data or not self.hub else self.cfg.subset or self.hub[1]
+        )
         rows, info = read_task_rows(source, split=self.cfg.split, subset=subset)
         problems = [self.make_problem(row, where, i) for i, (where, row) in enumerate(rows)]
         problems = problems[: self.cfg.n]

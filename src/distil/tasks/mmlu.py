@@ -100,7 +100,7 @@ class MMLU(Task):
 
             data = cfg.data or self.hub[0]
             if cfg.data is None:
-                subset = self.hub[1]
+                subset = cfg.subset or self.hub[1]
             if looks_local(data):
                 raise ConfigError(
                     f"eval.task=mmlu with the local file eval.data={data} needs the k-shot "
