@@ -377,15 +377,8 @@ def _eval(args) -> int:
     """Everything that can be checked without a model is checked first (config, --out, names,
     completions files, the problems file), so a mistake never costs an evaluation."""
     from distil.config import load_config
-    from distil.eval.runner import (
-        check_out_dir,
-        evaluate_model,
-        format_table,
-        load_problem_set,
-        score_file,
-        unique_names,
-        write_report,
-    )
+    from distil.eval.report import check_out_dir, format_table, unique_names, write_report
+    from distil.eval.runner import evaluate_model, load_problem_set, score_file
     from distil.tasks import make_task
 
     if not args.model and not args.completions:

@@ -190,5 +190,5 @@ def test_a_missing_second_model_stops_before_the_first_runs(tmp_path, capsys, fa
     (tmp_path / "good").mkdir()
     argv = ["eval", "--model", str(tmp_path / "good"), "--model", str(tmp_path / "runs/typo/x")]
     code, _, err = run(capsys, *argv, "--n", "2", "--out", str(tmp_path / "r"))
-    assert code == 2 and "runs/typo/x" in err and "no such directory" in err
+    assert code == 2 and "runs/typo/x" in err and "no such local directory" in err
     assert fake_generation == [] and not (tmp_path / "r").exists()
