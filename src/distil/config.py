@@ -49,8 +49,9 @@ class DataConfig(Section):
     )
     template: str | None = Field(
         None,
-        description="Countdown prompt template to re-render prompts from nums/target "
-        "(countdown_chat, countdown_plain); null keeps the data's prompt column",
+        description="re-render prompts: a Countdown template (countdown_chat, countdown_plain) "
+        "from nums/target, or a task (gsm8k, math, mmlu, module:Class) with the task's prompt; "
+        "null keeps the data's prompt column",
     )
     max_prompt_tokens: int = Field(256, gt=0, description="prompts are truncated from the left")
     max_completion_tokens: int = Field(

@@ -350,3 +350,26 @@ def test_the_example_task_in_docs_works(tmp_path, monkeypatch):
     assert outs == ["correct", "wrong_answer", "no_answer"]
     with pytest.raises(DataError, match=r"rows\.jsonl:7: column 'question' must be text"):
         t.problem({"passage": "p"}, WHERE)
+
+
+def test_a_task_as_data_template_renders_training_prompts(tmp_path):
+    import json
+
+    from distil.data.datasets import load_examples
+
+    rows = [
+        {"question": "What is 2+2?", "answer": "2+2=4\n#### 4"},
+        {"question": "x", "answer": "y"},
+    ]
+    path = tmp_path / "gsm8k_train.jsonl"
+    path.write_text(json.dumps(rows[0]) + "\n")
+    (ex,) = load_examples(str(path), template="gsm8k", completion_field="answer")
+    t = task("gsm8k")
+    assert ex.prompt == t.messages(t.problem(rows[0], WHERE))
+    assert ex.prompt[0]["content"].startswith("What is 2+2?\n\nSolve the problem step by step")
+    assert ex.completion == "2+2=4\n#### 4"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=r"gsm8k_train\.jsonl:2: column 'answer' must end in"):
+        load_examples(str(path), template="gsm8k", completion_field="answer")
+    with pytest.raises(ConfigError, match="'gsm9k' is neither a Countdown template"):
+        load_examples(str(path), template="gsm9k")
