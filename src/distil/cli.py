@@ -350,12 +350,16 @@ def _countdown_generate(args) -> int:
 
 
 def _add_eval(sub) -> None:
-    p = sub.add_parser("eval", help="score Countdown completions or a model")
+    p = sub.add_parser("eval", help="score a task's completions or a model (countdown, gsm8k, ...)")
     p.add_argument("--model", action="append", default=[], help="model directory (repeatable)")
     p.add_argument("--completions", action="append", default=[], help="JSONL of outputs")
     p.add_argument("--config", help="YAML whose eval section gives the defaults")
-    p.add_argument("--task", choices=["countdown"], default=None)
-    p.add_argument("--data", help="problems file (JSONL/parquet with nums, target)")
+    p.add_argument(
+        "--task", help="countdown (default), gsm8k, math, mmlu, or module:Class of your own"
+    )
+    p.add_argument("--data", help="problems: a JSONL/parquet file or a hub dataset id")
+    p.add_argument("--subset", help="hub dataset config name (gsm8k: main, mmlu: all)")
+    p.add_argument("--split", help="hub dataset split (default: test)")
     p.add_argument("--n", type=_positive_int, help="problems to evaluate")
     p.add_argument("--samples", type=_positive_int, help="completions per problem (pass@k)")
     p.add_argument("--batch-size", type=_positive_int)
@@ -373,21 +377,17 @@ def _eval(args) -> int:
     """Everything that can be checked without a model is checked first (config, --out, names,
     completions files, the problems file), so a mistake never costs an evaluation."""
     from distil.config import load_config
-    from distil.eval.runner import (
-        check_out_dir,
-        evaluate_model,
-        format_table,
-        load_problem_set,
-        score_file,
-        unique_names,
-        write_report,
-    )
+    from distil.eval.report import check_out_dir, format_table, unique_names, write_report
+    from distil.eval.runner import evaluate_model, load_problem_set, score_file
+    from distil.tasks import make_task
 
     if not args.model and not args.completions:
         raise ConfigError("give at least one --model DIR or --completions FILE to evaluate")
     flags = {
         "task": args.task,
         "data": args.data,
+        "subset": args.subset,
+        "split": args.split,
         "n": args.n,
         "samples": args.samples,
         "batch_size": args.batch_size,
@@ -398,6 +398,7 @@ def _eval(args) -> int:
     }
     overrides = list(args.overrides) + [f"eval.{k}={v}" for k, v in flags.items() if v is not None]
     cfg = load_config(args.config, overrides).eval
+    task = make_task(cfg)  # an unknown name or a broken import path stops here
     out = args.out or "eval-report"
     check_out_dir(out)
     sources = [("completions", f) for f in args.completions] + [("model", m) for m in args.model]
@@ -408,7 +409,7 @@ def _eval(args) -> int:
         for m in args.model:  # a mistyped local path stops here, not after the first model ran
             check_model_path(m, "--model")
     results = [
-        score_file(f, name=name, number_usage=cfg.number_usage)
+        score_file(f, name=name, task=task)
         for f, name in zip(args.completions, names, strict=False)
     ]
     if args.model:

@@ -38,6 +38,9 @@ class DataConfig(Section):
     )
     eval: str | None = Field(None, description="held-out data in the same formats as data.train")
     split: str = Field("train", description="split to read from a hub dataset or DatasetDict")
+    subset: str | None = Field(
+        None, description="hub dataset config name (e.g. main for openai/gsm8k)"
+    )
     prompt_field: str = Field(
         "prompt", description="column with the prompt (chat messages or text)"
     )
@@ -46,8 +49,9 @@ class DataConfig(Section):
     )
     template: str | None = Field(
         None,
-        description="Countdown prompt template to re-render prompts from nums/target "
-        "(countdown_chat, countdown_plain); null keeps the data's prompt column",
+        description="re-render prompts: a Countdown template (countdown_chat, countdown_plain) "
+        "from nums/target, or a task (gsm8k, math, mmlu, module:Class) with the task's prompt; "
+        "null keeps the data's prompt column",
     )
     max_prompt_tokens: int = Field(256, gt=0, description="prompts are truncated from the left")
     max_completion_tokens: int = Field(
@@ -175,8 +179,23 @@ class TrainConfig(Section):
 
 
 class EvalConfig(Section):
-    task: Literal["countdown"] = Field("countdown", description="evaluation task")
-    data: str | None = Field(None, description="problems file (null: generate test problems)")
+    task: str = Field(
+        "countdown",
+        description="task: countdown, gsm8k, math, mmlu, or a class by import path "
+        "(mypkg.tasks:MyTask)",
+    )
+    data: str | None = Field(
+        None,
+        description="problems: a JSONL/parquet file, a saved dataset dir or a hub id (null: "
+        "the task's hub dataset; Countdown generates test problems)",
+    )
+    subset: str | None = Field(None, description="hub dataset config name (e.g. main, all)")
+    split: str = Field("test", description="split of a hub dataset or saved DatasetDict")
+    num_fewshot: int = Field(5, ge=0, description="mmlu: examples shown before each question")
+    fewshot_data: str | None = Field(
+        None, description="mmlu: file or hub id of the shots (null: eval.data's hub dataset)"
+    )
+    fewshot_split: str = Field("dev", description="mmlu: split the shots come from")
     n: int = Field(500, gt=0, description="problems evaluated")
     samples: int = Field(1, gt=0, description="completions per problem (pass@k)")
     batch_size: int = Field(64, gt=0, description="prompts per generate call")
@@ -545,6 +564,14 @@ def _divisors(n: int, limit: int = 10**6) -> str:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     found = sorted({*small, *(n // d for d in small)})
     return f" ({', '.join(map(str, found))})"
+
+
+@check
+def _eval_task_named(cfg: DistilConfig):
+    from distil.tasks.registry import name_problem
+
+    problem = name_problem(cfg.eval.task)
+    return (("eval.task",), problem) if problem else None
 
 
 @check

@@ -79,7 +79,6 @@ def _settings(cfg: DistilConfig, found: _Problems) -> None:
 
 def _data(cfg: DistilConfig, found: _Problems):
     """The first rows of data.train (also parsed: data.eval and, with eval_every, eval.data)."""
-    from distil.data.countdown import read_rows
     from distil.data.datasets import load_examples
 
     examples = None
@@ -89,14 +88,19 @@ def _data(cfg: DistilConfig, found: _Problems):
                 load_examples,
                 source,
                 split=cfg.data.split,
+                subset=cfg.data.subset,
                 prompt_field=cfg.data.prompt_field,
                 completion_field=cfg.data.completion_field,
                 template=cfg.data.template,
                 limit=ROWS_READ,
             )
             examples = rows if examples is None else examples
-    if cfg.train.eval_every and cfg.eval.data and looks_local(cfg.eval.data):
-        found.attempt(read_rows, cfg.eval.data)
+    if cfg.train.eval_every:  # the task imports; a local problems file reads as its rows
+        from distil.tasks import make_task
+
+        task = found.attempt(make_task, cfg.eval)
+        if task is not None and cfg.eval.data and looks_local(cfg.eval.data):
+            found.attempt(task.load)
     return examples
 
 

@@ -20,6 +20,7 @@ def load_examples(
     source: str,
     *,
     split: str = "train",
+    subset: str | None = None,
     prompt_field: str = "prompt",
     completion_field: str = "completion",
     template: str | None = None,
@@ -28,12 +29,14 @@ def load_examples(
     """Load `source` (a .jsonl/.json/.parquet file, a `save_to_disk` dir, or a hub id).
 
     With a Countdown `template`, prompts (and completions, from `solution`) are re-rendered from
-    each row's `nums` and `target`, so one dataset serves every template.
+    each row's `nums` and `target`, so one dataset serves every template. With a task name as
+    `template` (gsm8k, math, mmlu, module:Class), prompts are the task's (distil.tasks, zero-shot),
+    so training sees the prompts the evaluation uses; completions stay `completion_field`.
     """
-    rows = _read_rows(source, split, limit)
+    rows = _read_rows(source, split, limit, subset)
     if not rows:
         raise DataError("the dataset holds no rows", path=source)
-    render = _countdown_renderer(template) if template else None
+    render = _renderer(template, completion_field) if template else None
     examples = []
     for where, row in rows:
         if not isinstance(row, dict):
@@ -50,7 +53,7 @@ def load_examples(
 
 
 def _read_rows(
-    source: str, split: str, limit: int | None = None
+    source: str, split: str, limit: int | None = None, subset: str | None = None
 ) -> list[tuple[dict[str, Any], Any]]:
     """[(where, row)] with `where` = dict(path=..., line=...) for error messages."""
     from distil.paths import DATA_SUFFIXES, looks_local, path_problem
@@ -79,7 +82,7 @@ def _read_rows(
             f"{'/'.join(DATA_SUFFIXES)}). Fix: check the path",
             path=source,
         )
-    return _read_hub(source, split)
+    return _read_hub(source, split, subset)
 
 
 def _read_parquet(path: Path, limit: int | None) -> list[tuple[dict[str, Any], Any]]:
@@ -195,11 +198,13 @@ def _one_line(exc: BaseException) -> str:
     return _short(" ".join(str(exc).split()), 300)
 
 
-def _read_hub(source: str, split: str) -> list[tuple[dict[str, Any], Any]]:
+def _read_hub(
+    source: str, split: str, subset: str | None = None
+) -> list[tuple[dict[str, Any], Any]]:
     from datasets import load_dataset
 
     try:
-        ds = load_dataset(source, split=split)
+        ds = load_dataset(source, subset, split=split)
     except Exception as exc:  # datasets raises many types for unreachable/unknown ids
         raise DataError(
             f"could not load '{source}' (split '{split}') as a hub dataset (no local file or "
@@ -246,6 +251,32 @@ def _is_messages(value: Any) -> bool:
             for m in value
         )
     )
+
+
+def _renderer(name: str, completion_field: str):
+    from distil.data.countdown import TEMPLATES
+    from distil.tasks.registry import TASKS, is_import_path
+
+    if name in TEMPLATES:
+        return _countdown_renderer(name)
+    if not (name in TASKS or is_import_path(name)):
+        from distil.errors import ConfigError
+
+        raise ConfigError(
+            f"data.template = {name!r} is neither a Countdown template ({', '.join(TEMPLATES)}) "
+            f"nor a task ({', '.join(TASKS)}, or module:Class). Fix: use one of those, or null "
+            "to keep the data's prompt column"
+        )
+    from distil.config import EvalConfig
+    from distil.tasks import make_task
+
+    task = make_task(EvalConfig(task=name, num_fewshot=0))
+
+    def render(row: dict[str, Any], where: dict[str, Any]):
+        prompt = task.messages(task.problem(row, where))
+        return prompt, _completion(row.get(completion_field), completion_field, where)
+
+    return render
 
 
 def _countdown_renderer(name: str):

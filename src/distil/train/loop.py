@@ -368,8 +368,8 @@ def _eval_problems(cfg: DistilConfig):
 
 
 def _evaluate(c: Components, cfg: DistilConfig, problems) -> dict[str, Any]:
-    """Countdown accuracy of the current student (main process; RNG left untouched)."""
-    from distil.eval.runner import evaluate_model
+    """The eval.task verdicts of the current student (main process; RNG left untouched)."""
+    from distil.eval.runner import eval_metrics, evaluate_model
 
     acc = c.accelerator
     result: dict[str, Any] = {}
@@ -386,7 +386,7 @@ def _evaluate(c: Components, cfg: DistilConfig, problems) -> dict[str, Any]:
                 model=c.unwrapped,
                 tokenizer=c.tokenizer,
             )
-        result = {f"eval/{k}": v for k, v in r.summary.items() if isinstance(v, (int, float))}
+        result = eval_metrics(r.summary)
     acc.wait_for_everyone()
     return result
 

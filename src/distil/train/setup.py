@@ -269,6 +269,7 @@ def build(cfg: DistilConfig) -> Components:
     examples = load_examples(
         cfg.data.train,
         split=cfg.data.split,
+        subset=cfg.data.subset,
         prompt_field=cfg.data.prompt_field,
         completion_field=cfg.data.completion_field,
         template=cfg.data.template,
