@@ -77,6 +77,6 @@ def test_keep_correct_needs_countdown_columns(tmp_path, raw):
     data = tmp_path / "plain.jsonl"
     data.write_text(json.dumps({"prompt": "hi", "completion": "there"}) + "\n")
     cfg = build_config({**raw, "data": {"train": str(data)}})
-    with pytest.raises(DataError, match="plain.jsonl:1: --keep correct checks Countdown"):
+    with pytest.raises(DataError, match=r"plain.jsonl:1: --keep correct checks Countdown"):
         generate_dataset(cfg, tmp_path / "o.jsonl", keep="correct")
     assert not (tmp_path / "o.jsonl").exists()

@@ -80,10 +80,23 @@ def generate_dataset(
     torch.manual_seed(cfg.train.seed)
     counts = {"prompts": len(examples), "completions": 0, "kept": 0}
     tmp = out.with_name(out.name + ".tmp")
-    with (
-        tmp.open("w") as fh,
-        progress_bar("generate", len(examples), enabled=cfg.logging.progress) as bar,
-    ):
+    try:
+        with tmp.open("w") as fh:
+            _write(fh, examples, prompts, gen, params, tok, keep, batch_size, counts, cfg)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # nothing half-written is left behind
+        raise
+    os.replace(tmp, out)
+    return counts
+
+
+def _write(fh, examples, prompts, gen, params, tok, keep, batch_size, counts, cfg) -> None:
+    """Generate batch by batch and write the kept rows to `fh`."""
+    from distil.eval.countdown import check
+
+    with progress_bar("generate", len(examples), enabled=cfg.logging.progress) as bar:
         for lo in range(0, len(examples), batch_size):
             chunk = examples[lo : lo + batch_size]
             rollout = gen.generate(prompts[lo : lo + len(chunk)], params)
@@ -99,8 +112,6 @@ def generate_dataset(
                 counts["kept"] += 1
                 fh.write(json.dumps(_row(ex, text), ensure_ascii=False) + "\n")
             bar.advance(len(chunk))
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _row(example, completion: str) -> dict[str, Any]:
