@@ -220,3 +220,31 @@ def test_cache_with_on_policy_slices_is_a_config_error(raw, cache_dir):
 
     with pytest.raises(ConfigError, match=r"dataset.s completions only.*train.lambda=0"):
         build(raw, teacher={"cache": str(cache_dir)}, train={"lambda": 0.5})
+
+
+def test_cli_prints_the_token_count_and_bytes_per_token(tmp_path, raw, capsys):
+    import yaml
+
+    from distil.cli import main
+
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "cli_cache"
+    assert main(["cache-teacher", str(cfg_file), "--out", str(out), "--shard-rows", "32"]) == 0
+    manifest = fmt.read_manifest(out)
+    printed = capsys.readouterr().out
+    assert f"{manifest['tokens']} tokens in 2 shards" in printed and "bytes per token" in printed
+    assert manifest["values"] == "q8" and manifest["k"] == K and manifest["complete"]
+    # another k into the same directory: refused, naming what differs, nothing rewritten
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir())
+    assert main(["cache-teacher", str(cfg_file), "teacher.top_k=4", "--out", str(out)]) == 2
+    assert "holds a teacher cache made with other settings (k: 8 vs 4" in capsys.readouterr().err
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before
+
+
+def test_cache_teacher_needs_top_k(tmp_path, raw):
+    from distil.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"teacher\.top_k is not set"):
+        cache_teacher(build(raw, teacher={"top_k": None}), tmp_path / "c")
+    assert not (tmp_path / "c").exists()
