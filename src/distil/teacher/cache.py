@@ -115,10 +115,17 @@ def decode_tokens(arrays: dict[str, np.ndarray], k: int, values: str):
         lps = arrays["top1"].astype(np.float32)[:, None] - steps * LOGPROB_STEP
     else:
         lps = np.frombuffer(raw, "<f4" if values == "fp32" else "<f2").reshape(n, k)
+    lps_N_K = torch.from_numpy(lps.astype(np.float32))
+    rest_N = torch.from_numpy(arrays["rest"].astype(np.float32))
+    if values != "fp32":
+        # rounded values no longer sum to 1 with the rest; a KL against such targets has a
+        # floor above 0, so the K+1 buckets are renormalised (bench/cache.py measures the KL)
+        z_N = torch.logsumexp(torch.cat([lps_N_K, rest_N[:, None]], -1), -1)
+        lps_N_K, rest_N = lps_N_K - z_N[:, None], rest_N - z_N
     return (
         torch.from_numpy(ids),
-        torch.from_numpy(lps.astype(np.float32)),
-        torch.from_numpy(arrays["rest"].astype(np.float32)),
+        lps_N_K,
+        rest_N,
         torch.from_numpy(arrays["token"].astype(np.float32)),
     )
 
