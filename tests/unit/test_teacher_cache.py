@@ -252,3 +252,17 @@ def test_cache_teacher_needs_top_k(tmp_path, raw):
     with pytest.raises(ConfigError, match=r"teacher\.top_k is not set"):
         cache_teacher(build(raw, teacher={"top_k": None}), tmp_path / "c")
     assert not (tmp_path / "c").exists()
+
+
+def test_config_validate_reads_the_cache_manifest(tmp_path, raw, cache_dir, capsys):
+    import yaml
+
+    from distil.cli import main
+
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(
+        yaml.safe_dump(build(raw, teacher={"cache": str(cache_dir)}).model_dump(by_alias=True))
+    )
+    assert main(["config", "validate", str(cfg_file)]) == 0
+    assert main(["config", "validate", str(cfg_file), "teacher.top_k=4"]) == 2
+    assert "k: cache 8, this config 4" in capsys.readouterr().err

@@ -132,3 +132,18 @@ def _data_difference(cache_dir: Path, manifest: dict, fps: list[str]) -> str:
         f"{manifest.get('data')!r}, template {manifest.get('template')!r}). Fix: build a "
         "cache for this data with `distil cache-teacher CONFIG --out DIR`"
     )
+
+
+def check_settings(cfg) -> None:
+    """The checks `distil config validate` can make without the data or the student: the
+    manifest reads and is complete, and its k, temperature and template are this config's."""
+    manifest = fmt.read_manifest(cfg.teacher.cache)
+    if not manifest.get("complete"):
+        raise CacheError(
+            f"the teacher cache {cfg.teacher.cache} is incomplete (its writer was stopped). "
+            f"Fix: run the same `distil cache-teacher CONFIG --out {cfg.teacher.cache}` again"
+        )
+    want = {"temperature": cfg.loss.temperature, "template": cfg.data.template}
+    if cfg.teacher.top_k is not None:
+        want["k"] = cfg.teacher.top_k
+    fmt.compare_header(cfg.teacher.cache, manifest, want)
