@@ -216,4 +216,7 @@ def _start_or_resume(out: Path, header: dict[str, Any]) -> dict[str, Any]:
             "an empty or new directory"
         )
     out.mkdir(parents=True, exist_ok=True)
-    return {**header, "shards": [], "complete": False}
+    manifest = {**header, "shards": [], "complete": False}
+    # written before the first shard: a run killed at any point leaves a resumable directory
+    fmt.write_manifest(out, manifest)
+    return manifest
