@@ -114,12 +114,18 @@ def training_part(args) -> dict:
     return {"live_s": live_s, "cached_s": cached_s, "build_s": build_s, "loss_gap": gap}
 
 
-def synthetic(n: int, v: int, seed: int = 0) -> torch.Tensor:
-    """(n, v) log-probs: Gaussian logits (sd 2) with one token lifted by 12 nats per row."""
+def synthetic(n: int, v: int, kind: str, seed: int = 0) -> torch.Tensor:
+    """(n, v) log-probs. "random": Gaussian logits (sd 2) with one token lifted by 12 nats, so
+    the top-k ids are spread at random over the vocabulary (the worst case for the ids).
+    "zipf": logits -log(id + 1) + Gaussian noise (sd 2): frequent tokens have small ids, as in
+    BPE vocabularies ordered by merge frequency, and the top-k holds about half the mass."""
     g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(n, v, generator=g) * 2.0
-    logits[torch.arange(n), torch.randint(0, v, (n,), generator=g)] += 12.0
-    return torch.log_softmax(logits, dim=-1)
+    noise = torch.randn(n, v, generator=g) * 2.0
+    if kind == "random":
+        noise[torch.arange(n), torch.randint(0, v, (n,), generator=g)] += 12.0
+    else:
+        noise -= torch.log(torch.arange(1, v + 1, dtype=torch.float32))
+    return torch.log_softmax(noise, dim=-1)
 
 
 def kl_buckets(vals, rest, d_vals, d_rest) -> float:
@@ -136,30 +142,32 @@ def format_part(args) -> dict:
     from distil.teacher.base import sparse_topk
 
     n, v = args.tokens, 131072
-    logprobs = synthetic(n, v)
-    token = logprobs[:, 0]
     out = {}
-    print(f"\nformat: {n} tokens of a synthetic {v}-token vocabulary, bytes per token on disk")
+    print(f"format: {n} tokens of a synthetic {v}-token vocabulary, bytes per token on disk")
     print(
-        "| k | ids u32 + fp32 (raw) | ids u32 + fp16 | zlib(sorted-id gaps) + fp16 | zlib(gaps) + q8 (default) | KL fp16 | KL q8 |"
+        "| logits | k | top-k mass | ids u32 + fp32 (raw) | ids u32 + fp16 | zlib(sorted-id gaps)"
+        " + fp16 | zlib(gaps) + q8 (default) | KL fp16 | KL q8 |"
     )
-    print("|---|---|---|---|---|---|---|")
-    for k in (16, 64, 256):
-        ids, vals, rest = sparse_topk(logprobs, k)
-        sizes, kls = {}, {}
-        for codec in ("fp32", "fp16", "q8"):
-            arrays = fmt.encode_tokens(ids, vals, rest, token, codec)
-            sizes[codec] = sum(a.nbytes for a in arrays.values()) / n
-            d_ids, d_vals, d_rest, _ = fmt.decode_tokens(arrays, k, codec)
-            order = ids.argsort(-1)  # decoded rows are in id order
-            assert torch.equal(d_ids, ids.gather(-1, order))
-            kls[codec] = kl_buckets(vals.gather(-1, order), rest, d_vals, d_rest)
-        raw32, raw16 = 8 * k + 12, 6 * k + 6
-        print(
-            f"| {k} | {raw32} | {raw16} | {sizes['fp16']:.1f} | {sizes['q8']:.1f} | "
-            f"{kls['fp16']:.1e} | {kls['q8']:.1e} |"
-        )
-        out[k] = {"bytes_q8": sizes["q8"], "kl_q8": kls["q8"], "bytes_fp16": sizes["fp16"]}
+    print("|---|---|---|---|---|---|---|---|---|")
+    for kind in ("random", "zipf"):
+        logprobs = synthetic(n, v, kind)
+        token = logprobs[:, 0]
+        for k in (16, 64, 256):
+            ids, vals, rest = sparse_topk(logprobs, k)
+            sizes, kls = {}, {}
+            for codec in ("fp32", "fp16", "q8"):
+                arrays = fmt.encode_tokens(ids, vals, rest, token, codec)
+                sizes[codec] = sum(a.nbytes for a in arrays.values()) / n
+                d_ids, d_vals, d_rest, _ = fmt.decode_tokens(arrays, k, codec)
+                order = ids.argsort(-1)  # decoded rows are in id order
+                assert torch.equal(d_ids, ids.gather(-1, order))
+                kls[codec] = kl_buckets(vals.gather(-1, order), rest, d_vals, d_rest)
+            mass = float(vals.exp().sum(-1).mean())
+            print(
+                f"| {kind} | {k} | {mass:.2f} | {8 * k + 12} | {6 * k + 6} | {sizes['fp16']:.1f} | "
+                f"{sizes['q8']:.1f} | {kls['fp16']:.1e} | {kls['q8']:.1e} |"
+            )
+            out[kind, k] = {"bytes": sizes["q8"], "kl": kls["q8"]}
     return out
 
 
@@ -178,15 +186,19 @@ def main() -> None:
     np.random.seed(0)
     fmt_out = format_part(args)
     if args.skip_training:
-        print(
-            f"RESULT bytes_per_token_k64={fmt_out[64]['bytes_q8']:.1f} kl_k64={fmt_out[64]['kl_q8']:.1e}"
-        )
+        print(f"RESULT {_format_result(fmt_out)}")
         return
     tr = training_part(args)
     print(
         f"RESULT cached_vs_live_speedup={tr['live_s'] / tr['cached_s']:.2f}x "
-        f"bytes_per_token_k64={fmt_out[64]['bytes_q8']:.1f} kl_k64={fmt_out[64]['kl_q8']:.1e} "
-        f"loss_gap={tr['loss_gap']:.1e}"
+        f"{_format_result(fmt_out)} loss_gap={tr['loss_gap']:.1e}"
+    )
+
+
+def _format_result(out: dict) -> str:
+    return " ".join(
+        f"bytes_per_token_k64_{kind}={out[kind, 64]['bytes']:.1f} kl_k64_{kind}={out[kind, 64]['kl']:.1e}"
+        for kind in ("random", "zipf")
     )
 
 

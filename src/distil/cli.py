@@ -443,7 +443,7 @@ def _add_cache_teacher(sub) -> None:
         "--values",
         choices=["q8", "fp16", "fp32"],
         default="q8",
-        help="log-prob storage: q8 (1 byte, 0.25-nat steps, default), fp16, fp32 (lossless)",
+        help="log-prob storage: q8 (1 byte, 1/8-nat steps, default), fp16, fp32 (lossless)",
     )
     p.add_argument("--shard-rows", type=_positive_int, default=1024, help="rows per shard")
     p.add_argument(

@@ -7,7 +7,7 @@ ascending), and per row the offsets of its tokens. docs/teacher-cache.md describ
 Encoding of one shard (N tokens, K entries each), all flat arrays:
     ids_z      uint8  zlib of the byte planes of the uint32 gaps between sorted ids (lossless)
     values_z   uint8  zlib of the K values per token in id order, by `values` codec:
-                      q8   uint8 steps of `LOGPROB_STEP` nats below the token's top-1 (lossy)
+                      q8   uint8 steps of `logprob_step` (1/8) nats below the token's top-1
                       fp16 / fp32  the log-probs themselves
     top1       fp16/fp32 (N,)  the top-1 log-prob that q8 values count down from
     rest       fp16/fp32 (N,)  log(1 - sum top-k)
@@ -40,7 +40,9 @@ from distil.train.checkpoint import _fsync_dir, _fsync_file, _sha256
 
 FORMAT = "distil-teacher-cache-1"
 MANIFEST = "manifest.json"
-LOGPROB_STEP = 0.25  # q8: KL ~ step^2/24 per token of mass (bench/cache.py: about 2e-4 nats)
+# q8: rounding to steps of s nats costs KL ~ m s^2/24 per token, m = the top-k mass (errors
+# uniform in +-s/2 on log-probs): at most 6.5e-4 nats for s = 1/8 (bench/cache.py measures it)
+LOGPROB_STEP = 0.125
 VALUE_CODECS = ("q8", "fp16", "fp32")
 # manifest keys a training config must agree with, and how to say what differs
 HEADER_KEYS = (
@@ -103,7 +105,7 @@ def encode_tokens(
     return out
 
 
-def decode_tokens(arrays: dict[str, np.ndarray], k: int, values: str):
+def decode_tokens(arrays: dict[str, np.ndarray], k: int, values: str, step: float = LOGPROB_STEP):
     """(ids (N, K) int64, log-probs (N, K) fp32, rest (N,), token (N,)) from `encode_tokens`."""
     n = len(arrays["top1"])
     planes = np.frombuffer(zlib.decompress(arrays["ids_z"].tobytes()), np.uint8).reshape(4, -1)
@@ -112,7 +114,7 @@ def decode_tokens(arrays: dict[str, np.ndarray], k: int, values: str):
     raw = zlib.decompress(arrays["values_z"].tobytes())
     if values == "q8":
         steps = np.frombuffer(raw, np.uint8).reshape(n, k).astype(np.float32)
-        lps = arrays["top1"].astype(np.float32)[:, None] - steps * LOGPROB_STEP
+        lps = arrays["top1"].astype(np.float32)[:, None] - steps * step
     else:
         lps = np.frombuffer(raw, "<f4" if values == "fp32" else "<f2").reshape(n, k)
     lps_N_K = torch.from_numpy(lps.astype(np.float32))
@@ -237,11 +239,11 @@ def read_manifest(cache_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def read_shard(cache_dir: Path, entry: dict, k: int, values: str) -> Shard:
+def read_shard(cache_dir: Path, entry: dict, k: int, values: str, step: float | None) -> Shard:
     from safetensors.numpy import load_file
 
     arrays = load_file(str(cache_dir / entry["file"]))
-    ids, lps, rest, token = decode_tokens(arrays, k, values)
+    ids, lps, rest, token = decode_tokens(arrays, k, values, step or LOGPROB_STEP)
     return Shard(arrays["rows"], arrays["offsets"], ids, lps, rest, token)
 
 

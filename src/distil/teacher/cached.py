@@ -62,7 +62,8 @@ class CachedTeacher:
 
     def _load(self, index: int) -> fmt.Shard:
         entry = self.manifest["shards"][index]
-        return fmt.read_shard(self.dir, entry, self.top_k, self.manifest["values"])
+        m = self.manifest
+        return fmt.read_shard(self.dir, entry, self.top_k, m["values"], m.get("logprob_step"))
 
     def row(self, example: int):
         """(ids (C, K), log-probs (C, K), rest (C,), token (C,)) of data row `example`."""
