@@ -3,6 +3,7 @@ kill, every corruption/mismatch named before training, and cache == live trainin
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -266,3 +267,84 @@ def test_config_validate_reads_the_cache_manifest(tmp_path, raw, cache_dir, caps
     assert main(["config", "validate", str(cfg_file)]) == 0
     assert main(["config", "validate", str(cfg_file), "teacher.top_k=4"]) == 2
     assert "k: cache 8, this config 4" in capsys.readouterr().err
+
+
+def _any_json():
+    from hypothesis import strategies as st
+
+    scalars = st.none() | st.booleans() | st.integers(-5, 200) | st.text(max_size=8)
+    return st.recursive(
+        scalars,
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
+        max_leaves=12,
+    )
+
+
+def _manifest_strategy():
+    from hypothesis import strategies as st
+
+    good = {
+        "format": fmt.FORMAT,
+        "k": 8,
+        "rows": 64,
+        "data_fingerprint": "x" * 64,
+        "values": "q8",
+        "temperature": 1.0,
+        "complete": True,
+        "shards": [
+            {"file": fmt.shard_name(0), "rows": [0, 64], "bytes": 1, "tokens": 1, "sha256": "y"}
+        ],
+    }
+    keys = st.sampled_from([*good, "shards.0.file", "shards.0.rows", "shards.0.bytes"])
+    return st.fixed_dictionaries({"key": keys, "value": _any_json()}), good
+
+
+def _check_any_manifest(tmp_path_factory, edits):
+    import copy
+
+    from distil.teacher.cached import CachedTeacher
+
+    _, good = _manifest_strategy()
+    m = copy.deepcopy(good)
+    for edit in edits:
+        where, _, sub = edit["key"].partition(".")
+        if sub:  # an edit inside the first shard entry, while there is one
+            shards = m.get("shards")
+            if isinstance(shards, list) and shards and isinstance(shards[0], dict):
+                shards[0][sub.partition(".")[2]] = edit["value"]
+        else:
+            m[where] = edit["value"]
+    d = tmp_path_factory.mktemp("m")
+    (d / fmt.MANIFEST).write_text(json.dumps(m))
+    # every problem is a CacheError, never a KeyError/TypeError/IndexError
+    with contextlib.suppress(CacheError):
+        CachedTeacher.open(d, expect={"k": 8}, row_fingerprints=["r"] * 64)
+
+
+def test_any_manifest_gives_a_cache_error_never_an_exception(tmp_path_factory):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    edit, _ = _manifest_strategy()
+
+    @settings(max_examples=60, deadline=1000, suppress_health_check=list(HealthCheck))
+    @given(st.lists(edit, min_size=1, max_size=3))
+    def run(edits):
+        _check_any_manifest(tmp_path_factory, edits)
+
+    run()
+
+
+@pytest.mark.slow
+def test_any_manifest_long_run(tmp_path_factory):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    edit, _ = _manifest_strategy()
+
+    @settings(max_examples=2000, deadline=1000, suppress_health_check=list(HealthCheck))
+    @given(st.lists(edit, min_size=1, max_size=3))
+    def run(edits):
+        _check_any_manifest(tmp_path_factory, edits)
+
+    run()

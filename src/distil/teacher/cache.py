@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,7 +237,48 @@ def read_manifest(cache_dir: str | Path) -> dict[str, Any]:
             f"{path} is not a {FORMAT} manifest (format: {seen!r}). Fix: build the cache again "
             "with this version's `distil cache-teacher`"
         )
+    if problem := _shape_problem(manifest):
+        raise CacheError(
+            f"{path} is damaged: {problem}. Fix: build the cache again with `distil "
+            "cache-teacher` into a new directory"
+        )
     return manifest
+
+
+_SHARD_FILE = re.compile(r"^shard-\d{5}\.safetensors$")
+
+
+def _shape_problem(m: dict[str, Any]) -> str | None:
+    """What is wrong with a manifest's structure (keys, types, shard entries), or None."""
+    for key, kind in (("k", int), ("rows", int), ("data_fingerprint", str), ("values", str)):
+        if type(m.get(key)) is not kind:
+            return f"{key!r} should be a {kind.__name__}, got {m.get(key)!r:.60}"
+    if m["values"] not in VALUE_CODECS or m["k"] <= 0:
+        return f"values {m['values']!r:.40} / k {m['k']} is not a known encoding"
+    if not isinstance(m.get("temperature"), (int, float)) or isinstance(m["temperature"], bool):
+        return f"'temperature' should be a number, got {m.get('temperature')!r:.60}"
+    if not isinstance(m.get("shards"), list):
+        return "'shards' should be a list"
+    end = 0
+    for i, e in enumerate(m["shards"]):
+        ok = (
+            isinstance(e, dict)
+            and isinstance(e.get("file"), str)
+            and _SHARD_FILE.match(e["file"])
+            and isinstance(e.get("rows"), list)
+            and len(e["rows"]) == 2
+            and all(type(r) is int for r in e["rows"])
+            and e["rows"][0] == end < e["rows"][1]
+            and type(e.get("bytes")) is int
+            and type(e.get("tokens")) is int
+            and isinstance(e.get("sha256"), str)
+        )
+        if not ok:
+            return f"shard entry {i} ({e!r:.80}) is not a shard of consecutive rows"
+        end = e["rows"][1]
+    if end > m["rows"]:
+        return f"its shards cover {end} rows but it says the data has {m['rows']}"
+    return None
 
 
 def read_shard(cache_dir: Path, entry: dict, k: int, values: str, step: float | None) -> Shard:
