@@ -348,3 +348,39 @@ def test_any_manifest_long_run(tmp_path_factory):
         _check_any_manifest(tmp_path_factory, edits)
 
     run()
+
+
+def test_cached_targets_give_the_live_teachers_gradients(raw, cache_dir, pair_dirs):
+    """The same micro-batch the cache was written from (rows 0-7, one batch of 8): the fp32
+    cache's targets give the student the live teacher's loss and gradients to fp32 rounding."""
+    from distil.losses import get_loss
+    from distil.teacher.cached import CachedTeacher
+    from distil.train.step import micro_step
+
+    cfg = build(raw)
+    tok = load_tokenizer(str(pair_dirs[1]))
+    _, prompts, completions = prepare_rows(cfg, tok)
+    batch = collate([Sample(i, prompts[i], completions[i], "off_policy") for i in range(8)], 0)
+    student = load_model(str(pair_dirs[1])).train()
+    scorers = {
+        "live": LiveTeacher(load_model(str(pair_dirs[0])), top_k=K),
+        "cached": CachedTeacher(cache_dir, fmt.read_manifest(cache_dir)),
+    }
+    grads, losses = {}, {}
+    for name, scorer in scorers.items():
+        student.zero_grad(set_to_none=True)
+        out = micro_step(
+            student,
+            student,
+            batch,
+            scorer.score(batch),
+            get_loss("forward_kl"),
+            num_tokens=batch.num_loss_tokens,
+            loss_opts={"temperature": 1.0, "targets_temperature": 1.0},
+        )
+        out.loss.backward()
+        losses[name] = out.loss.item()
+        grads[name] = torch.cat([p.grad.flatten() for p in student.parameters()])
+    assert losses["cached"] == pytest.approx(losses["live"], rel=1e-6)
+    assert torch.allclose(grads["cached"], grads["live"], rtol=1e-5, atol=1e-8)
+    assert grads["live"].abs().sum() > 0
