@@ -152,38 +152,27 @@ def cache_teacher(
     batch_size = batch_size or cfg.train.per_device_batch_size
     start = manifest["shards"][-1]["rows"][1] if manifest["shards"] else 0
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    began = time.perf_counter()
+    rate = _Rate()
     with progress_bar("cache-teacher", len(examples), enabled=cfg.logging.progress) as bar:
         bar.advance(start)
         for lo in range(start, len(examples), shard_rows):
             hi = min(lo + shard_rows, len(examples))
-            parts, offsets = [], [0]
+            cols, offsets = [], [0]
             for b in range(lo, hi, batch_size):
                 idx = range(b, min(b + batch_size, hi))
-                batch = collate(
-                    [Sample(i, prompts[i], completions[i], "off_policy") for i in idx], pad
-                )
-                targets = scorer.score(batch)
-                m = batch.mask_B_T
-                parts.append(
-                    (
-                        targets.topk_ids_B_T_K[m],
-                        targets.topk_logprobs_B_T_K[m],
-                        targets.rest_logprob_B_T[m],
-                        targets.token_logprobs_B_T[m],
-                    )
-                )
+                cols.append(_score(scorer, [(i, prompts[i], completions[i]) for i in idx], pad))
                 for i in idx:
                     offsets.append(offsets[-1] + len(completions[i]))
                 bar.advance(len(idx))
-                rate = offsets[-1] / max(time.perf_counter() - began, 1e-9)
-                bar.update(info=f"shard {len(manifest['shards'])} | {rate:,.0f} tok/s")
-            cols = [torch.cat(c) for c in zip(*parts, strict=True)]
-            arrays = fmt.encode_tokens(*cols, values=values)
+                bar.update(info=f"shard {len(manifest['shards'])} | {rate(offsets):,.0f} tok/s")
+            arrays = fmt.encode_tokens(
+                *[torch.cat(c) for c in zip(*cols, strict=True)], values=values
+            )
             entry = fmt.write_shard(out, len(manifest["shards"]), range(lo, hi), offsets, arrays)
             entry["data_sha256"] = fmt.combine(row_fps[lo:hi])
             manifest["shards"].append(entry)
             fmt.write_manifest(out, manifest)
+            rate.shard_done(offsets)
             if after_shard is not None:
                 after_shard(len(manifest["shards"]) - 1)
     manifest["tokens"] = sum(e["tokens"] for e in manifest["shards"])
@@ -191,6 +180,32 @@ def cache_teacher(
     manifest["complete"] = True
     fmt.write_manifest(out, manifest)
     return manifest
+
+
+def _score(scorer, rows: list[tuple[int, list[int], list[int]]], pad: int):
+    """(ids, log-probs, rest, token log-prob) of every completion token of `rows`, in order."""
+    batch = collate([Sample(i, p, c, "off_policy") for i, p, c in rows], pad)
+    t = scorer.score(batch)
+    m = batch.mask_B_T  # completion positions, row by row: the rows' tokens in order
+    return (
+        t.topk_ids_B_T_K[m],
+        t.topk_logprobs_B_T_K[m],
+        t.rest_logprob_B_T[m],
+        t.token_logprobs_B_T[m],
+    )
+
+
+class _Rate:
+    """Tokens scored per second since the start (for the progress bar)."""
+
+    def __init__(self):
+        self.began, self.before = time.perf_counter(), 0
+
+    def __call__(self, offsets: list[int]) -> float:
+        return (self.before + offsets[-1]) / max(time.perf_counter() - self.began, 1e-9)
+
+    def shard_done(self, offsets: list[int]) -> None:
+        self.before += offsets[-1]
 
 
 def _start_or_resume(out: Path, header: dict[str, Any]) -> dict[str, Any]:
