@@ -96,6 +96,11 @@ class TeacherConfig(Section):
     top_k: int | None = Field(
         None, gt=0, description="keep the teacher's top-k log-probs + a rest bucket (null: full)"
     )
+    cache: str | None = Field(
+        None,
+        description="a `distil cache-teacher` directory: read the teacher's top-k from disk "
+        "instead of running it (off-policy slices only; docs/teacher-cache.md)",
+    )
 
 
 class GenerationConfig(Section):
@@ -649,8 +654,31 @@ def _hybrid_weights(cfg: DistilConfig):
     return None
 
 
+@check
+def _teacher_cache_scores_data_only(cfg: DistilConfig):
+    if not cfg.teacher.cache:
+        return None
+    if cfg.train.lambda_ > 0 or cfg.train.seq_kd:
+        return ("teacher.cache", "train.lambda", "train.seq_kd"), (
+            f"teacher.cache = {cfg.teacher.cache!r} holds the teacher's targets for the "
+            f"dataset's completions only, but train.lambda = {cfg.train.lambda_} / "
+            f"train.seq_kd = {cfg.train.seq_kd} asks for completions written during training, "
+            "which the teacher must score live. Fix: train.lambda=0 and train.seq_kd=false, or "
+            "drop teacher.cache to use the live teacher"
+        )
+    from distil.losses import is_cross_tokenizer
+
+    if is_cross_tokenizer(cfg.loss.name):
+        return ("teacher.cache", "loss.name"), (
+            f"teacher.cache with loss.name = {cfg.loss.name!r}: caches hold same-tokenizer "
+            "top-k targets only for now. Fix: a same-tokenizer loss (forward_kl, reverse_kl, "
+            "jsd, sampled_reverse_kl), or drop teacher.cache"
+        )
+    return None
+
+
 def _teacher_needed(cfg: DistilConfig):
-    needs = cfg.loss.name != "sft" or cfg.train.seq_kd
+    needs = (cfg.loss.name != "sft" or cfg.train.seq_kd) and not cfg.teacher.cache
     if needs and not cfg.teacher.path:
         why = "train.seq_kd=true" if cfg.loss.name == "sft" else f"loss.name = {cfg.loss.name!r}"
         return ("teacher.path",), (

@@ -30,6 +30,10 @@ def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
         return problems, notes
     found = _Problems()
     _settings(cfg, found)
+    if cfg.teacher.cache:  # manifest only; shards and data rows are checked by `distil train`
+        from distil.teacher.cached import check_settings
+
+        found.attempt(check_settings, cfg)
     examples = _data(cfg, found)
     toks = _tokenizers(cfg, examples, found)
     from distil.losses import is_cross_tokenizer

@@ -21,6 +21,19 @@ from distil.models.tokenizers import encode_prompts, stop_token_ids
 from distil.train.buffer import GenerationBuffer, PromptSide
 
 TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+# the teacher scorer, by what the config gives: a model (`teacher.path`) or `teacher.cache`
+SCORERS = {
+    "live": "distil.teacher.live:LiveTeacher",
+    "cache": "distil.teacher.cached:CachedTeacher",
+}
+
+
+def scorer_class(name: str):
+    """The TeacherScorer class registered as `name`, imported on first use."""
+    import importlib
+
+    module, attr = SCORERS[name].split(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 @dataclass
@@ -211,6 +224,36 @@ def _reference_ids(tok, text: str | None, max_tokens: int, eos: int) -> list[int
     return ids[:max_tokens] if len(ids) >= max_tokens else [*ids, eos]
 
 
+def open_cache(cfg: DistilConfig, tok, model, buffer: GenerationBuffer):
+    """(CachedTeacher, student logits to keep) for `teacher.cache`, verified against this run:
+    tokenizer, k, temperature, vocabulary and the data rows exactly as the buffer tokenized
+    them; every shard's checksum is checked before the first step."""
+    from distil.teacher.cache import CacheError, read_manifest, row_fingerprints, tokenizer_sha256
+
+    manifest = read_manifest(cfg.teacher.cache)
+    k = cfg.teacher.top_k if cfg.teacher.top_k is not None else manifest.get("k")
+    rows = model.get_output_embeddings().weight.shape[0]
+    cache_vocab = manifest.get("vocab_size")
+    if isinstance(cache_vocab, int) and rows < cache_vocab:
+        raise CacheError(
+            f"the student has {rows} output rows but the teacher cache {cfg.teacher.cache} "
+            f"holds ids up to {cache_vocab}; they do not share a vocabulary. Fix: a cache made "
+            "for this student (cache-teacher reads the student from the config)"
+        )
+    expect = {
+        "student_tokenizer_sha256": tokenizer_sha256(tok),
+        "k": k,
+        "temperature": cfg.loss.temperature,
+        "template": cfg.data.template,
+    }
+    teacher = scorer_class("cache").open(
+        cfg.teacher.cache,
+        expect=expect,
+        row_fingerprints=row_fingerprints(buffer.student.prompt_ids, buffer.completion_ids),
+    )
+    return teacher, (cache_vocab if rows != cache_vocab else None)
+
+
 def run_dir(cfg: DistilConfig) -> Path:
     return Path(cfg.train.output_dir)
 
@@ -258,7 +301,6 @@ def build(cfg: DistilConfig) -> Components:
     from distil.data.datasets import load_examples
     from distil.data.lengths import check_lengths, uses_completions
     from distil.losses import get_loss, is_cross_tokenizer
-    from distil.teacher.live import LiveTeacher
     from distil.train.optim import build_optimizer
 
     if problems := training_problems(cfg):
@@ -277,7 +319,8 @@ def build(cfg: DistilConfig) -> Components:
     model, tok = load_student(cfg, accelerator)
     check_lengths(examples, tok, cfg.data, completions_used=uses_completions(cfg))
     cross, teacher_model, teacher_tok, vocab_size = None, None, None, None
-    if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd):
+    cached = bool(cfg.teacher.cache) and cfg.loss.name != "sft"
+    if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd) and not cached:
         teacher_model, teacher_tok = load_teacher(cfg, accelerator)
     if cfg.loss.name == "sft":  # supervised: the teacher (if any) only writes completions
         teacher = NullTeacher()
@@ -289,12 +332,14 @@ def build(cfg: DistilConfig) -> Components:
         cross, vocab_size, teacher_vocab = cross_tokenizer_setup(
             cfg, tok, teacher_tok, model, teacher_model
         )
-        teacher = LiveTeacher(
+        teacher = scorer_class("live")(
             teacher_model, temperature=cfg.loss.temperature, top_k=None, vocab_size=teacher_vocab
         )
+    elif cached:
+        teacher = None  # opened below, once the buffer has tokenized the data
     else:
         vocab_size = shared_vocab_size(cfg, tok, teacher_tok, model, teacher_model)
-        teacher = LiveTeacher(
+        teacher = scorer_class("live")(
             teacher_model,
             temperature=cfg.loss.temperature,
             top_k=cfg.teacher.top_k,
@@ -317,6 +362,8 @@ def build(cfg: DistilConfig) -> Components:
         cross,
         align=cfg.loss.name != "sft",
     )
+    if cached:
+        teacher, vocab_size = open_cache(cfg, tok, unwrapped, buffer)
     loss_opts = {
         "temperature": cfg.loss.temperature,
         "targets_temperature": cfg.loss.temperature,

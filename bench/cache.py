@@ -1,0 +1,206 @@
+"""Off-policy distillation from the teacher cache vs the live teacher, and what the format costs.
+
+1. Training: the same 3-epoch off-policy run (lambda = 0, forward KL on the teacher's top-k +
+   rest) twice at the CPU demo's model sizes (teacher 4.8M, student 1.3M, bpe tokenizer): once
+   with the live teacher, once from `distil cache-teacher`'s output (`teacher.cache`). Prints
+   both wall times, the ratio, the time to build the cache, and the largest per-step loss gap.
+2. Format: bytes per token on disk and the KL (nats per token, over the K+1 buckets) between the
+   decoded and the exact targets, for k = 16, 64, 256 on a synthetic 128k-vocabulary logits
+   tensor, for each encoding trick.
+
+    python bench/cache.py                 # demo sizes, 1024 rows x 3 epochs
+    python bench/cache.py --preset tiny --rows 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from step_breakdown import PRESETS, build
+
+
+def train_config(root: Path, dirs, preset, rows: int, epochs: int, k: int, **teacher) -> dict:
+    batch = preset["batch"]
+    return {
+        "data": {"train": str(root / "data" / "rows.jsonl"), "template": "countdown_plain"},
+        "student": {"path": str(dirs["student"])},
+        "teacher": {"path": str(dirs["teacher"]), "top_k": k, **teacher},
+        "loss": {"name": "forward_kl"},
+        "train": {
+            "output_dir": str(root / ("cached" if teacher else "live")),
+            "max_steps": epochs * rows // batch,
+            "per_device_batch_size": batch,
+            "grad_accum_steps": 1,
+            "lambda": 0.0,
+            "lr": 1e-3,
+            "save_every_minutes": None,
+            "eval_every": 0,
+        },
+        "logging": {"progress": False, "print_example": False},
+    }
+
+
+def timed_train(raw: dict) -> tuple[float, list[float], dict[str, float]]:
+    """(wall seconds, per-step losses, seconds per phase summed over steps) of one run."""
+    import shutil
+
+    from distil.config import build_config
+    from distil.train.loop import train
+
+    cfg = build_config(raw)
+    shutil.rmtree(cfg.train.output_dir, ignore_errors=True)
+    start = time.perf_counter()
+    train(cfg)
+    seconds = time.perf_counter() - start
+    lines = (Path(cfg.train.output_dir) / "metrics.jsonl").read_text().splitlines()
+    metrics = [json.loads(line) for line in lines]
+    phases = {k: sum(m[f"time/{k}"] for m in metrics) for k in ("teacher", "train")}
+    return seconds, [m["loss"] for m in metrics], phases
+
+
+def training_part(args) -> dict:
+    from distil.config import build_config
+    from distil.teacher.writer import cache_teacher
+
+    preset = PRESETS[args.preset]
+    root = Path(tempfile.mkdtemp(prefix="distil-bench-cache-"))
+    dirs = build(root, preset)
+    src = (root / "data" / "train.jsonl").read_text().splitlines()
+    (root / "data" / "rows.jsonl").write_text("\n".join(src[: args.rows]) + "\n")
+    live_raw = train_config(root, dirs, preset, args.rows, args.epochs, args.k)
+    start = time.perf_counter()
+    manifest = cache_teacher(build_config(live_raw), root / "cache", values="q8")
+    build_s = time.perf_counter() - start
+    cached_raw = train_config(
+        root, dirs, preset, args.rows, args.epochs, args.k, cache=str(root / "cache")
+    )
+    runs = {"live": [], "cached": []}
+    for _ in range(args.repeats):  # alternate, keep each side's fastest (a shared machine)
+        runs["live"].append(timed_train(live_raw))
+        runs["cached"].append(timed_train(cached_raw))
+    live_s, live_losses, live_ph = min(runs["live"], key=lambda r: r[0])
+    cached_s, cached_losses, cached_ph = min(runs["cached"], key=lambda r: r[0])
+    pairs = list(zip(live_losses, cached_losses, strict=True))
+    gap = max(abs(a - b) for a, b in pairs)
+    print(
+        f"\ntraining, {args.epochs} epochs x {args.rows} rows ({len(live_losses)} steps, batch "
+        f"{preset['batch']}, k={args.k}, {torch.get_num_threads()} threads, best of "
+        f"{args.repeats}):"
+    )
+    for name, s, ph in (("live teacher", live_s, live_ph), ("from the cache", cached_s, cached_ph)):
+        print(
+            f"  {name:<15} {s:7.1f} s  (teacher {ph['teacher']:.1f} s, student {ph['train']:.1f} s)"
+        )
+    print(f"  speedup {live_s / cached_s:.2f}x")
+    print(
+        f"  building the cache {build_s:.1f} s ({manifest['tokens']} tokens, "
+        f"{manifest['bytes'] / manifest['tokens']:.1f} B/token at a {len(dirs) and 512}-token "
+        "vocabulary, model loading included)"
+    )
+    print(
+        f"  largest per-step loss gap {gap:.2e} (q8 log-probs; first losses "
+        f"{live_losses[0]:.4f} live, {cached_losses[0]:.4f} cached; last "
+        f"{live_losses[-1]:.4f}, {cached_losses[-1]:.4f})"
+    )
+    return {"live_s": live_s, "cached_s": cached_s, "build_s": build_s, "loss_gap": gap}
+
+
+def synthetic(n: int, v: int, kind: str, seed: int = 0) -> torch.Tensor:
+    """(n, v) log-probs. "random": Gaussian logits (sd 2) with one token lifted by 12 nats, so
+    the top-k ids are spread at random over the vocabulary (the worst case for the ids).
+    "zipf": logits -log(id + 1) + Gaussian noise (sd 2): frequent tokens have small ids, as in
+    BPE vocabularies ordered by merge frequency, and the top-k holds about half the mass."""
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(n, v, generator=g) * 2.0
+    if kind == "random":
+        noise[torch.arange(n), torch.randint(0, v, (n,), generator=g)] += 12.0
+    else:
+        noise -= torch.log(torch.arange(1, v + 1, dtype=torch.float32))
+    return torch.log_softmax(noise, dim=-1)
+
+
+def kl_buckets(vals, rest, d_vals, d_rest) -> float:
+    """Mean KL(exact || decoded) over the K+1 buckets (decoded renormalised), nats per token."""
+    p = torch.cat([vals, rest[:, None]], -1).double()
+    q = torch.cat([d_vals, d_rest[:, None]], -1).double()
+    q = q - torch.logsumexp(q, -1, keepdim=True)
+    p = p - torch.logsumexp(p, -1, keepdim=True)
+    return float((p.exp() * (p - q)).sum(-1).mean())
+
+
+def format_part(args) -> dict:
+    from distil.teacher import cache as fmt
+    from distil.teacher.base import sparse_topk
+
+    n, v = args.tokens, 131072
+    out = {}
+    print(f"format: {n} tokens of a synthetic {v}-token vocabulary, bytes per token on disk")
+    print(
+        "| logits | k | top-k mass | ids u32 + fp32 (raw) | ids u32 + fp16 | zlib(sorted-id gaps)"
+        " + fp16 | zlib(gaps) + q8 (default) | KL fp16 | KL q8 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for kind in ("random", "zipf"):
+        logprobs = synthetic(n, v, kind)
+        token = logprobs[:, 0]
+        for k in (16, 64, 256):
+            ids, vals, rest = sparse_topk(logprobs, k)
+            sizes, kls = {}, {}
+            for codec in ("fp32", "fp16", "q8"):
+                arrays = fmt.encode_tokens(ids, vals, rest, token, codec)
+                sizes[codec] = sum(a.nbytes for a in arrays.values()) / n
+                d_ids, d_vals, d_rest, _ = fmt.decode_tokens(arrays, k, codec)
+                order = ids.argsort(-1)  # decoded rows are in id order
+                assert torch.equal(d_ids, ids.gather(-1, order))
+                kls[codec] = kl_buckets(vals.gather(-1, order), rest, d_vals, d_rest)
+            mass = float(vals.exp().sum(-1).mean())
+            print(
+                f"| {kind} | {k} | {mass:.2f} | {8 * k + 12} | {6 * k + 6} | {sizes['fp16']:.1f} | "
+                f"{sizes['q8']:.1f} | {kls['fp16']:.1e} | {kls['q8']:.1e} |"
+            )
+            out[kind, k] = {"bytes": sizes["q8"], "kl": kls["q8"]}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", choices=["demo", "tiny"], default="demo")
+    p.add_argument("--rows", type=int, default=1024)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--k", type=int, default=64)
+    p.add_argument("--tokens", type=int, default=512, help="synthetic tokens for the format table")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2, help="runs of each side, alternated")
+    p.add_argument("--skip-training", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    np.random.seed(0)
+    fmt_out = format_part(args)
+    if args.skip_training:
+        print(f"RESULT {_format_result(fmt_out)}")
+        return
+    tr = training_part(args)
+    print(
+        f"RESULT cached_vs_live_speedup={tr['live_s'] / tr['cached_s']:.2f}x "
+        f"{_format_result(fmt_out)} loss_gap={tr['loss_gap']:.1e}"
+    )
+
+
+def _format_result(out: dict) -> str:
+    return " ".join(
+        f"bytes_per_token_k64_{kind}={out[kind, 64]['bytes']:.1f} kl_k64_{kind}={out[kind, 64]['kl']:.1e}"
+        for kind in ("random", "zipf")
+    )
+
+
+if __name__ == "__main__":
+    main()

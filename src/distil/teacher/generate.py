@@ -1,0 +1,121 @@
+"""`distil generate`: a model (by default the config's teacher) writes completions for the
+config's prompts, `n` per prompt, into a JSONL file that `data.train` reads.
+
+Each output row is the input row's other columns (Countdown's `nums`, `target`, ...) plus the
+rendered `prompt` (chat messages, as the model saw them) and the model's `completion`; train from
+it with `data.template=null` (the prompt is already rendered). `keep="correct"` keeps only
+completions the strict Countdown checker accepts. The file is written to `<out>.tmp` and renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from distil.config import DistilConfig
+from distil.errors import ConfigError, DataError
+from distil.generation.base import SamplingParams
+from distil.progress import progress_bar
+
+KEEP = ("all", "correct")
+
+
+def generate_dataset(
+    cfg: DistilConfig,
+    out: str | Path,
+    *,
+    model_path: str | None = None,
+    n: int | None = None,
+    keep: str = "all",
+    batch_size: int = 16,
+) -> dict[str, int]:
+    """Write the completions; returns counts {"prompts", "completions", "kept"}."""
+    from distil.data.datasets import load_examples
+    from distil.generation.hf import HFGenerator
+    from distil.models.load import load_model, load_tokenizer
+    from distil.models.tokenizers import encode_prompts, stop_token_ids
+
+    path = model_path or cfg.teacher.path
+    if not path:
+        raise ConfigError("generate needs a model: pass --model PATH or set teacher.path")
+    if not cfg.data.train:
+        raise ConfigError("data.train is not set: generate writes completions for its prompts")
+    if keep not in KEEP:
+        raise ConfigError(f"--keep {keep!r}: choose one of {', '.join(KEEP)}")
+    out = Path(out)
+    if out.is_dir() or not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: give a file path in an existing directory")
+    examples = load_examples(
+        cfg.data.train,
+        split=cfg.data.split,
+        prompt_field=cfg.data.prompt_field,
+        completion_field=cfg.data.completion_field,
+        template=cfg.data.template,
+    )
+    if keep == "correct":
+        bad = next((e for e in examples if not {"nums", "target"} <= e.meta.keys()), None)
+        if bad is not None:
+            raise DataError(
+                "--keep correct checks Countdown answers, but this row has no nums/target "
+                "columns. Fix: --keep all, or Countdown data",
+                path=bad.meta.get("_where"),
+            )
+    key = "--model" if model_path else "teacher.path"
+    tok = load_tokenizer(path, key=key)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = "bfloat16" if device == "cuda" else cfg.teacher.dtype
+    model = load_model(path, key=key, dtype=dtype, device=device).eval()
+    prompts = encode_prompts(
+        tok, [e.prompt for e in examples], max_tokens=cfg.data.max_prompt_tokens, name=key
+    )
+    g = cfg.generation
+    params = SamplingParams(
+        g.max_new_tokens, g.temperature, g.top_p, g.top_k, n or g.num_generations
+    )
+    gen = HFGenerator(model, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, model))
+    torch.manual_seed(cfg.train.seed)
+    counts = {"prompts": len(examples), "completions": 0, "kept": 0}
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        with tmp.open("w") as fh:
+            _write(fh, examples, prompts, gen, params, tok, keep, batch_size, counts, cfg)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # nothing half-written is left behind
+        raise
+    os.replace(tmp, out)
+    return counts
+
+
+def _write(fh, examples, prompts, gen, params, tok, keep, batch_size, counts, cfg) -> None:
+    """Generate batch by batch and write the kept rows to `fh`."""
+    from distil.eval.countdown import check
+
+    with progress_bar("generate", len(examples), enabled=cfg.logging.progress) as bar:
+        for lo in range(0, len(examples), batch_size):
+            chunk = examples[lo : lo + batch_size]
+            rollout = gen.generate(prompts[lo : lo + len(chunk)], params)
+            for j, ids in zip(rollout.prompt_index, rollout.completion_lists(), strict=True):
+                ex = chunk[j]
+                text = tok.decode(ids, skip_special_tokens=True)
+                counts["completions"] += 1
+                if (
+                    keep == "correct"
+                    and not check(text, ex.meta["nums"], ex.meta["target"]).correct
+                ):
+                    continue
+                counts["kept"] += 1
+                fh.write(json.dumps(_row(ex, text), ensure_ascii=False) + "\n")
+            bar.advance(len(chunk))
+
+
+def _row(example, completion: str) -> dict[str, Any]:
+    row = {k: v for k, v in example.meta.items() if not k.startswith("_")}
+    row["prompt"] = example.prompt
+    row["completion"] = completion
+    return row

@@ -1,0 +1,237 @@
+"""`distil cache-teacher`: score a dataset's prompt + reference completion rows with the live
+teacher once and store its top-k targets on disk (format: `cache.py`, docs/teacher-cache.md).
+
+Rows are tokenized and collated exactly as the trainer's off-policy slices are (the student's
+tokenizer, `data.*` limits, the same `collate`), scored by `LiveTeacher` (log-softmax at
+`loss.temperature` over the full vocabulary, then top-k), and written shard by shard; a killed
+run continues after the last complete shard.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from distil.config import DistilConfig
+from distil.data.collate import collate
+from distil.errors import ConfigError
+from distil.progress import progress_bar
+from distil.teacher import cache as fmt
+from distil.teacher.cache import CacheError
+from distil.types import Sample
+
+
+def prepare_rows(cfg: DistilConfig, tok):
+    """(examples, prompt ids, completion ids) of the config's data, as the trainer builds them."""
+    from distil.data.datasets import load_examples
+    from distil.data.lengths import check_lengths
+    from distil.models.tokenizers import encode_prompts, stop_token_ids
+    from distil.train.setup import _reference_ids
+
+    examples = load_examples(
+        cfg.data.train,
+        split=cfg.data.split,
+        prompt_field=cfg.data.prompt_field,
+        completion_field=cfg.data.completion_field,
+        template=cfg.data.template,
+    )
+    check_lengths(examples, tok, cfg.data, completions_used=True)
+    prompts = encode_prompts(
+        tok, [e.prompt for e in examples], max_tokens=cfg.data.max_prompt_tokens, name="student"
+    )
+    eos = stop_token_ids(tok)[0]
+    completions = [
+        _reference_ids(tok, e.completion, cfg.data.max_completion_tokens, eos) for e in examples
+    ]
+    missing = [i for i, c in enumerate(completions) if c is None]
+    if missing:
+        raise ConfigError(
+            f"cache-teacher scores reference completions, but {len(missing)} of "
+            f"{len(examples)} rows of {cfg.data.train} have none (first: row {missing[0]}). "
+            f"Fix: give data with a completion column (data.completion_field = "
+            f"{cfg.data.completion_field!r} now), or write one with `distil generate`"
+        )
+    return examples, prompts, completions
+
+
+def _problems(cfg: DistilConfig) -> list[str]:
+    out = []
+    for key, value in (
+        ("teacher.path", cfg.teacher.path),
+        ("student.path", cfg.student.path),
+        ("data.train", cfg.data.train),
+    ):
+        if not value:
+            out.append(f"{key} is not set; cache-teacher needs it. Fix: set {key}")
+    if cfg.teacher.top_k is None:
+        out.append(
+            "teacher.top_k is not set: the cache stores the teacher's top-k. Fix: set "
+            "teacher.top_k (e.g. teacher.top_k=64)"
+        )
+    return out
+
+
+def student_vocab_rows(cfg: DistilConfig) -> int | None:
+    """The student's output rows from its config.json alone (no weights loaded)."""
+    from transformers import AutoConfig
+
+    try:
+        conf = AutoConfig.from_pretrained(
+            cfg.student.path, trust_remote_code=cfg.student.trust_remote_code
+        )
+    except Exception:  # a model without a readable config: no slicing
+        return None
+    return getattr(conf, "vocab_size", None)
+
+
+def cache_teacher(
+    cfg: DistilConfig,
+    out: str | Path,
+    *,
+    values: str = "q8",
+    shard_rows: int = 1024,
+    batch_size: int | None = None,
+    after_shard: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Write (or finish) the cache of `cfg`'s data in `out`; returns the manifest."""
+    from distil.models.load import load_model, load_tokenizer
+    from distil.teacher.live import LiveTeacher
+
+    if problems := _problems(cfg):
+        raise ConfigError(problems)
+    if values not in fmt.VALUE_CODECS:
+        raise ConfigError(f"--values {values!r}: choose one of {', '.join(fmt.VALUE_CODECS)}")
+    out = Path(out)
+    s, t = cfg.student, cfg.teacher
+    tok = load_tokenizer(s.tokenizer or s.path, key="student.tokenizer")
+    t_tok = load_tokenizer(t.tokenizer or t.path, key="teacher.tokenizer")
+    if t_tok.get_vocab() != tok.get_vocab():
+        raise ConfigError(
+            "the teacher's tokenizer differs from the student's; cache-teacher supports "
+            "same-tokenizer pairs only for now (cross-tokenizer caches are not built yet). "
+            "Fix: use a teacher with the student's tokenizer, or train with the live teacher"
+        )
+    examples, prompts, completions = prepare_rows(cfg, tok)
+    row_fps = fmt.row_fingerprints(prompts, completions)
+    device = t.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_model(
+        t.path,
+        key="teacher.path",
+        dtype=t.dtype,
+        attn_implementation=t.attn_implementation,
+        device=device,
+        trust_remote_code=t.trust_remote_code,
+    )
+    t_rows = model.get_output_embeddings().weight.shape[0]
+    s_rows = student_vocab_rows(cfg)
+    keep = min(t_rows, s_rows) if s_rows and s_rows != t_rows else None
+    header = {
+        "format": fmt.FORMAT,
+        "teacher_path": str(t.path),
+        "teacher_weights_sha256": fmt.weights_sha256(t.path),
+        "teacher_tokenizer_sha256": fmt.tokenizer_sha256(t_tok),
+        "student_tokenizer_sha256": fmt.tokenizer_sha256(tok),
+        "k": cfg.teacher.top_k,
+        "temperature": cfg.loss.temperature,
+        "dtype": t.dtype,
+        "vocab_size": keep or t_rows,
+        "values": values,
+        "logprob_step": fmt.LOGPROB_STEP if values == "q8" else None,
+        "data": cfg.data.train,
+        "template": cfg.data.template,
+        "data_fingerprint": fmt.combine(row_fps),
+        "rows": len(examples),
+        "shard_rows": shard_rows,
+    }
+    manifest = _start_or_resume(out, header)
+    scorer = LiveTeacher(model, temperature=cfg.loss.temperature, top_k=t.top_k, vocab_size=keep)
+    batch_size = batch_size or cfg.train.per_device_batch_size
+    start = manifest["shards"][-1]["rows"][1] if manifest["shards"] else 0
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    rate = _Rate()
+    with progress_bar("cache-teacher", len(examples), enabled=cfg.logging.progress) as bar:
+        bar.advance(start)
+        for lo in range(start, len(examples), shard_rows):
+            hi = min(lo + shard_rows, len(examples))
+            cols, offsets = [], [0]
+            for b in range(lo, hi, batch_size):
+                idx = range(b, min(b + batch_size, hi))
+                cols.append(_score(scorer, [(i, prompts[i], completions[i]) for i in idx], pad))
+                for i in idx:
+                    offsets.append(offsets[-1] + len(completions[i]))
+                bar.advance(len(idx))
+                bar.update(info=f"shard {len(manifest['shards'])} | {rate(offsets):,.0f} tok/s")
+            arrays = fmt.encode_tokens(
+                *[torch.cat(c) for c in zip(*cols, strict=True)], values=values
+            )
+            entry = fmt.write_shard(out, len(manifest["shards"]), range(lo, hi), offsets, arrays)
+            entry["data_sha256"] = fmt.combine(row_fps[lo:hi])
+            manifest["shards"].append(entry)
+            fmt.write_manifest(out, manifest)
+            rate.shard_done(offsets)
+            if after_shard is not None:
+                after_shard(len(manifest["shards"]) - 1)
+    manifest["tokens"] = sum(e["tokens"] for e in manifest["shards"])
+    manifest["bytes"] = sum(e["bytes"] for e in manifest["shards"])
+    manifest["complete"] = True
+    fmt.write_manifest(out, manifest)
+    return manifest
+
+
+def _score(scorer, rows: list[tuple[int, list[int], list[int]]], pad: int):
+    """(ids, log-probs, rest, token log-prob) of every completion token of `rows`, in order."""
+    batch = collate([Sample(i, p, c, "off_policy") for i, p, c in rows], pad)
+    t = scorer.score(batch)
+    m = batch.mask_B_T  # completion positions, row by row: the rows' tokens in order
+    return (
+        t.topk_ids_B_T_K[m],
+        t.topk_logprobs_B_T_K[m],
+        t.rest_logprob_B_T[m],
+        t.token_logprobs_B_T[m],
+    )
+
+
+class _Rate:
+    """Tokens scored per second since the start (for the progress bar)."""
+
+    def __init__(self):
+        self.began, self.before = time.perf_counter(), 0
+
+    def __call__(self, offsets: list[int]) -> float:
+        return (self.before + offsets[-1]) / max(time.perf_counter() - self.began, 1e-9)
+
+    def shard_done(self, offsets: list[int]) -> None:
+        self.before += offsets[-1]
+
+
+def _start_or_resume(out: Path, header: dict[str, Any]) -> dict[str, Any]:
+    """A fresh manifest, or the one of a cache of the same settings cut short (or finished)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a directory for the cache")
+    if (out / fmt.MANIFEST).is_file():
+        old = fmt.read_manifest(out)
+        diffs = [k for k in header if k != "teacher_path" and old.get(k) != header[k]]
+        if diffs:
+            raise CacheError(
+                f"--out {out} holds a teacher cache made with other settings ("
+                + "; ".join(
+                    f"{k}: {fmt._short(old.get(k))} vs {fmt._short(header[k])}" for k in diffs
+                )
+                + "). Fix: give another --out, or delete that directory to rebuild it"
+            )
+        fmt.verify_shards(out, old)
+        return old
+    if out.is_dir() and any(p for p in out.iterdir() if not p.name.endswith(".tmp")):
+        raise ConfigError(
+            f"--out {out} is a directory with files but no teacher cache manifest. Fix: give "
+            "an empty or new directory"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {**header, "shards": [], "complete": False}
+    # written before the first shard: a run killed at any point leaves a resumable directory
+    fmt.write_manifest(out, manifest)
+    return manifest
