@@ -1,7 +1,7 @@
 """`distil config validate`: every check `distil train` makes before its first step that needs
 no model weights, so `ok` means training would start.
 
-Beyond a valid config (`config.py`): local paths exist with the right kind and the output
+Beyond a valid config (`distil.config`): local paths exist with the right kind and the output
 directory can be created (`config.source_problems`), the loss is registered, the needed extras
 are installed, the first rows of the data parse and fit the token limits, the tokenizers load,
 have an EOS token and render the prompts, a same-tokenizer loss gets one vocabulary on both

@@ -1,0 +1,224 @@
+"""Derived values (`resolve`) and the rules that tie several values together, each returning
+the keys involved and a message with the fix; `training_problems` for what `distil train`
+needs beyond a valid config."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from distil.config.output import flatten, to_dict
+from distil.config.schema import DistilConfig
+from distil.paths import source_problems
+
+
+def resolve(cfg: DistilConfig) -> DistilConfig:
+    """Fill the derived values (one place for them); returns a new config."""
+    cfg = cfg.model_copy(deep=True)
+    if cfg.student.tokenizer is None:
+        cfg.student.tokenizer = cfg.student.path
+    if cfg.teacher.tokenizer is None:
+        cfg.teacher.tokenizer = cfg.teacher.path
+    gen, train = cfg.generation, cfg.train
+    window = train.per_device_batch_size * train.grad_accum_steps
+    if gen.generation_batch_size is None and window % gen.num_generations == 0:
+        gen.generation_batch_size = window // gen.num_generations
+    if cfg.logging.run_name is None:
+        cfg.logging.run_name = Path(train.output_dir).name
+    return cfg
+
+
+Check = Callable[[DistilConfig], "tuple[tuple[str, ...], str] | None"]
+_CHECKS: list[Check] = []
+
+
+def check(fn: Check) -> Check:
+    """Register a rule over several values; it returns (keys involved, message) or None."""
+    _CHECKS.append(fn)
+    return fn
+
+
+def semantic_problems(cfg: DistilConfig) -> list[tuple[tuple[str, ...], str]]:
+    return [p for fn in _CHECKS if (p := fn(cfg)) is not None]
+
+
+@check
+def _mixed_precision(cfg: DistilConfig):
+    if cfg.train.bf16 and cfg.train.fp16:
+        return ("train.bf16", "train.fp16"), (
+            "train.bf16 and train.fp16 are both true; pick one (set the other to false)"
+        )
+    return None
+
+
+@check
+def _window_invariant(cfg: DistilConfig):
+    gen, train = cfg.generation, cfg.train
+    window = train.per_device_batch_size * train.grad_accum_steps
+    g, n = gen.generation_batch_size, gen.num_generations
+    if g is not None and g * n == window:
+        return None
+    shown = g if g is not None else "unset"
+    return (
+        ("generation.generation_batch_size", "generation.num_generations"),
+        f"generation.generation_batch_size * generation.num_generations must equal "
+        f"train.per_device_batch_size * train.grad_accum_steps: {shown} * {n} != "
+        f"{train.per_device_batch_size} * {train.grad_accum_steps} = {window}. Fix: set "
+        f"generation.num_generations to a divisor of {window}{_divisors(window)} "
+        f"and generation.generation_batch_size to {window} / num_generations, or leave "
+        f"generation_batch_size null to derive it",
+    )
+
+
+def _divisors(n: int, limit: int = 10**6) -> str:
+    """' (1, 2, 4, ...)' for a small n; '' when listing them would take long (n is a product
+    of user-given sizes, e.g. 10**11)."""
+    if n > limit:
+        return ""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    found = sorted({*small, *(n // d for d in small)})
+    return f" ({', '.join(map(str, found))})"
+
+
+@check
+def _eval_task_named(cfg: DistilConfig):
+    from distil.tasks.registry import name_problem
+
+    problem = name_problem(cfg.eval.task)
+    return (("eval.task",), problem) if problem else None
+
+
+@check
+def _warmup_within_run(cfg: DistilConfig):
+    t = cfg.train
+    if t.warmup_steps > t.max_steps:
+        return ("train.warmup_steps", "train.max_steps"), (
+            f"train.warmup_steps ({t.warmup_steps}) > train.max_steps ({t.max_steps}): the "
+            f"learning rate would never reach train.lr ({t.lr}). Fix: set train.warmup_steps "
+            f"to at most {t.max_steps} (e.g. {max(t.max_steps // 10, 0)}), or raise "
+            "train.max_steps"
+        )
+    return None
+
+
+@check
+def _seq_kd_has_slices(cfg: DistilConfig):
+    t = cfg.train
+    if t.seq_kd and t.lambda_ >= 1.0:
+        return ("train.seq_kd", "train.lambda"), (
+            f"train.seq_kd=true makes the off-policy slices teacher-written, but train.lambda = "
+            f"{t.lambda_} draws every slice on-policy, so seq_kd would be ignored. Fix: set "
+            "train.lambda below 1 (0 for pure sequence-level KD), or train.seq_kd=false"
+        )
+    return None
+
+
+@check
+def _slices_hold_whole_groups(cfg: DistilConfig):
+    # Copies of one prompt must not straddle a micro-batch whose policy may differ.
+    n, b = cfg.generation.num_generations, cfg.train.per_device_batch_size
+    if 0.0 < cfg.train.lambda_ < 1.0 and b % n != 0:
+        return (
+            ("train.per_device_batch_size", "generation.num_generations"),
+            f"with 0 < train.lambda < 1 each micro-batch is drawn on- or off-policy, so "
+            f"train.per_device_batch_size ({b}) must be a multiple of generation.num_generations "
+            f"({n}). Fix: set per_device_batch_size to a multiple of {n}, or lambda to 0 or 1",
+        )
+    return None
+
+
+@check
+def _sft_trains_on_data(cfg: DistilConfig):
+    if cfg.loss.name == "sft" and cfg.train.lambda_ > 0:
+        return ("loss.name", "train.lambda"), (
+            f"loss.name = 'sft' trains on completions the student did not write, but "
+            f"train.lambda = {cfg.train.lambda_} asks for on-policy slices. Fix: set "
+            "train.lambda=0 (dataset completions, or the teacher's with train.seq_kd=true)"
+        )
+    return None
+
+
+@check
+def _resume_changed_keys(cfg: DistilConfig):
+    import fnmatch
+
+    keys = flatten(to_dict(cfg))
+    unknown = [p for p in cfg.train.resume_changed if not fnmatch.filter(keys, p)]
+    if unknown:
+        return ("train.resume_changed",), (
+            f"train.resume_changed names no config key: {', '.join(unknown)}. Fix: list full "
+            "keys such as train.lr or loss.beta, or patterns such as teacher.*"
+        )
+    return None
+
+
+@check
+def _hybrid_weights(cfg: DistilConfig):
+    m, u = cfg.loss.matched_weight, cfg.loss.unmatched_weight
+    if (m is None) != (u is None):
+        return ("loss.matched_weight", "loss.unmatched_weight"), (
+            f"loss.matched_weight ({m}) and loss.unmatched_weight ({u}) must both be set "
+            "(fixed weights) or both be null (weights from the matched probability mass)"
+        )
+    return None
+
+
+@check
+def _teacher_cache_scores_data_only(cfg: DistilConfig):
+    if not cfg.teacher.cache:
+        return None
+    if cfg.train.lambda_ > 0 or cfg.train.seq_kd:
+        return ("teacher.cache", "train.lambda", "train.seq_kd"), (
+            f"teacher.cache = {cfg.teacher.cache!r} holds the teacher's targets for the "
+            f"dataset's completions only, but train.lambda = {cfg.train.lambda_} / "
+            f"train.seq_kd = {cfg.train.seq_kd} asks for completions written during training, "
+            "which the teacher must score live. Fix: train.lambda=0 and train.seq_kd=false, or "
+            "drop teacher.cache to use the live teacher"
+        )
+    from distil.losses import is_cross_tokenizer
+
+    if is_cross_tokenizer(cfg.loss.name):
+        return ("teacher.cache", "loss.name"), (
+            f"teacher.cache with loss.name = {cfg.loss.name!r}: caches hold same-tokenizer "
+            "top-k targets only for now. Fix: a same-tokenizer loss (forward_kl, reverse_kl, "
+            "jsd, sampled_reverse_kl), or drop teacher.cache"
+        )
+    return None
+
+
+def _teacher_needed(cfg: DistilConfig):
+    needs = (cfg.loss.name != "sft" or cfg.train.seq_kd) and not cfg.teacher.cache
+    if needs and not cfg.teacher.path:
+        why = "train.seq_kd=true" if cfg.loss.name == "sft" else f"loss.name = {cfg.loss.name!r}"
+        return ("teacher.path",), (
+            f"{why} needs a teacher but teacher.path is not set. Fix: set teacher.path to a "
+            "model directory or hub id"
+        )
+    return None
+
+
+def _student_needed(cfg: DistilConfig):
+    if not cfg.student.path:
+        return ("student.path",), (
+            "student.path is not set. Fix: set it to a model directory or hub id "
+            "(`distil init-model` creates a small random one to train from scratch)"
+        )
+    return None
+
+
+def training_problems(cfg: DistilConfig) -> list[str]:
+    """What `distil train` needs beyond a valid config, checked without loading anything:
+    models to train and to learn from, data, and paths that exist (local ones) or can be
+    created (the output directory)."""
+    found = [_student_needed(cfg), _teacher_needed(cfg)]
+    if not cfg.data.train:
+        found.append(
+            (
+                ("data.train",),
+                "data.train is not set. Fix: point it to a JSONL/parquet "
+                "file, a saved dataset directory or a hub id",
+            )
+        )
+    problems = [message for p in found if p is not None for message in [p[1]]]
+    return problems + source_problems(cfg)[0]

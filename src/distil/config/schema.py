@@ -1,0 +1,226 @@
+"""The config tree: eight sections, every default and its description in one place."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Dtype = Literal["float32", "bfloat16", "float16", "auto"]
+
+
+class Section(BaseModel):
+    # inf/nan are never meant (train.lr=.inf passes gt=0); null says "no limit" where one exists
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False
+    )
+
+
+class DataConfig(Section):
+    train: str | None = Field(
+        None, description="training data: a JSONL/parquet file, a saved dataset dir or a hub id"
+    )
+    eval: str | None = Field(None, description="held-out data in the same formats as data.train")
+    split: str = Field("train", description="split to read from a hub dataset or DatasetDict")
+    subset: str | None = Field(
+        None, description="hub dataset config name (e.g. main for openai/gsm8k)"
+    )
+    prompt_field: str = Field(
+        "prompt", description="column with the prompt (chat messages or text)"
+    )
+    completion_field: str = Field(
+        "completion", description="column with the reference completion (off-policy slices)"
+    )
+    template: str | None = Field(
+        None,
+        description="re-render prompts: a Countdown template (countdown_chat, countdown_plain) "
+        "from nums/target, or a task (gsm8k, math, mmlu, module:Class) with the task's prompt; "
+        "null keeps the data's prompt column",
+    )
+    max_prompt_tokens: int = Field(256, gt=0, description="prompts are truncated from the left")
+    max_completion_tokens: int = Field(
+        256, gt=0, description="dataset completions are truncated to this many tokens"
+    )
+    overlong: Literal["error", "truncate"] = Field(
+        "error",
+        description="a prompt or reference completion over its max_*_tokens: stop naming the "
+        "row (error), or cut it and count the cut rows in a warning (truncate)",
+    )
+    shuffle: bool = Field(True, description="shuffle prompts every epoch (seeded)")
+    num_workers: int = Field(
+        0, ge=0, description="processes preparing micro-batches (cross-tokenizer alignment)"
+    )
+
+
+class LoraConfig(Section):
+    enabled: bool = Field(False, description="train LoRA adapters instead of all weights")
+    r: int = Field(16, gt=0, description="LoRA rank")
+    alpha: int = Field(32, gt=0, description="LoRA scaling alpha")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout")
+    target_modules: str | list[str] = Field("all-linear", description="modules given adapters")
+
+
+class ModelConfig(Section):
+    path: str | None = Field(None, description="student model: a local directory or a hub id")
+    tokenizer: str | None = Field(None, description="tokenizer path (default: student.path)")
+    dtype: Dtype = Field("float32", description="weights dtype")
+    attn_implementation: str = Field("sdpa", description="sdpa, eager, flash_attention_2, ...")
+    gradient_checkpointing: bool = Field(False, description="trade compute for activation memory")
+    trust_remote_code: bool = Field(False, description="allow model code from the checkpoint")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class TeacherConfig(Section):
+    path: str | None = Field(None, description="teacher model: a local directory or a hub id")
+    tokenizer: str | None = Field(None, description="tokenizer path (default: teacher.path)")
+    dtype: Dtype = Field("float32", description="weights dtype")
+    attn_implementation: str = Field("sdpa", description="sdpa, eager, flash_attention_2, ...")
+    device: str | None = Field(None, description="device of the teacher (default: the student's)")
+    trust_remote_code: bool = Field(False, description="allow model code from the checkpoint")
+    top_k: int | None = Field(
+        None, gt=0, description="keep the teacher's top-k log-probs + a rest bucket (null: full)"
+    )
+    cache: str | None = Field(
+        None,
+        description="a `distil cache-teacher` directory: read the teacher's top-k from disk "
+        "instead of running it (off-policy slices only; docs/teacher-cache.md)",
+    )
+
+
+class GenerationConfig(Section):
+    max_new_tokens: int = Field(128, gt=0, description="tokens sampled per completion")
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0: greedy)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling threshold")
+    top_k: int = Field(0, ge=0, description="top-k sampling (0: off)")
+    num_generations: int = Field(1, gt=0, description="samples per prompt")
+    generation_batch_size: int | None = Field(
+        None,
+        gt=0,
+        description="unique prompts per window (default: per_device_batch_size * "
+        "grad_accum_steps / num_generations)",
+    )
+
+
+class LossConfig(Section):
+    name: str = Field("jsd", description="loss from the registry (`distil losses` lists them)")
+    beta: float = Field(0.5, ge=0.0, le=1.0, description="JSD mix: 0 forward KL, 1 reverse KL")
+    temperature: float = Field(1.0, gt=0.0, description="softmax temperature on both models")
+    chunk_size: int | None = Field(
+        None, gt=0, description="tokens per chunk of the memory-lean loss (null: unchunked)"
+    )
+    ce_weight: float = Field(0.0, ge=0.0, description="weight of cross-entropy on data tokens")
+    matched_weight: float | None = Field(
+        None, ge=0.0, description="hybrid loss: weight of the matched-vocabulary term"
+    )
+    unmatched_weight: float | None = Field(
+        None, ge=0.0, description="hybrid loss: weight of the unmatched (sorted L1) term"
+    )
+
+
+class TrainConfig(Section):
+    output_dir: str = Field("runs/default", description="run directory")
+    seed: int = Field(0, description="seed of data order, sampling and the lambda draws")
+    max_steps: int = Field(100, gt=0, description="optimizer steps")
+    max_minutes: float | None = Field(
+        None, gt=0.0, description="stop after this many minutes of training (eval excluded)"
+    )
+    per_device_batch_size: int = Field(8, gt=0, description="sequences per micro-batch")
+    grad_accum_steps: int = Field(1, gt=0, description="micro-batches per optimizer step")
+    lr: float = Field(1e-5, gt=0.0, description="peak learning rate of AdamW")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup steps")
+    schedule: Literal["constant", "linear", "cosine", "wsd"] = Field(
+        "cosine", description="learning-rate schedule after warmup (wsd: constant, then decay)"
+    )
+    decay_fraction: float = Field(
+        0.2, gt=0.0, le=1.0, description="wsd: share of the run spent decaying the lr"
+    )
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="final lr / peak lr")
+    max_grad_norm: float | None = Field(1.0, gt=0.0, description="clip norm (null: no clipping)")
+    bf16: bool = Field(False, description="bf16 mixed precision")
+    fp16: bool = Field(False, description="fp16 mixed precision")
+    lambda_: float = Field(
+        1.0, alias="lambda", ge=0.0, le=1.0, description="share of on-policy slices"
+    )
+    seq_kd: bool = Field(False, description="off-policy slices use teacher-written completions")
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
+    save_every_minutes: float | None = Field(
+        10.0, gt=0.0, description="also checkpoint after this many minutes (null: off)"
+    )
+    keep_last: int = Field(2, gt=0, description="checkpoints kept")
+    resume: str = Field(
+        "auto", description="auto (newest complete checkpoint), never, or a checkpoint dir"
+    )
+    resume_changed: list[str] = Field(
+        default_factory=list,
+        description="keys (or patterns like teacher.*) allowed to differ from the checkpoint's",
+    )
+    eval_every: int = Field(0, ge=0, description="evaluate every N steps (0: never)")
+    log_every: int = Field(1, gt=0, description="print metrics every N steps")
+    max_consecutive_skips: int = Field(
+        5, gt=0, description="non-finite steps skipped in a row before the run stops"
+    )
+    max_zero_grad_steps: int = Field(
+        10, ge=0, description="steps in a row with a grad norm of exactly 0 before the run stops"
+    )
+    num_threads: int | None = Field(None, gt=0, description="torch CPU threads (null: default)")
+
+
+class EvalConfig(Section):
+    task: str = Field(
+        "countdown",
+        description="task: countdown, gsm8k, math, mmlu, or a class by import path "
+        "(mypkg.tasks:MyTask)",
+    )
+    data: str | None = Field(
+        None,
+        description="problems: a JSONL/parquet file, a saved dataset dir or a hub id (null: "
+        "the task's hub dataset; Countdown generates test problems)",
+    )
+    subset: str | None = Field(None, description="hub dataset config name (e.g. main, all)")
+    split: str = Field("test", description="split of a hub dataset or saved DatasetDict")
+    num_fewshot: int = Field(5, ge=0, description="mmlu: examples shown before each question")
+    fewshot_data: str | None = Field(
+        None, description="mmlu: file or hub id of the shots (null: eval.data's hub dataset)"
+    )
+    fewshot_split: str = Field("dev", description="mmlu: split the shots come from")
+    n: int = Field(500, gt=0, description="problems evaluated")
+    samples: int = Field(1, gt=0, description="completions per problem (pass@k)")
+    batch_size: int = Field(64, gt=0, description="prompts per generate call")
+    max_new_tokens: int = Field(64, gt=0, description="tokens generated per completion")
+    temperature: float = Field(0.0, ge=0.0, description="0: greedy decoding")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling threshold")
+    template: str | None = Field(
+        None, description="prompt template (null: the one recorded with the model)"
+    )
+    number_usage: Literal["exact", "subset"] = Field(
+        "exact", description="numbers used must equal nums (exact) or be a sub-multiset"
+    )
+    numbers: str = Field("3", description="numbers per generated problem: 3, 4 or 3-4")
+    seed: int = Field(1234, description="seed of generated test problems and sampling")
+
+
+class LoggingConfig(Section):
+    trackers: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
+        default_factory=list, description="trackers through accelerate (installed extras)"
+    )
+    project: str = Field("distil", description="tracker project name")
+    run_name: str | None = Field(None, description="run name (default: output dir name)")
+    progress: bool = Field(True, description="show a progress bar")
+    print_example: bool = Field(True, description="print one rendered training example")
+
+
+class DistilConfig(Section):
+    data: DataConfig = Field(default_factory=DataConfig)
+    student: ModelConfig = Field(default_factory=ModelConfig)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+
+# Keys that say where a run lives rather than what it does; `config diff` skips them by default.
+LOCATION_KEYS = ("train.output_dir", "logging.run_name")
