@@ -165,6 +165,17 @@ class TrainConfig(Section):
         10, ge=0, description="steps in a row with a grad norm of exactly 0 before the run stops"
     )
     num_threads: int | None = Field(None, gt=0, description="torch CPU threads (null: default)")
+    packing: bool = Field(
+        False,
+        description="padding-free forwards: a micro-batch's sequences packed into rows "
+        "(position_ids restart per sequence, block-diagonal attention); student and live teacher",
+    )
+    pack_length: int | None = Field(
+        None,
+        gt=0,
+        description="tokens per packed row (null: the micro-batch's longest sequence; flash "
+        "attention packs one row)",
+    )
 
 
 class EvalConfig(Section):

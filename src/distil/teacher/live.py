@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from distil.data.packing import model_forward
 from distil.errors import DistilError
 from distil.teacher.base import sparse_topk
 from distil.types import Batch, TeacherTargets
@@ -24,8 +25,13 @@ class LiveTeacher:
         temperature: float = 1.0,
         top_k: int | None = None,
         vocab_size: int | None = None,
+        packing: bool = False,
+        pack_length: int | None = None,
+        chunk_rows: int = 1024,
     ):
         self.model = model.eval()
+        self.packing, self.pack_length = packing, pack_length
+        self.chunk_rows = chunk_rows  # positions per fp32 log-softmax chunk of top-k targets
         self.temperature = temperature
         self.top_k = top_k
         self.vocab_size = vocab_size  # keep only the first V logits (padded embedding rows)
@@ -46,10 +52,13 @@ class LiveTeacher:
         if batch.teacher_input_ids_B_L is not None:
             ids, attn = batch.teacher_input_ids_B_L, batch.teacher_attention_mask_B_L
         with torch.inference_mode():
-            out = self.model(
-                input_ids=ids.to(self.device), attention_mask=attn.to(self.device), use_cache=False
-            )
-            logits = out.logits[:, :-1]
+            logits = model_forward(
+                self.model,
+                ids.to(self.device),
+                attn.to(self.device),
+                packing=self.packing,
+                pack_length=self.pack_length,
+            )[:, :-1]
             if self.vocab_size is not None:
                 logits = logits[..., : self.vocab_size]
             return logits
@@ -57,28 +66,45 @@ class LiveTeacher:
     @torch.no_grad()
     def score(self, batch: Batch) -> TeacherTargets:
         logits = self.logits(batch)
-        # log-softmax in fp32 one row at a time would save memory; the whole (B, T, V) in fp32
-        # is what the loss needs anyway unless targets are sparse.
+        if self.top_k is not None:
+            return self._score_topk(batch, logits)
+        # full targets: the loss reads the whole (B, T, V) at once, kept in the teacher's dtype
         logprobs = torch.log_softmax(logits.float() / self.temperature, dim=-1)
         _check_finite(logprobs, batch)
         token_logprobs = None
         if batch.teacher_input_ids_B_L is None:  # same tokens: the student's labels are ours
             labels = batch.labels_B_T.to(logprobs.device).unsqueeze(-1)
             token_logprobs = logprobs.gather(-1, labels).squeeze(-1)
-        student_device = batch.input_ids_B_L.device
-        if self.top_k is None:
-            targets = TeacherTargets(
-                logprobs_B_T_V=logprobs.to(logits.dtype), token_logprobs_B_T=token_logprobs
-            )
-        else:
-            ids, vals, rest = sparse_topk(logprobs, self.top_k)
-            targets = TeacherTargets(
-                topk_ids_B_T_K=ids,
-                topk_logprobs_B_T_K=vals,
-                rest_logprob_B_T=rest,
-                token_logprobs_B_T=token_logprobs,
-            )
-        return targets.to(student_device)
+        targets = TeacherTargets(
+            logprobs_B_T_V=logprobs.to(logits.dtype), token_logprobs_B_T=token_logprobs
+        )
+        return targets.to(batch.input_ids_B_L.device)
+
+    def _score_topk(self, batch: Batch, logits_B_T_V: torch.Tensor) -> TeacherTargets:
+        """Top-k + rest targets, the fp32 log-softmax taken `chunk_rows` positions at a time,
+        so the (B, T, V) fp32 log-probs never exist at once."""
+        b, t, v = logits_B_T_V.shape
+        flat = logits_B_T_V.reshape(b * t, v)
+        labels = None
+        if batch.teacher_input_ids_B_L is None:  # same tokens: the student's labels are ours
+            labels = batch.labels_B_T.to(flat.device).reshape(b * t)
+        parts: list[tuple[torch.Tensor, ...]] = []
+        for s in range(0, b * t, self.chunk_rows):
+            lp = torch.log_softmax(flat[s : s + self.chunk_rows].float() / self.temperature, -1)
+            ids, vals, rest = sparse_topk(lp, self.top_k)
+            tok = lp.amax(-1) if labels is None else lp.gather(-1, labels[s : s + len(lp), None])
+            parts.append((ids, vals, rest, tok.reshape(-1), lp.amax(-1)))
+        ids, vals, rest, tok, peak = (
+            torch.cat(x).reshape(b, t, *x[0].shape[1:]) for x in zip(*parts, strict=True)
+        )
+        _check_finite(peak.unsqueeze(-1), batch)
+        targets = TeacherTargets(
+            topk_ids_B_T_K=ids,
+            topk_logprobs_B_T_K=vals,
+            rest_logprob_B_T=rest,
+            token_logprobs_B_T=None if labels is None else tok,
+        )
+        return targets.to(batch.input_ids_B_L.device)
 
 
 class TeacherOutputError(DistilError):

@@ -215,6 +215,8 @@ def _accumulate(c: Components, cfg: DistilConfig, window) -> tuple[dict, Any, fl
                     c.loss_fn,
                     num_tokens=num_tokens,
                     vocab_size=c.vocab_size,
+                    packing=cfg.train.packing,
+                    pack_length=cfg.train.pack_length,
                     loss_opts=_loss_opts(c, cfg, window.policies[i]),
                 )
             acc.backward(result.loss)

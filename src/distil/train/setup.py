@@ -333,7 +333,12 @@ def build(cfg: DistilConfig) -> Components:
             cfg, tok, teacher_tok, model, teacher_model
         )
         teacher = scorer_class("live")(
-            teacher_model, temperature=cfg.loss.temperature, top_k=None, vocab_size=teacher_vocab
+            teacher_model,
+            temperature=cfg.loss.temperature,
+            top_k=None,
+            vocab_size=teacher_vocab,
+            packing=cfg.train.packing,
+            pack_length=cfg.train.pack_length,
         )
     elif cached:
         teacher = None  # opened below, once the buffer has tokenized the data
@@ -344,6 +349,8 @@ def build(cfg: DistilConfig) -> Components:
             temperature=cfg.loss.temperature,
             top_k=cfg.teacher.top_k,
             vocab_size=vocab_size,
+            packing=cfg.train.packing,
+            pack_length=cfg.train.pack_length,
         )
     optimizer = build_optimizer(model, cfg.train)
     model, optimizer = accelerator.prepare(model, optimizer)

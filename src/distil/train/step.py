@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
+from distil.data.packing import model_forward
 from distil.types import Batch, LossOutput, TeacherTargets
 
 
@@ -27,21 +28,33 @@ def hidden_states_as_logits(model: torch.nn.Module):
 
 
 def student_forward(
-    model, unwrapped, batch: Batch, *, chunk_size: int | None, vocab_size: int | None
+    model,
+    unwrapped,
+    batch: Batch,
+    *,
+    chunk_size: int | None,
+    vocab_size: int | None,
+    packing: bool = False,
+    pack_length: int | None = None,
 ):
-    """Shifted student logits (B, T, V), or a `StudentHidden` for the chunked loss path."""
+    """Shifted student logits (B, T, V), or a `StudentHidden` for the chunked loss path.
+
+    With `packing` the forward runs on packed rows (`distil.data.packing.model_forward`) and
+    its output comes back in the batch's padded layout, so the loss is unchanged.
+    """
     kwargs = dict(
-        input_ids=batch.input_ids_B_L,
-        attention_mask=batch.attention_mask_B_L,
-        use_cache=False,
+        input_ids_B_L=batch.input_ids_B_L,
+        attention_mask_B_L=batch.attention_mask_B_L,
+        packing=packing,
+        pack_length=pack_length,
     )
     if chunk_size is None:
-        logits = model(**kwargs).logits[:, :-1]
+        logits = model_forward(model, **kwargs)[:, :-1]
         return logits[..., :vocab_size] if vocab_size is not None else logits
     from distil.losses.chunked import StudentHidden
 
     with hidden_states_as_logits(unwrapped) as head:
-        hidden = model(**kwargs).logits[:, :-1]
+        hidden = model_forward(model, **kwargs)[:, :-1]
     weight, bias = head.weight, getattr(head, "bias", None)
     if vocab_size is not None:
         weight = weight[:vocab_size]
@@ -59,10 +72,18 @@ def micro_step(
     num_tokens: float,
     loss_opts: dict,
     vocab_size: int | None = None,
+    packing: bool = False,
+    pack_length: int | None = None,
 ) -> LossOutput:
     """Forward + loss for one micro-batch; the caller runs backward."""
     student = student_forward(
-        model, unwrapped, batch, chunk_size=loss_opts.get("chunk_size"), vocab_size=vocab_size
+        model,
+        unwrapped,
+        batch,
+        chunk_size=loss_opts.get("chunk_size"),
+        vocab_size=vocab_size,
+        packing=packing,
+        pack_length=pack_length,
     )
     extra = {} if batch.alignment is None else {"alignment": batch.alignment}
     return loss_fn(
