@@ -271,3 +271,24 @@ def test_cross_tokenizer_runs_packed_and_padded_log_the_same_losses(
     a = _losses(make_train_config, tmp_path, False, **kw)
     b = _losses(make_train_config, tmp_path, True, **kw)
     assert len(a) == 3 and a == pytest.approx(b, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("top_k", [None, 5])
+def test_teacher_log_softmax_in_chunks_equals_the_whole_batch_at_once(top_k):
+    model = tiny_llama(97, seed=3)
+    ids, attn = _ragged(97, LENGTHS)
+    batch = _batch(ids, attn)
+    whole = LiveTeacher(model, top_k=top_k, temperature=1.5, chunk_rows=10_000).score(batch)
+    chunked = LiveTeacher(model, top_k=top_k, temperature=1.5, chunk_rows=7).score(batch)
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].detach()
+    ref = torch.log_softmax(logits / 1.5, -1)  # the reference: one log-softmax over everything
+    real = attn[:, 1:].bool()
+    ref_tok = ref.gather(-1, batch.labels_B_T[..., None])[..., 0]
+    assert torch.allclose(chunked.token_logprobs_B_T[real], ref_tok[real], atol=1e-5)
+    if top_k is None:
+        assert torch.allclose(chunked.logprobs_B_T_V[real], ref[real], atol=1e-5)
+    else:
+        vals = ref.topk(top_k, -1).values
+        assert torch.allclose(chunked.topk_logprobs_B_T_K[real], vals[real], atol=1e-5)
+        assert torch.equal(chunked.topk_ids_B_T_K, whole.topk_ids_B_T_K)
+        assert torch.allclose(chunked.rest_logprob_B_T, whole.rest_logprob_B_T)

@@ -106,7 +106,10 @@ class LossConfig(Section):
     beta: float = Field(0.5, ge=0.0, le=1.0, description="JSD mix: 0 forward KL, 1 reverse KL")
     temperature: float = Field(1.0, gt=0.0, description="softmax temperature on both models")
     chunk_size: int | None = Field(
-        None, gt=0, description="tokens per chunk of the memory-lean loss (null: unchunked)"
+        1024,
+        gt=0,
+        description="loss positions per chunk of the memory-lean loss: the student's head and "
+        "fp32 log-softmax run chunk by chunk, checkpointed (null: unchunked, (B, T, V) fp32 logits)",
     )
     ce_weight: float = Field(0.0, ge=0.0, description="weight of cross-entropy on data tokens")
     matched_weight: float | None = Field(

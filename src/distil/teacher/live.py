@@ -65,45 +65,39 @@ class LiveTeacher:
 
     @torch.no_grad()
     def score(self, batch: Batch) -> TeacherTargets:
+        """Full log-probs (in the teacher's dtype) or top-k + rest, the fp32 log-softmax taken
+        `chunk_rows` positions at a time, so the (B, T, V) fp32 log-probs never exist at once."""
         logits = self.logits(batch)
-        if self.top_k is not None:
-            return self._score_topk(batch, logits)
-        # full targets: the loss reads the whole (B, T, V) at once, kept in the teacher's dtype
-        logprobs = torch.log_softmax(logits.float() / self.temperature, dim=-1)
-        _check_finite(logprobs, batch)
-        token_logprobs = None
-        if batch.teacher_input_ids_B_L is None:  # same tokens: the student's labels are ours
-            labels = batch.labels_B_T.to(logprobs.device).unsqueeze(-1)
-            token_logprobs = logprobs.gather(-1, labels).squeeze(-1)
-        targets = TeacherTargets(
-            logprobs_B_T_V=logprobs.to(logits.dtype), token_logprobs_B_T=token_logprobs
-        )
-        return targets.to(batch.input_ids_B_L.device)
-
-    def _score_topk(self, batch: Batch, logits_B_T_V: torch.Tensor) -> TeacherTargets:
-        """Top-k + rest targets, the fp32 log-softmax taken `chunk_rows` positions at a time,
-        so the (B, T, V) fp32 log-probs never exist at once."""
-        b, t, v = logits_B_T_V.shape
-        flat = logits_B_T_V.reshape(b * t, v)
+        b, t, v = logits.shape
+        flat = logits.reshape(b * t, v)
         labels = None
         if batch.teacher_input_ids_B_L is None:  # same tokens: the student's labels are ours
             labels = batch.labels_B_T.to(flat.device).reshape(b * t)
+        full = torch.empty_like(flat) if self.top_k is None else None
         parts: list[tuple[torch.Tensor, ...]] = []
         for s in range(0, b * t, self.chunk_rows):
             lp = torch.log_softmax(flat[s : s + self.chunk_rows].float() / self.temperature, -1)
-            ids, vals, rest = sparse_topk(lp, self.top_k)
-            tok = lp.amax(-1) if labels is None else lp.gather(-1, labels[s : s + len(lp), None])
-            parts.append((ids, vals, rest, tok.reshape(-1), lp.amax(-1)))
-        ids, vals, rest, tok, peak = (
-            torch.cat(x).reshape(b, t, *x[0].shape[1:]) for x in zip(*parts, strict=True)
-        )
-        _check_finite(peak.unsqueeze(-1), batch)
-        targets = TeacherTargets(
-            topk_ids_B_T_K=ids,
-            topk_logprobs_B_T_K=vals,
-            rest_logprob_B_T=rest,
-            token_logprobs_B_T=None if labels is None else tok,
-        )
+            peak = lp.amax(-1)
+            tok = peak if labels is None else lp.gather(-1, labels[s : s + len(lp), None])[:, 0]
+            if full is not None:
+                full[s : s + len(lp)] = lp
+                parts.append((tok, peak))
+            else:
+                parts.append((tok, peak, *sparse_topk(lp, self.top_k)))
+        cat = [torch.cat(x).reshape(b, t, *x[0].shape[1:]) for x in zip(*parts, strict=True)]
+        _check_finite(cat[1].unsqueeze(-1), batch)
+        token_logprobs = None if labels is None else cat[0]
+        if full is not None:
+            targets = TeacherTargets(
+                logprobs_B_T_V=full.reshape(b, t, v), token_logprobs_B_T=token_logprobs
+            )
+        else:
+            targets = TeacherTargets(
+                topk_ids_B_T_K=cat[2],
+                topk_logprobs_B_T_K=cat[3],
+                rest_logprob_B_T=cat[4],
+                token_logprobs_B_T=token_logprobs,
+            )
         return targets.to(batch.input_ids_B_L.device)
 
 

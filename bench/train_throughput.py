@@ -1,0 +1,254 @@
+"""Training-step throughput (MFU) with packing and the chunked loss on and off, and the loss's
+extra peak memory at a large vocabulary.
+
+Part `step` (GPU): a Llama-style student (~0.50B non-embedding) and teacher (~1.30B), 32k
+vocabulary, bf16 weights, off-policy forward KL, micro-batches of 8 sequences of ~273 tokens
+(ragged, 64-482), grad accumulation 2; each optimizer step is what `distil.train.loop` runs per
+window: `LiveTeacher.score` and `distil.train.step.micro_step` + backward per micro-batch, then
+AdamW (fused on CUDA). Seconds per phase (median of the measured steps), MFU =
+6·N_student·tokens (train phase) and + 2·N_teacher·tokens (whole step) / time / peak FLOP/s.
+
+Part `memory`: the extra peak memory of one jsd loss forward + backward over N tokens at a V
+vocabulary (hidden H), full teacher targets and top-64 targets, unchunked vs `chunk_size` rows.
+On CUDA `max_memory_allocated` above the inputs; on CPU each case runs in a fresh process and
+reports its peak RSS above the inputs.
+
+    python bench/train_throughput.py --part step                 # GPU: the step table
+    python bench/train_throughput.py --part memory --vocab 131072 --tokens 4096 --hidden 2048
+    OMP_NUM_THREADS=2 python bench/train_throughput.py --part memory --device cpu \\
+        --vocab 32768 --tokens 1024 --hidden 512                  # the CPU-sized table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+
+def peak_flops() -> float:
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    return 1e12 * next((v for k, v in PEAK_TFLOPS.items() if k in name), 989.0)
+
+
+def llama(hidden, layers, heads, inter, vocab, seed):
+    from distil.testing import tiny_llama
+
+    return tiny_llama(
+        vocab, hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=inter,
+        max_position_embeddings=1024, seed=seed, tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+def non_embedding(model) -> int:
+    emb = model.get_input_embeddings().weight.numel() + model.get_output_embeddings().weight.numel()
+    return sum(p.numel() for p in model.parameters()) - emb
+
+
+def ragged_batches(n_micro, batch, vocab, seed, device):
+    from distil.data.collate import collate
+    from distil.types import Sample
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n_micro):
+        lengths = (torch.exp(torch.randn(batch, generator=g) * 0.4) * 260).clamp(64, 482)
+        samples = []
+        for n in lengths.int().tolist():
+            ids = torch.randint(3, vocab, (n,), generator=g).tolist()
+            samples.append(Sample(0, ids[: n // 3], ids[n // 3 :], "off_policy"))
+        out.append(collate(samples, pad_id=0).to(device))
+    return out
+
+
+def step_table(args) -> list[dict]:
+    from distil.losses import get_loss
+    from distil.teacher.live import LiveTeacher
+    from distil.train.step import micro_step
+
+    dev, dt = args.device, torch.bfloat16 if args.device == "cuda" else torch.float32
+    student = llama(1024, 24, 16, 4096, 32768, 0).to(dev, dt).train()  # ~0.50B non-embedding
+    teacher = llama(2048, 16, 16, 8192, 32768, 1).to(dev, dt)  # ~1.30B non-embedding
+    if args.attn:
+        student.config._attn_implementation = teacher.config._attn_implementation = args.attn
+    n_s, n_t = non_embedding(student), non_embedding(teacher)
+    fused = {"fused": True} if dev == "cuda" else {}
+    opt = torch.optim.AdamW(student.parameters(), lr=1e-5, **fused)
+    loss_fn = get_loss("forward_kl")
+    rows = []
+    for chunk, packing in [(None, False), (1024, False), (1024, True)]:
+        scorer = LiveTeacher(teacher, packing=packing)
+        times = {"teacher": [], "train": [], "step": []}
+        for step in range(args.warmup + args.steps):
+            window = ragged_batches(2, 8, 32768, step, dev)
+            n_tok = sum(float(b.num_loss_tokens) for b in window)
+            sync()
+            t0 = time.perf_counter()
+            t_teacher = t_train = 0.0
+            for b in window:
+                ta = time.perf_counter()
+                targets = scorer.score(b)
+                sync()
+                tb = time.perf_counter()
+                out = micro_step(
+                    student, student, b, targets, loss_fn, num_tokens=n_tok,
+                    loss_opts={"chunk_size": chunk}, packing=packing,
+                )  # fmt: skip
+                out.loss.backward()
+                sync()
+                t_teacher, t_train = t_teacher + tb - ta, t_train + time.perf_counter() - tb
+            tc = time.perf_counter()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sync()
+            t_train += time.perf_counter() - tc
+            if step >= args.warmup:
+                times["teacher"].append(t_teacher)
+                times["train"].append(t_train)
+                times["step"].append(time.perf_counter() - t0)
+        tokens = sum(int(b.attention_mask_B_L.sum()) for b in window)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        rows.append(
+            {
+                "chunk_size": chunk,
+                "packing": packing,
+                **med,
+                "mfu_train": 6 * n_s * tokens / med["train"] / peak_flops(),
+                "mfu_step": (6 * n_s + 2 * n_t) * tokens / med["step"] / peak_flops(),
+                "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else 0.0,
+            }
+        )
+        if dev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+    print(f"student {n_s / 1e9:.2f}B, teacher {n_t / 1e9:.2f}B non-embedding, {dev}")
+    print(
+        "| chunk_size | packing | teacher s | train s | step s | MFU train | MFU step | peak GiB |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['chunk_size']} | {r['packing']} | {r['teacher']:.3f} | {r['train']:.3f} | "
+            f"{r['step']:.3f} | {100 * r['mfu_train']:.1f}% | {100 * r['mfu_step']:.1f}% | "
+            f"{r['peak_gib']:.1f} |"
+        )
+    return rows
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def memory_case(args, chunk: int | None, top_k: int | None) -> float:
+    """Extra peak MiB of one jsd forward + backward (the inputs excluded)."""
+    from distil.losses import StudentHidden, get_loss
+    from distil.teacher.base import sparse_topk
+    from distil.types import TeacherTargets
+
+    dev, dt = args.device, torch.bfloat16 if args.device == "cuda" else torch.float32
+    n, v, h = args.tokens, args.vocab, args.hidden
+    g = torch.Generator(device=dev).manual_seed(0)
+    hidden = torch.randn(1, n, h, device=dev, dtype=dt, generator=g).requires_grad_()
+    weight = (torch.randn(v, h, device=dev, dtype=dt, generator=g) / h**0.5).requires_grad_()
+    with torch.no_grad():  # teacher targets built chunk by chunk: no setup peak above them
+        lp = torch.randn(n, v, device=dev, dtype=dt, generator=g)
+        parts = []
+        for i in range(0, n, 256):
+            lp[i : i + 256] = torch.log_softmax(lp[i : i + 256].float(), -1).to(dt)
+            if top_k is not None:
+                parts.append(sparse_topk(lp[i : i + 256].float(), top_k))
+        if top_k is None:
+            targets = TeacherTargets(logprobs_B_T_V=lp[None])
+        else:
+            ids, vals, rest = (torch.cat(x)[None] for x in zip(*parts, strict=True))
+            targets = TeacherTargets(
+                topk_ids_B_T_K=ids, topk_logprobs_B_T_K=vals, rest_logprob_B_T=rest
+            )
+        del lp
+    mask = torch.ones(1, n, dtype=torch.bool, device=dev)
+    if dev == "cuda":
+        sync()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _rss_now()
+    # the student's logits are part of what the unchunked loss costs
+    student = StudentHidden(hidden, weight) if chunk else hidden @ weight.T
+    out = get_loss("jsd")(student, targets, mask, num_tokens=float(n), chunk_size=chunk)
+    out.loss.backward()
+    if dev == "cuda":
+        sync()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base) / 2**20
+
+
+def _rss_now() -> int:
+    """This process's resident memory now, in bytes (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def memory_table(args) -> dict:
+    res = {}
+    for top_k in (None, 64):
+        for chunk in (None, args.chunk_size):
+            if args.device == "cuda":
+                res[top_k, chunk] = memory_case(args, chunk, top_k)
+                torch.cuda.empty_cache()
+            else:  # a fresh process per case: RSS peaks only grow
+                cmd = [sys.executable, __file__, *sys.argv[1:], "--case", f"{chunk},{top_k}"]
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                res[top_k, chunk] = json.loads(out.strip().splitlines()[-1])
+    print(
+        f"jsd loss, {args.tokens} tokens, vocab {args.vocab}, hidden {args.hidden}, {args.device}"
+    )
+    print("| targets | unchunked MiB | chunk_size MiB | ratio |")
+    print("|---|---|---|---|")
+    for top_k in (None, 64):
+        full, ch = res[top_k, None], res[top_k, args.chunk_size]
+        name = "full" if top_k is None else f"top-{top_k}"
+        print(f"| {name} | {full:.0f} | {ch:.0f} ({args.chunk_size}) | {ch / full:.2f} |")
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--part", choices=["step", "memory", "all"], default="all")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--attn", default=None, help="attention implementation (default: sdpa)")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=131072)
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--chunk-size", type=int, default=1024)
+    ap.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.case:
+        chunk, top_k = (None if x == "None" else int(x) for x in args.case.split(","))
+        print(json.dumps(memory_case(args, chunk, top_k)))
+        return
+    headline = []
+    if args.part in ("step", "all"):
+        rows = step_table(args)
+        headline.append(f"step MFU {100 * rows[-1]['mfu_step']:.1f}% (packed, chunked)")
+    if args.part in ("memory", "all"):
+        m = memory_table(args)
+        c = args.chunk_size
+        headline.append(
+            f"loss peak chunked/unchunked {m[None, c] / m[None, None]:.2f} (full), "
+            f"{m[64, c] / m[64, None]:.2f} (top-64) at vocab {args.vocab}"
+        )
+    print(f"RESULT train_throughput: {'; '.join(headline)} ({args.device})")
+
+
+if __name__ == "__main__":
+    main()
