@@ -6,9 +6,10 @@ padded (to its longest sequence) and once packed (`distil.data.packing.model_for
 most `--pack-length` tokens, best-fit decreasing). The student phase is `distil.train.step
 .micro_step` (forward KL against fixed targets, chunked loss) + backward + AdamW; the teacher
 phase is `LiveTeacher.score` (full log-probs). Real (non-padding) tokens per second, median of
-`--repeats` passes over all micro-batches, padded and packed interleaved. Peak memory: each
-(phase, mode) runs in a fresh worker process; on CPU the process's peak RSS above its baseline
-after loading, on CUDA `torch.cuda.max_memory_allocated`.
+`--repeats` passes over all micro-batches, padded and packed alternating micro-batch by
+micro-batch in one process (so a busy machine slows both alike). Peak memory: one pass per
+(phase, mode) in a fresh worker process; on CPU the peak RSS above the RSS after loading, on
+CUDA `torch.cuda.max_memory_allocated` above the allocated memory after loading.
 
     OMP_NUM_THREADS=2 python bench/packing.py            # CPU, about 2 minutes
     python bench/packing.py --device cuda --hidden 1024 --layers 16 --batch 32 --max-len 2048
@@ -75,36 +76,25 @@ def worker(args) -> dict:
     from distil.losses import get_loss
     from distil.teacher.live import LiveTeacher
     from distil.train.step import micro_step
-    from distil.types import TeacherTargets
 
     torch.manual_seed(0)
-    packing = args.mode == "packed"
     model = build(args, args.phase)
     data = [b.to(args.device) for b in batches(args, args.vocab)]
-    real = sum(int(b.attention_mask_B_L.sum()) for b in data)
     if args.phase == "teacher":
-        scorer = LiveTeacher(model, packing=packing, pack_length=args.pack_length)
+        scorer = LiveTeacher(model, pack_length=args.pack_length)
 
-        def run(b):
-            scorer.score(b)
+        def run(i, packing):
+            scorer.packing = packing
+            scorer.score(data[i])
 
     else:
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         loss_fn = get_loss("forward_kl")
-        targets = {}
-        for i, b in enumerate(data):  # fixed targets: a one-hot-ish teacher, cheap to build
-            t = torch.full((*b.labels_B_T.shape, 2), 0, dtype=torch.long, device=args.device)
-            t[..., 0] = b.labels_B_T
-            lp = torch.tensor([-0.1, -2.4], device=args.device).expand(*t.shape).contiguous()
-            targets[i] = TeacherTargets(
-                topk_ids_B_T_K=t,
-                topk_logprobs_B_T_K=lp,
-                rest_logprob_B_T=torch.full(b.labels_B_T.shape, -5.0, device=args.device),
-            )
+        targets = [fixed_targets(b, args.device) for b in data]
 
-        def run(b):
-            i = next(k for k, x in enumerate(data) if x is b)
+        def run(i, packing):
+            b = data[i]
             out = micro_step(
                 model, model, b, targets[i], loss_fn, num_tokens=float(b.num_loss_tokens),
                 loss_opts={"chunk_size": 1024}, packing=packing, pack_length=args.pack_length,
@@ -113,34 +103,73 @@ def worker(args) -> dict:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    run(data[0])  # warm-up
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    if args.device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    times = []
+    if args.mode in ("padded", "packed"):  # peak memory of one pass, this process alone
+        base = _rss_now()
+        if args.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        for i in range(len(data)):
+            run(i, args.mode == "packed")
+        sync()
+        if args.device == "cuda":
+            return {"peak_mib": (torch.cuda.max_memory_allocated() - base) / 2**20}
+        return {
+            "peak_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base) / 2**20
+        }
+    # timing: padded and packed alternate micro-batch by micro-batch (same load on both)
+    run(0, False), run(0, True)  # warm-up
+    spent = {False: [], True: []}
     for _ in range(args.repeats):
-        sync()
-        t0 = time.perf_counter()
-        for b in data:
-            run(b)
-        sync()
-        times.append(time.perf_counter() - t0)
-    if args.device == "cuda":
-        peak = torch.cuda.max_memory_allocated() / 2**20
-    else:
-        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
-    width = sum(b.input_ids_B_L.numel() for b in data)
-    if packing:  # computed tokens = the packed rows, their tails included
-        from distil.data.packing import plan_packing, sequence_lengths
+        total = {False: 0.0, True: 0.0}
+        for i in range(len(data)):
+            for packing in (False, True) if i % 2 == 0 else (True, False):
+                sync()
+                t0 = time.perf_counter()
+                run(i, packing)
+                sync()
+                total[packing] += time.perf_counter() - t0
+        for k in spent:
+            spent[k].append(total[k])
+    real = sum(int(b.attention_mask_B_L.sum()) for b in data)
+    out = {}
+    for packing, mode in ((False, "padded"), (True, "packed")):
+        out[mode] = {
+            "tok_s": real / statistics.median(spent[packing]),
+            "fill": real / computed(data, args, packing),
+        }
+    return out
 
-        width = 0
-        for b in data:
-            n = sequence_lengths(b.attention_mask_B_L)
-            cap = max(n) if args.pack_length is None else max(args.pack_length, max(n))
-            r, p = plan_packing(n, b.input_ids_B_L.shape[1], cap).shape_R_P
-            width += r * p
-    return {"tok_s": real / statistics.median(times), "peak_mib": peak, "fill": real / width}
+
+def fixed_targets(b, device):
+    """Top-2 + rest targets that favour the label: cheap, and the same for both modes."""
+    from distil.types import TeacherTargets
+
+    t = torch.zeros((*b.labels_B_T.shape, 2), dtype=torch.long, device=device)
+    t[..., 0] = b.labels_B_T
+    lp = torch.tensor([-0.1, -2.4], device=device).expand(*t.shape).contiguous()
+    rest = torch.full(b.labels_B_T.shape, -5.0, device=device)
+    return TeacherTargets(topk_ids_B_T_K=t, topk_logprobs_B_T_K=lp, rest_logprob_B_T=rest)
+
+
+def computed(data, args, packing: bool) -> int:
+    """Tokens the transformer body computes: padded width, or packed rows (tails included)."""
+    from distil.data.packing import plan_packing, sequence_lengths
+
+    if not packing:
+        return sum(b.input_ids_B_L.numel() for b in data)
+    width = 0
+    for b in data:
+        n = sequence_lengths(b.attention_mask_B_L)
+        cap = max(n) if args.pack_length is None else max(args.pack_length, max(n))
+        r, p = plan_packing(n, b.input_ids_B_L.shape[1], cap).shape_R_P
+        width += r * p
+    return width
+
+
+def _rss_now() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
 
 
 def main() -> None:
@@ -170,21 +199,21 @@ def main() -> None:
         f"pack_length {args.pack_length or 'longest'}, {args.device}"
     )
     res = {}
-    passthrough = [a for a in sys.argv[1:]]
     for phase in ("student", "teacher"):
-        for mode in ("padded", "packed"):
-            cmd = [sys.executable, __file__, *passthrough, "--worker", phase, mode]
+        for mode in ("time", "padded", "packed"):
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", phase, mode]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             res[phase, mode] = json.loads(out.strip().splitlines()[-1])
+        for mode in ("padded", "packed"):
+            res[phase, mode].update(res[phase, "time"][mode])
     print("| phase | mode | real tokens/s | fill (real / computed) | peak MiB | packed / padded |")
     print("|---|---|---|---|---|---|")
     for phase in ("student", "teacher"):
         pad = res[phase, "padded"]
         for mode in ("padded", "packed"):
             r = res[phase, mode]
-            fill = r["fill"]
             print(
-                f"| {phase} | {mode} | {r['tok_s']:.0f} | {fill:.2f} | {r['peak_mib']:.0f} | "
+                f"| {phase} | {mode} | {r['tok_s']:.0f} | {r['fill']:.2f} | {r['peak_mib']:.0f} | "
                 f"{r['tok_s'] / pad['tok_s']:.2f}x |"
             )
     s = res["student", "packed"]["tok_s"] / res["student", "padded"]["tok_s"]

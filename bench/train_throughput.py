@@ -75,8 +75,11 @@ def step_table(args) -> list[dict]:
     from distil.train.step import micro_step
 
     dev, dt = args.device, torch.bfloat16 if args.device == "cuda" else torch.float32
-    student = llama(1024, 24, 16, 4096, 32768, 0).to(dev, dt).train()  # ~0.50B non-embedding
-    teacher = llama(2048, 16, 16, 8192, 32768, 1).to(dev, dt)  # ~1.30B non-embedding
+    s_dims, t_dims = ((1024, 24, 16, 4096), (2048, 16, 16, 8192))  # ~0.50B / ~1.30B
+    if args.small:  # a smoke test of this code path on CPU, not a measurement
+        s_dims, t_dims = (64, 2, 4, 128), (96, 2, 4, 192)
+    student = llama(*s_dims, 32768, 0).to(dev, dt).train()
+    teacher = llama(*t_dims, 32768, 1).to(dev, dt)
     if args.attn:
         student.config._attn_implementation = teacher.config._attn_implementation = args.attn
     n_s, n_t = non_embedding(student), non_embedding(teacher)
@@ -230,6 +233,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--chunk-size", type=int, default=1024)
+    ap.add_argument("--small", action="store_true", help="tiny models: check the step part runs")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.case:

@@ -84,6 +84,22 @@ def select_rows(
     )
 
 
+def _rows_at(targets: TeacherTargets, labels_B_T, at_n: torch.Tensor) -> Rows:
+    """The targets (and labels) at flat positions `at_n` (b * T + t), each (n, ...)."""
+
+    def pick(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x.reshape(-1, *x.shape[2:])[at_n.to(x.device)]
+
+    return Rows(
+        labels_N=pick(labels_B_T),
+        logprobs_N_V=pick(targets.logprobs_B_T_V),
+        topk_ids_N_K=pick(targets.topk_ids_B_T_K),
+        topk_logprobs_N_K=pick(targets.topk_logprobs_B_T_K),
+        rest_logprob_N=pick(targets.rest_logprob_B_T),
+        token_logprobs_N=pick(targets.token_logprobs_B_T),
+    )
+
+
 def student_parts(student, mask_B_T: torch.Tensor):
     """(x_B_T_X, weight_V_H | None, bias_V | None): logits, or hidden states and the head.
 
@@ -166,14 +182,17 @@ def run_rowwise(
         raise ValueError(f"chunk_size must be a positive number of rows or None, got {chunk_size}")
     mask_B_T = mask_B_T.bool()
     x_N, weight, bias = _student_rows(student, mask_B_T)
-    rows = select_rows(targets, mask_B_T, labels_B_T)
+    # the targets' rows are gathered chunk by chunk (from flat positions), so a full (N, V)
+    # copy of the teacher's log-probs never exists next to the (B, T, V) original
+    at_N = mask_B_T.reshape(-1).nonzero().squeeze(1)
     n = x_N.shape[0]
     step = n if chunk_size is None else min(chunk_size, n)
     step = max(step, 1)  # n == 0 still runs one (empty) chunk so the graph stays connected
     forward = partial(_chunk_forward, rows_fn, temperature, ce_weight)
     parts = []
     for start in range(0, max(n, 1), step):
-        chunk = (x_N[start : start + step], rows[start : start + step], weight, bias)
+        rows = _rows_at(targets, labels_B_T, at_N[start : start + step])
+        chunk = (x_N[start : start + step], rows, weight, bias)
         if step < n:  # several chunks: recompute each in backward instead of storing (n, V)
             parts.append(checkpoint(forward, *chunk, use_reentrant=False))
         else:
