@@ -292,3 +292,11 @@ def test_teacher_log_softmax_in_chunks_equals_the_whole_batch_at_once(top_k):
         assert torch.allclose(chunked.topk_logprobs_B_T_K[real], vals[real], atol=1e-5)
         assert torch.equal(chunked.topk_ids_B_T_K, whole.topk_ids_B_T_K)
         assert torch.allclose(chunked.rest_logprob_B_T, whole.rest_logprob_B_T)
+
+
+def test_auto_chunk_size_follows_the_vocabulary(make_train_config):
+    from distil.losses.chunked import auto_chunk_size
+
+    assert [auto_chunk_size(v) for v in (512, 32768, 131072, 10**7)] == [1024, 1024, 256, 64]
+    c, _ = _components(make_train_config)  # the default config: loss.chunk_size = auto
+    assert c.loss_opts["chunk_size"] == 1024

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -105,11 +105,11 @@ class LossConfig(Section):
     name: str = Field("jsd", description="loss from the registry (`distil losses` lists them)")
     beta: float = Field(0.5, ge=0.0, le=1.0, description="JSD mix: 0 forward KL, 1 reverse KL")
     temperature: float = Field(1.0, gt=0.0, description="softmax temperature on both models")
-    chunk_size: int | None = Field(
-        1024,
-        gt=0,
+    chunk_size: Annotated[int, Field(gt=0)] | Literal["auto"] | None = Field(
+        "auto",
         description="loss positions per chunk of the memory-lean loss: the student's head and "
-        "fp32 log-softmax run chunk by chunk, checkpointed (null: unchunked, (B, T, V) fp32 logits)",
+        "fp32 log-softmax run chunk by chunk, checkpointed (auto: 2^25 / vocabulary rows, "
+        "64-1024, i.e. 1024 up to a 32k vocabulary; null: unchunked, (B, T, V) fp32 logits)",
     )
     ce_weight: float = Field(0.0, ge=0.0, description="weight of cross-entropy on data tokens")
     matched_weight: float | None = Field(

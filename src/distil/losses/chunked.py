@@ -84,6 +84,12 @@ def select_rows(
     )
 
 
+def auto_chunk_size(vocab_size: int) -> int:
+    """Rows per chunk for `loss.chunk_size: auto`: about 2^25 fp32 logits (128 MiB) per chunk,
+    64 to 1024 rows (1024 up to a 32k vocabulary, 256 at 128k)."""
+    return max(64, min(1024, 2**25 // max(int(vocab_size), 1)))
+
+
 def _rows_at(targets: TeacherTargets, labels_B_T, at_n: torch.Tensor) -> Rows:
     """The targets (and labels) at flat positions `at_n` (b * T + t), each (n, ...)."""
 

@@ -126,6 +126,15 @@ def load_teacher(cfg: DistilConfig, accelerator):
     return _load(cfg.teacher, "teacher", device=cfg.teacher.device or accelerator.device)
 
 
+def _chunk_size(cfg: DistilConfig, vocab_size: int | None, student) -> int | None:
+    """`loss.chunk_size`, with `auto` resolved from the student's (kept) vocabulary."""
+    if cfg.loss.chunk_size != "auto":
+        return cfg.loss.chunk_size
+    from distil.losses.chunked import auto_chunk_size
+
+    return auto_chunk_size(vocab_size or student.get_output_embeddings().weight.shape[0])
+
+
 def shared_vocab_size(cfg: DistilConfig, s_tok, t_tok, s_model, t_model) -> int | None:
     """Same-tokenizer losses need one vocabulary; never resize embeddings silently.
 
@@ -375,7 +384,7 @@ def build(cfg: DistilConfig) -> Components:
         "temperature": cfg.loss.temperature,
         "targets_temperature": cfg.loss.temperature,
         "beta": cfg.loss.beta,
-        "chunk_size": cfg.loss.chunk_size,
+        "chunk_size": _chunk_size(cfg, vocab_size, unwrapped),
         "matched_weight": cfg.loss.matched_weight,
         "unmatched_weight": cfg.loss.unmatched_weight,
     }
