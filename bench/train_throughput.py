@@ -89,7 +89,7 @@ def step_table(args) -> list[dict]:
     rows = []
     for chunk, packing in [(None, False), (1024, False), (1024, True)]:
         scorer = LiveTeacher(teacher, packing=packing)
-        times = {"teacher": [], "train": [], "step": []}
+        times = {"teacher": [], "train": [], "step": [], "tokens": []}
         for step in range(args.warmup + args.steps):
             window = ragged_batches(2, 8, 32768, step, dev)
             n_tok = sum(float(b.num_loss_tokens) for b in window)
@@ -117,8 +117,9 @@ def step_table(args) -> list[dict]:
                 times["teacher"].append(t_teacher)
                 times["train"].append(t_train)
                 times["step"].append(time.perf_counter() - t0)
-        tokens = sum(int(b.attention_mask_B_L.sum()) for b in window)
+                times["tokens"].append(sum(int(b.attention_mask_B_L.sum()) for b in window))
         med = {k: statistics.median(v) for k, v in times.items()}
+        tokens = med["tokens"]  # every step draws other lengths; the same draws per row
         rows.append(
             {
                 "chunk_size": chunk,

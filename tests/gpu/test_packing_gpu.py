@@ -3,6 +3,7 @@ on CUDA (sdpa with a block mask, flex attention, flash-attention varlen when ins
 packed bf16 run logs the padded run's losses. Skipped without a CUDA device."""
 
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -58,7 +59,5 @@ def test_packed_bf16_run_logs_the_padded_losses(tmp_path, make_train_config):
         raw["train"]["output_dir"] = str(tmp_path / f"run{packing}")
         loop.train(build_config(raw))
         lines = (tmp_path / f"run{packing}" / "metrics.jsonl").read_text().splitlines()
-        import json
-
         losses[packing] = [json.loads(x)["loss"] for x in lines]
     assert losses[True] == pytest.approx(losses[False], rel=2e-2)
