@@ -45,6 +45,15 @@ def test_best_fit_decreasing_places_every_sequence_once_within_capacity(lengths,
         assert sum(lengths[i] for i in b) <= capacity or len(b) == 1
 
 
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=1000)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=64), st.integers(1, 600))
+def test_best_fit_decreasing_longer_profile(lengths, capacity):
+    test_best_fit_decreasing_places_every_sequence_once_within_capacity.hypothesis.inner_test(
+        lengths, capacity
+    )
+
+
 def test_best_fit_decreasing_fills_the_fullest_bin_that_fits():
     # 7 -> bin A (3 free), 6 -> bin B (4 free), 3 -> A (fullest that fits), 4 -> B
     assert best_fit_decreasing([3, 7, 4, 6], 10) == [[1, 0], [3, 2]]
