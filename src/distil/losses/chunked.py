@@ -70,9 +70,13 @@ def select_rows(
     targets: TeacherTargets, mask_B_T: torch.Tensor, labels_B_T: torch.Tensor | None = None
 ) -> Rows:
     """The targets (and labels) at the loss positions, each (N, ...) in row-major order."""
+    return _pick_rows(targets, labels_B_T, lambda x: x[mask_B_T])
 
+
+def _pick_rows(targets: TeacherTargets, labels_B_T, pick_B_T: Callable) -> Rows:
+    # the same selection applied to every (B, T, ...) target that is present
     def pick(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else x[mask_B_T]
+        return None if x is None else pick_B_T(x)
 
     return Rows(
         labels_N=pick(labels_B_T),
@@ -92,18 +96,7 @@ def auto_chunk_size(vocab_size: int) -> int:
 
 def _rows_at(targets: TeacherTargets, labels_B_T, at_n: torch.Tensor) -> Rows:
     """The targets (and labels) at flat positions `at_n` (b * T + t), each (n, ...)."""
-
-    def pick(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else x.reshape(-1, *x.shape[2:])[at_n.to(x.device)]
-
-    return Rows(
-        labels_N=pick(labels_B_T),
-        logprobs_N_V=pick(targets.logprobs_B_T_V),
-        topk_ids_N_K=pick(targets.topk_ids_B_T_K),
-        topk_logprobs_N_K=pick(targets.topk_logprobs_B_T_K),
-        rest_logprob_N=pick(targets.rest_logprob_B_T),
-        token_logprobs_N=pick(targets.token_logprobs_B_T),
-    )
+    return _pick_rows(targets, labels_B_T, lambda x: x.reshape(-1, *x.shape[2:])[at_n.to(x.device)])
 
 
 def student_parts(student, mask_B_T: torch.Tensor):
