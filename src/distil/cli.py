@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from distil.errors import ConfigError, DistilError
+from distil.teacher.cli import add_cache_teacher, add_generate
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_losses(sub)
     _add_scratch(sub)
     _add_inspect(sub)
-    _add_cache_teacher(sub)
-    _add_generate(sub)
+    add_cache_teacher(sub, _positive_int)
+    add_generate(sub, _positive_int)
     return p
 
 
@@ -428,80 +429,3 @@ def _eval(args) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-# ----------------------------------------------------------------------------- teacher cache
-
-
-def _add_cache_teacher(sub) -> None:
-    p = sub.add_parser(
-        "cache-teacher", help="score the data's completions with the teacher once: top-k on disk"
-    )
-    p.add_argument("config", help="YAML config: its data, student tokenizer, teacher, top_k")
-    p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
-    p.add_argument("--out", required=True, help="cache directory (resumed if it exists)")
-    p.add_argument(
-        "--values",
-        choices=["q8", "fp16", "fp32"],
-        default="q8",
-        help="log-prob storage: q8 (1 byte, 1/8-nat steps, default), fp16, fp32 (lossless)",
-    )
-    p.add_argument("--shard-rows", type=_positive_int, default=1024, help="rows per shard")
-    p.add_argument(
-        "--batch-size", type=_positive_int, default=None, help="rows per teacher forward"
-    )
-    p.set_defaults(func=_cache_teacher)
-
-
-def _cache_teacher(args) -> int:
-    from distil.config import load_config
-    from distil.teacher.writer import cache_teacher
-
-    cfg = load_config(args.config, args.overrides)
-    m = cache_teacher(
-        cfg, args.out, values=args.values, shard_rows=args.shard_rows, batch_size=args.batch_size
-    )
-    per_token = m["bytes"] / max(m["tokens"], 1)
-    print(
-        f"{m['tokens']} tokens in {len(m['shards'])} shards, {m['bytes']} bytes "
-        f"({per_token:.1f} bytes per token, k={m['k']}, values={m['values']}): {args.out}"
-    )
-    return 0
-
-
-def _add_generate(sub) -> None:
-    p = sub.add_parser(
-        "generate", help="a model (default: the teacher) writes completions for the data's prompts"
-    )
-    p.add_argument("config", help="YAML config: its data, generation settings and teacher")
-    p.add_argument("overrides", nargs="*", help="key.sub=value overrides")
-    p.add_argument("--out", required=True, help="JSONL file to write (prompt, completion, ...)")
-    p.add_argument("--model", default=None, help="model directory (default: teacher.path)")
-    p.add_argument(
-        "--n",
-        type=_positive_int,
-        default=None,
-        help="completions per prompt (default: generation.num_generations)",
-    )
-    p.add_argument(
-        "--keep",
-        choices=["all", "correct"],
-        default="all",
-        help="correct: only completions the Countdown checker accepts",
-    )
-    p.add_argument("--batch-size", type=_positive_int, default=16, help="prompts per call")
-    p.set_defaults(func=_generate)
-
-
-def _generate(args) -> int:
-    from distil.config import load_config
-    from distil.teacher.generate import generate_dataset
-
-    cfg = load_config(args.config, args.overrides)
-    c = generate_dataset(
-        cfg, args.out, model_path=args.model, n=args.n, keep=args.keep, batch_size=args.batch_size
-    )
-    print(
-        f"{c['kept']} of {c['completions']} completions kept ({c['prompts']} prompts): {args.out}"
-    )
-    return 0

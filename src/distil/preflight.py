@@ -83,21 +83,12 @@ def _settings(cfg: DistilConfig, found: _Problems) -> None:
 
 def _data(cfg: DistilConfig, found: _Problems):
     """The first rows of data.train (also parsed: data.eval and, with eval_every, eval.data)."""
-    from distil.data.datasets import load_examples
+    from distil.data.datasets import config_examples
 
     examples = None
     for source in (cfg.data.train, cfg.data.eval):
         if source and (looks_local(source) or Path(os.path.expanduser(source)).exists()):
-            rows = found.attempt(
-                load_examples,
-                source,
-                split=cfg.data.split,
-                subset=cfg.data.subset,
-                prompt_field=cfg.data.prompt_field,
-                completion_field=cfg.data.completion_field,
-                template=cfg.data.template,
-                limit=ROWS_READ,
-            )
+            rows = found.attempt(config_examples, cfg.data, source, ROWS_READ)
             examples = rows if examples is None else examples
     if cfg.train.eval_every:  # the task imports; a local problems file reads as its rows
         from distil.tasks import make_task

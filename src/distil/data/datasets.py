@@ -16,6 +16,21 @@ from distil.errors import DataError
 from distil.types import Example, Messages
 
 
+def config_examples(data: Any, source: str | None = None, limit: int | None = None):
+    """`load_examples` with the data section's settings (split, subset, fields, template), for
+    `source` (default: data.train). One place, so trainer, cache, generate and validate read the
+    same rows."""
+    return load_examples(
+        source or data.train,
+        split=data.split,
+        subset=data.subset,
+        prompt_field=data.prompt_field,
+        completion_field=data.completion_field,
+        template=data.template,
+        limit=limit,
+    )
+
+
 def load_examples(
     source: str,
     *,

@@ -34,7 +34,7 @@ def generate_dataset(
     batch_size: int = 16,
 ) -> dict[str, int]:
     """Write the completions; returns counts {"prompts", "completions", "kept"}."""
-    from distil.data.datasets import load_examples
+    from distil.data.datasets import config_examples
     from distil.generation.hf import HFGenerator
     from distil.models.load import load_model, load_tokenizer
     from distil.models.tokenizers import encode_prompts, stop_token_ids
@@ -49,13 +49,7 @@ def generate_dataset(
     out = Path(out)
     if out.is_dir() or not out.parent.is_dir():
         raise ConfigError(f"--out {out}: give a file path in an existing directory")
-    examples = load_examples(
-        cfg.data.train,
-        split=cfg.data.split,
-        prompt_field=cfg.data.prompt_field,
-        completion_field=cfg.data.completion_field,
-        template=cfg.data.template,
-    )
+    examples = config_examples(cfg.data)
     if keep == "correct":
         bad = next((e for e in examples if not {"nums", "target"} <= e.meta.keys()), None)
         if bad is not None:

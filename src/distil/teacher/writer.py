@@ -27,18 +27,12 @@ from distil.types import Sample
 
 def prepare_rows(cfg: DistilConfig, tok):
     """(examples, prompt ids, completion ids) of the config's data, as the trainer builds them."""
-    from distil.data.datasets import load_examples
+    from distil.data.datasets import config_examples
     from distil.data.lengths import check_lengths
     from distil.models.tokenizers import encode_prompts, stop_token_ids
     from distil.train.setup import _reference_ids
 
-    examples = load_examples(
-        cfg.data.train,
-        split=cfg.data.split,
-        prompt_field=cfg.data.prompt_field,
-        completion_field=cfg.data.completion_field,
-        template=cfg.data.template,
-    )
+    examples = config_examples(cfg.data)
     check_lengths(examples, tok, cfg.data, completions_used=True)
     prompts = encode_prompts(
         tok, [e.prompt for e in examples], max_tokens=cfg.data.max_prompt_tokens, name="student"

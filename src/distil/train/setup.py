@@ -307,7 +307,7 @@ def build(cfg: DistilConfig) -> Components:
     from accelerate.utils import set_seed
 
     from distil.config import training_problems
-    from distil.data.datasets import load_examples
+    from distil.data.datasets import config_examples
     from distil.data.lengths import check_lengths, uses_completions
     from distil.losses import get_loss, is_cross_tokenizer
     from distil.train.optim import build_optimizer
@@ -317,14 +317,7 @@ def build(cfg: DistilConfig) -> Components:
     accelerator = build_accelerator(cfg)
     set_seed(cfg.train.seed, device_specific=True)
     loss_fn = get_loss(cfg.loss.name)
-    examples = load_examples(
-        cfg.data.train,
-        split=cfg.data.split,
-        subset=cfg.data.subset,
-        prompt_field=cfg.data.prompt_field,
-        completion_field=cfg.data.completion_field,
-        template=cfg.data.template,
-    )
+    examples = config_examples(cfg.data)
     model, tok = load_student(cfg, accelerator)
     check_lengths(examples, tok, cfg.data, completions_used=uses_completions(cfg))
     cross, teacher_model, teacher_tok, vocab_size = None, None, None, None
