@@ -99,6 +99,28 @@ class GenerationConfig(Section):
         description="unique prompts per window (default: per_device_batch_size * "
         "grad_accum_steps / num_generations)",
     )
+    backend: Literal["hf", "hf_static", "vllm"] = Field(
+        "hf",
+        description="sampler: hf (transformers generate, dynamic KV cache), hf_static (distil's "
+        "own decode loop over a fixed-shape KV cache, decode step compiled on CUDA) or vllm (the "
+        "vllm extra, CUDA). hf stays the default until hf_static is measured faster on a GPU "
+        "(bench/generation.py; docs/training.md)",
+    )
+    compile: bool | Literal["auto"] = Field(
+        "auto",
+        description="hf_static: torch.compile the one-token decode step (CUDA graphs on CUDA); "
+        "auto: on for CUDA, off on CPU",
+    )
+    static_batch_buckets: list[Annotated[int, Field(gt=0)]] = Field(
+        default_factory=lambda: [8, 16, 32, 64, 128, 256],
+        description="hf_static: rows of a generate call are padded up to the smallest of these "
+        "(larger calls are split at the largest) so that the compiled shapes repeat",
+    )
+    static_length_buckets: list[Annotated[int, Field(gt=0)]] = Field(
+        default_factory=lambda: [64, 128, 256, 512, 1024],
+        description="hf_static: prompts are left-padded to the smallest of these widths that "
+        "fits (longer prompts: the next multiple of the largest)",
+    )
 
 
 class LossConfig(Section):

@@ -308,9 +308,11 @@ def generate_for_model(
     progress: bool = True,
     model=None,
     tokenizer=None,
+    generator=None,
 ) -> list[dict[str, Any]]:
-    """Generate `cfg.samples` completions per problem with transformers `generate`, batched;
-    prompts from the task of `cfg` (a Countdown template: cfg.template, else the model's)."""
+    """Generate `cfg.samples` completions per problem, batched, with `generator` (a training
+    run's, over `model`) or transformers `generate`; prompts from the task of `cfg` (a
+    Countdown template: cfg.template, else the model's)."""
     import torch
 
     from distil.generation.base import SamplingParams
@@ -325,7 +327,9 @@ def generate_for_model(
         model = load_model(model_path, key="eval model", device=device)
     template = cfg.template or read_model_meta(model_path).get("template")
     task = make_task(cfg.model_copy(update={"template": template}))
-    gen = HFGenerator(model, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, model))
+    gen = generator or HFGenerator(
+        model, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, model)
+    )
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, 0, cfg.samples)
     out = []
     with progress_bar(
@@ -351,12 +355,19 @@ def evaluate_model(
     progress: bool = True,
     model=None,
     tokenizer=None,
+    generator=None,
 ) -> EvalResult:
     """Generate and score; the summary records the generation seconds."""
     problems = problems if problems is not None else load_problems(cfg)
     start = time.perf_counter()
     with_completions = generate_for_model(
-        model_path, problems, cfg, progress=progress, model=model, tokenizer=tokenizer
+        model_path,
+        problems,
+        cfg,
+        progress=progress,
+        model=model,
+        tokenizer=tokenizer,
+        generator=generator,
     )
     result = score(name or Path(model_path).name, with_completions, task=make_task(cfg))
     result.summary["seconds"] = round(time.perf_counter() - start, 2)

@@ -37,8 +37,33 @@ class _ChosenLogprobs:
             self.last_logprobs_B_V = None
 
 
+def sampling_warpers(params: SamplingParams) -> list:
+    """transformers' logits warpers for `params`, in the order generate applies them
+    (temperature, top-k, top-p); none for greedy decoding."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    warpers: list = []
+    if not params.greedy:
+        if params.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(params.temperature))
+        if params.top_k > 0:
+            warpers.append(TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(params.top_p))
+    return warpers
+
+
 class HFGenerator:
     """Generator over a transformers causal LM (unwrapped from DDP/FSDP by the caller)."""
+
+    @classmethod
+    def from_config(cls, cfg, model, *, pad_id: int, stop_ids: Sequence[int]) -> HFGenerator:
+        """The `generation.backend=hf` generator (the config has no knob for it)."""
+        return cls(model, pad_id=pad_id, stop_ids=stop_ids)
 
     def __init__(
         self, model, *, pad_id: int, stop_ids: Sequence[int], max_batch: int | None = None
@@ -68,11 +93,6 @@ class HFGenerator:
 
     def _generate_rows(self, rows: list[list[int]], params: SamplingParams):
         from transformers import LogitsProcessorList
-        from transformers.generation.logits_process import (
-            TemperatureLogitsWarper,
-            TopKLogitsWarper,
-            TopPLogitsWarper,
-        )
 
         device = next(self.model.parameters()).device
         ids, attn = left_pad(rows, self.pad_id)
@@ -80,14 +100,7 @@ class HFGenerator:
         recorder = _ChosenLogprobs(ids.shape[1])
         # Warpers are passed explicitly (and the config's left neutral) so that the recorder
         # runs after them and sees the distribution the token is actually drawn from.
-        warpers = []
-        if not params.greedy:
-            if params.temperature != 1.0:
-                warpers.append(TemperatureLogitsWarper(params.temperature))
-            if params.top_k > 0:
-                warpers.append(TopKLogitsWarper(params.top_k))
-            if params.top_p < 1.0:
-                warpers.append(TopPLogitsWarper(params.top_p))
+        warpers = sampling_warpers(params)
         was_training = self.model.training
         self.model.eval()
         try:

@@ -35,7 +35,7 @@ def generate_dataset(
 ) -> dict[str, int]:
     """Write the completions; returns counts {"prompts", "completions", "kept"}."""
     from distil.data.datasets import config_examples
-    from distil.generation.hf import HFGenerator
+    from distil.generation.select import build_generator, teacher_backend
     from distil.models.load import load_model, load_tokenizer
     from distil.models.tokenizers import encode_prompts, stop_token_ids
 
@@ -70,7 +70,13 @@ def generate_dataset(
     params = SamplingParams(
         g.max_new_tokens, g.temperature, g.top_p, g.top_k, n or g.num_generations
     )
-    gen = HFGenerator(model, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, model))
+    gen = build_generator(
+        cfg,
+        model,
+        pad_id=tok.pad_token_id,
+        stop_ids=stop_token_ids(tok, model),
+        backend=teacher_backend(cfg),
+    )
     torch.manual_seed(cfg.train.seed)
     counts = {"prompts": len(examples), "completions": 0, "kept": 0}
     tmp = out.with_name(out.name + ".tmp")

@@ -387,6 +387,7 @@ def _evaluate(c: Components, cfg: DistilConfig, problems) -> dict[str, Any]:
                 progress=False,
                 model=c.unwrapped,
                 tokenizer=c.tokenizer,
+                generator=c.buffer.student.generator,
             )
         result = eval_metrics(r.summary)
     acc.wait_for_everyone()

@@ -15,7 +15,7 @@ from distil.config import DistilConfig
 from distil.data.collate import collate
 from distil.errors import ConfigError, require
 from distil.generation.base import SamplingParams
-from distil.generation.hf import HFGenerator
+from distil.generation.select import build_generator, teacher_backend
 from distil.models.load import load_model, load_tokenizer
 from distil.models.tokenizers import encode_prompts, stop_token_ids
 from distil.train.buffer import GenerationBuffer, PromptSide
@@ -191,10 +191,12 @@ def build_buffer(
     params = SamplingParams(g.max_new_tokens, g.temperature, g.top_p, g.top_k, g.num_generations)
     teacher_side = None
     if cfg.train.seq_kd:
-        t_gen = HFGenerator(
+        t_gen = build_generator(
+            cfg,
             teacher_model,
             pad_id=teacher_tok.pad_token_id,
             stop_ids=stop_token_ids(teacher_tok, teacher_model),
+            backend=teacher_backend(cfg),
         )
         if cross is None:  # same tokenizer: the same prompt ids and completion ids
             teacher_side = PromptSide(prompt_ids, t_gen)
@@ -357,8 +359,8 @@ def build(cfg: DistilConfig) -> Components:
     optimizer = build_optimizer(model, cfg.train)
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
-    generator = HFGenerator(
-        unwrapped, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, unwrapped)
+    generator = build_generator(
+        cfg, unwrapped, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, unwrapped)
     )
     buffer = build_buffer(
         cfg,

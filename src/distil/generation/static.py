@@ -1,0 +1,232 @@
+"""`generation.backend=hf_static`: distil's own decode loop over a fixed-shape KV cache.
+
+transformers' `generate` with a dynamic cache grows its tensors every step, so nothing can be
+captured once and replayed. Here the prompts of a call are left-padded to one of a few widths
+(`length_buckets`) and the rows to one of a few batch sizes (`batch_buckets`), the KV cache is a
+transformers `StaticCache` of width prompt + max_new_tokens kept between calls, and the
+one-token step (forward + warpers + sampling + log-prob of the chosen token) has the same
+shapes at every step and every call of a bucket, so on CUDA it is compiled once and replayed
+as a CUDA graph (`torch.compile(mode="reduce-overhead")`).
+
+Same contract as `HFGenerator` (it reuses its batching and EOS masking): the warpers are
+transformers' own, applied in generate's order, and the recorded log-prob is that of the
+chosen token under the warped distribution. Greedy completions equal HFGenerator's. The step
+reads the module's parameters at every call (they are graph inputs, not constants), so an
+in-place optimizer step is seen by the next generation with nothing to sync.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from distil.generation.base import SamplingParams, mask_after_eos
+from distil.generation.hf import HFGenerator, sampling_warpers
+from distil.models.tokenizers import left_pad
+
+DEFAULT_BATCH_BUCKETS = (8, 16, 32, 64, 128, 256)
+DEFAULT_LENGTH_BUCKETS = (64, 128, 256, 512, 1024)
+KEPT_CACHES = 2  # KV caches of recent bucket shapes kept allocated between calls
+CHECK_EVERY_CUDA = 8  # decode steps between "has every row stopped?" host syncs on CUDA
+
+
+def bucket(size: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket >= size; past the largest, the next multiple of the largest."""
+    ordered = sorted(buckets)
+    i = bisect.bisect_left(ordered, size)
+    if i < len(ordered):
+        return ordered[i]
+    return -(-size // ordered[-1]) * ordered[-1]
+
+
+class StaticCacheGenerator(HFGenerator):
+    """Generator with a fixed-shape KV cache and an optionally compiled decode step."""
+
+    def __init__(
+        self,
+        model,
+        *,
+        pad_id: int,
+        stop_ids: Sequence[int],
+        compile: bool = False,
+        batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+        length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+        compile_backend: str = "inductor",
+        compile_mode: str | None = None,
+    ):
+        # calls larger than the largest batch bucket are split by HFGenerator.generate
+        super().__init__(model, pad_id=pad_id, stop_ids=stop_ids, max_batch=max(batch_buckets))
+        self.batch_buckets = sorted(batch_buckets)
+        self.length_buckets = sorted(length_buckets)
+        self.compile = compile
+        self.compile_backend = compile_backend
+        self.compile_mode = compile_mode
+        self._caches: OrderedDict[tuple, Any] = OrderedDict()
+        self._step_fn = None
+
+    @classmethod
+    def from_config(
+        cls, cfg, model, *, pad_id: int, stop_ids: Sequence[int]
+    ) -> StaticCacheGenerator:
+        """The `generation.backend=hf_static` generator; `generation.compile=auto` compiles
+        on CUDA only (a CPU compile costs minutes of C++ builds for a small gain)."""
+        g = cfg.generation
+        device = next(model.parameters()).device
+        compile_ = device.type == "cuda" if g.compile == "auto" else bool(g.compile)
+        return cls(
+            model,
+            pad_id=pad_id,
+            stop_ids=stop_ids,
+            compile=compile_,
+            batch_buckets=g.static_batch_buckets,
+            length_buckets=g.static_length_buckets,
+        )
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        if model is not self.model:  # another module: its caches and compiled step are not ours
+            self._caches.clear()
+            self._step_fn = None
+        self.model = model
+
+    # ------------------------------------------------------------------ one call
+
+    @torch.no_grad()
+    def _generate_rows(self, rows: list[list[int]], params: SamplingParams):
+        device = next(self.model.parameters()).device
+        n_rows, new = len(rows), params.max_new_tokens
+        batch = bucket(n_rows, self.batch_buckets)
+        width = bucket(max(len(r) for r in rows), self.length_buckets)
+        # filler rows repeat a real prompt (an all-padding row has nothing to attend to)
+        ids, attn = left_pad([*rows, *[rows[0]] * (batch - n_rows)], self.pad_id)
+        ids = torch.nn.functional.pad(ids, (width - ids.shape[1], 0), value=self.pad_id)
+        attn = torch.nn.functional.pad(attn, (width - attn.shape[1], 0), value=0)
+        ids, attn = ids.to(device), attn.to(device)
+        # cache slots: prompt (padding masked), then one per new token (the causal mask hides
+        # the slots not written yet), so one mask serves the prefill and every decode step
+        mask_B_L = torch.cat([attn.bool(), attn.new_ones(batch, new, dtype=torch.bool)], 1)
+        # positions count real tokens only, as generate's (left padding does not shift RoPE)
+        pos_B_P = (attn.cumsum(-1) - 1).clamp(min=0)
+        cache = self._cache(batch, width + new)
+        warpers = sampling_warpers(params)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            logits = self.model(
+                input_ids=ids,
+                attention_mask=mask_B_L,
+                position_ids=pos_B_P,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1]
+            token, logprob = _choose(logits, warpers, params.greedy)
+            done = torch.arange(batch, device=device) >= n_rows  # filler rows count as stopped
+            state = (token, logprob, pos_B_P[:, -1:] + 1, mask_B_L, cache, done)
+            out_ids, out_lp = self._decode(state, params, warpers)
+        finally:
+            self.model.train(was_training)
+        self.calls += 1
+        out_ids, out_lp = out_ids[:n_rows].cpu(), out_lp[:n_rows].cpu()
+        # as generate: as many columns as the longest row needs (a CUDA run checks for the
+        # end only every few steps)
+        used = mask_after_eos(out_ids, self.stop_ids).any(0).nonzero()
+        width_c = int(used[-1]) + 1 if len(used) else 0
+        return out_ids[:, :width_c], out_lp[:, :width_c]
+
+    def _decode(self, state, params: SamplingParams, warpers: list):
+        """Decode until max_new_tokens or every row stopped; (ids, log-probs) on the device."""
+        token, logprob, pos_B_1, mask_B_L, cache, done = state
+        batch, new = token.shape[0], params.max_new_tokens
+        out_ids = token.new_full((batch, new), self.pad_id)
+        out_lp = logprob.new_zeros((batch, new))
+        stops = torch.tensor(self.stop_ids, device=token.device)
+        step = self._step()
+        check_every = CHECK_EVERY_CUDA if token.device.type == "cuda" else 1
+        steps = new
+        for t in range(new):
+            if t > 0:
+                if self.compile and token.device.type == "cuda":
+                    torch.compiler.cudagraph_mark_step_begin()
+                token, logprob = step(token, pos_B_1, mask_B_L, cache, warpers, params.greedy)
+                pos_B_1 = pos_B_1 + 1
+            out_ids[:, t] = token  # copies out of the graph's output buffer
+            out_lp[:, t] = logprob
+            done |= torch.isin(token, stops)
+            if (t + 1) % check_every == 0 and bool(done.all()):
+                steps = t + 1
+                break
+        return out_ids[:, :steps], out_lp[:, :steps]
+
+    def _step(self):
+        if not self.compile:
+            return self._one_token
+        if self._step_fn is None:
+            _allow_bucket_recompiles()
+            mode = self.compile_mode
+            if mode is None and self.compile_backend == "inductor":
+                mode = "reduce-overhead" if torch.cuda.is_available() else None
+            self._step_fn = torch.compile(
+                self._one_token, backend=self.compile_backend, mode=mode, dynamic=False
+            )
+        return self._step_fn
+
+    def _one_token(self, token_B, pos_B_1, mask_B_L, cache, warpers, greedy: bool):
+        """Feed each row's last token; (next token, its log-prob), both (B,)."""
+        logits = self.model(
+            input_ids=token_B[:, None],
+            attention_mask=mask_B_L,
+            position_ids=pos_B_1,
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
+        return _choose(logits, warpers, greedy)
+
+    def _cache(self, batch: int, length: int):
+        """The StaticCache for (batch, length), emptied; the last KEPT_CACHES stay allocated."""
+        from transformers import StaticCache
+
+        key = (batch, length)
+        cache = self._caches.pop(key, None)
+        if cache is None:
+            cache = StaticCache(config=self.model.config, max_cache_len=length)
+        else:
+            cache.reset()
+        self._caches[key] = cache
+        while len(self._caches) > KEPT_CACHES:
+            self._caches.popitem(last=False)
+        return cache
+
+
+def _choose(logits_B_V: torch.Tensor, warpers: list, greedy: bool):
+    """(token_B, log-prob_B) from the last position's logits.
+
+    Like generate: fp32 scores, warpers in order, argmax when greedy, else a draw from
+    softmax(scores) (as argmax of p / Exp(1) noise: the same distribution as multinomial, and
+    no host sync or data-dependent shapes inside a CUDA graph). The log-prob is read from the
+    warped distribution the token is drawn from (log-softmax of the raw logits when greedy).
+    """
+    scores = logits_B_V.float()
+    for w in warpers:
+        scores = w(None, scores)
+    logp_B_V = torch.log_softmax(scores, dim=-1)
+    if greedy:
+        token = scores.argmax(dim=-1)
+    else:
+        noise = torch.empty_like(logp_B_V).exponential_()
+        token = (logp_B_V.exp() / noise).argmax(dim=-1)
+    return token, logp_B_V.gather(1, token[:, None]).squeeze(1)
+
+
+def _allow_bucket_recompiles() -> None:
+    """One compiled graph per (batch bucket, cache width): raise dynamo's recompile limit above
+    the bucket count so that a run with many shapes does not fall back to eager."""
+    import torch._dynamo
+
+    limit = len(DEFAULT_BATCH_BUCKETS) * len(DEFAULT_LENGTH_BUCKETS) + 8
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, max(getattr(cfg, name), limit))
