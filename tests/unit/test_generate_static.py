@@ -172,13 +172,17 @@ def test_sees_in_place_optimizer_updates(bpe_tokenizer, prompts, compile_backend
     kw = {"compile": True, "compile_backend": compile_backend} if compile_backend else {}
     _, static = pair(model, bpe_tokenizer, **kw)
     params = SamplingParams(8, temperature=0.0)
+    from torch._dynamo.utils import counters
+
     before = static.generate(prompts, params)
+    graphs = counters["stats"]["unique_graphs"]
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     batch = torch.tensor([prompts[1]])
     model(batch, labels=batch).loss.backward()
     opt.step()
     after = static.generate(prompts, params)
+    assert counters["stats"]["unique_graphs"] == graphs  # replayed, not recompiled
     _, fresh = pair(model, bpe_tokenizer)
     assert_same_rollout(after, fresh.generate(prompts, params))
     assert not torch.equal(after.completion_ids_B_C, before.completion_ids_B_C)
@@ -202,6 +206,22 @@ def test_compiled_step_equals_eager(bpe_tokenizer, prompts):
     _, compiled = pair(model, bpe_tokenizer, compile=True, compile_backend="aot_eager")
     params = SamplingParams(8, temperature=0.0, n=2)
     assert_same_rollout(eager.generate(prompts, params), compiled.generate(prompts, params))
+
+
+@pytest.mark.slow
+def test_steady_state_sampled_calls_replay_the_compiled_step(bpe_tokenizer, prompts):
+    from torch._dynamo.utils import counters
+
+    model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer, seed=3)
+    kw = {"compile": True, "compile_backend": "aot_eager", "length_buckets": [64]}
+    _, static = pair(model, bpe_tokenizer, **kw)
+    params = SamplingParams(6, temperature=0.7, top_p=0.9, top_k=5)
+    static.generate(prompts[:2], params)
+    graphs = counters["stats"]["unique_graphs"]
+    # new warper objects, other prompts and row counts of the same buckets: no recompile
+    static.generate(prompts[1:], params)
+    static.generate(prompts[:1], SamplingParams(6, temperature=0.7, top_p=0.9, top_k=5))
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 # ---------------------------------------------------------------------- backend selection

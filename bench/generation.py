@@ -1,0 +1,211 @@
+"""Tokens per second of each generation backend on the same prompts and weights, side by side.
+
+Backends: plain `model.generate` (dynamic cache, no distil code), distil's `hf` (HFGenerator),
+`hf_static` without and with the compiled decode step, and `vllm` when it is importable. Each
+is timed greedy and sampled (temperature 1, no top-k/top-p) at every batch size and completion
+length of the preset, after one warm-up call (which compiles), as the median of `--repeats`
+calls. Tokens are the completion tokens kept (up to and including the first stop token).
+
+    python bench/generation.py --preset cpu             # small model, this machine's CPU
+    python bench/generation.py --preset gpu             # step_breakdown's gpu student, bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+PRESETS = {
+    # a demo-sized student (hidden, layers, heads, intermediate) over a 512-token vocabulary
+    "cpu": {"model": (128, 4, 4, 352), "batches": (16, 64), "new": (32, 128), "bf16": False},
+    # bench/step_breakdown.py's gpu student: ~0.1B, 32k vocabulary rows, bf16
+    "gpu": {
+        "model": (768, 12, 12, 2048),
+        "vocab": 32768,
+        "batches": (64, 256),
+        "new": (128, 512),
+        "bf16": True,
+    },
+}
+BACKENDS = ("hf", "generate", "hf_static", "hf_static+compile", "vllm")
+
+
+def build_model(root: Path, preset: dict, device: str):
+    """(model, tokenizer, saved model dir): a seeded llama-style student."""
+    from distil.testing import default_corpus, tiny_model, train_tokenizer
+
+    tok = train_tokenizer("bpe", default_corpus(4000), 512)
+    hidden, layers, heads, inter = preset["model"]
+    model = tiny_model(
+        "llama",
+        preset.get("vocab", len(tok)),
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        intermediate_size=inter,
+        max_position_embeddings=2048,
+        tokenizer=tok,
+    )
+    model.save_pretrained(root / "student")
+    tok.save_pretrained(root / "student")
+    dtype = torch.bfloat16 if preset["bf16"] else torch.float32
+    return model.to(device=device, dtype=dtype).eval(), tok, root / "student"
+
+
+def prompts_of(tok, count: int) -> list[list[int]]:
+    """`count` prompts of mixed lengths (8-48 tokens) from the test corpus."""
+    from distil.testing import default_corpus
+
+    lines = default_corpus(count * 4, seed=1)
+    out = []
+    for i in range(count):
+        ids = tok(" ".join(lines[4 * i : 4 * i + 4]), add_special_tokens=False)["input_ids"]
+        out.append(ids[: 8 + (i * 5) % 41])
+    return out
+
+
+def plain_generate(model, pad_id, stop_ids):
+    """`model.generate` with no distil code around it; returns the kept completion tokens."""
+    from distil.generation.base import mask_after_eos
+    from distil.models.tokenizers import left_pad
+
+    def run(prompts, params) -> int:
+        ids, attn = left_pad(prompts, pad_id)
+        device = next(model.parameters()).device
+        sampling = {} if params.greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+        out = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=attn.to(device),
+            max_new_tokens=params.max_new_tokens,
+            do_sample=not params.greedy,
+            **sampling,
+            eos_token_id=stop_ids,
+            pad_token_id=pad_id,
+        )
+        return int(mask_after_eos(out[:, ids.shape[1] :], stop_ids).sum())
+
+    return run
+
+
+def distil_backend(gen):
+    def run(prompts, params) -> int:
+        return int(gen.generate(prompts, params).completion_mask_B_C.sum())
+
+    return run
+
+
+def backends(model, tok, model_dir: Path, wanted: list[str]) -> dict:
+    from distil.generation.hf import HFGenerator
+    from distil.generation.static import StaticCacheGenerator
+
+    kw = {"pad_id": tok.pad_token_id, "stop_ids": [tok.eos_token_id]}
+    made = {
+        "generate": lambda: plain_generate(model, **kw),
+        "hf": lambda: distil_backend(HFGenerator(model, **kw)),
+        "hf_static": lambda: distil_backend(StaticCacheGenerator(model, **kw)),
+        "hf_static+compile": lambda: distil_backend(
+            StaticCacheGenerator(model, compile=True, **kw)
+        ),
+        "vllm": lambda: vllm_backend(model, model_dir, kw),
+    }
+    out = {}
+    for name in wanted:
+        try:
+            out[name] = made[name]()
+        except Exception as e:  # e.g. vllm not installed: say so and go on
+            print(f"# {name}: skipped ({type(e).__name__}: {str(e).splitlines()[0][:150]})")
+    return out
+
+
+def vllm_backend(model, model_dir: Path, kw: dict):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError("vllm is not installed (pip install 'distil[vllm]')")
+    from distil.config import build_config
+    from distil.generation.select import build_generator
+
+    cfg = build_config({"student": {"path": str(model_dir)}, "generation": {"backend": "vllm"}})
+    return distil_backend(build_generator(cfg, model, **kw))
+
+
+def timed(run, prompts, params, repeats: int, device: str) -> tuple[float, int]:
+    """(median seconds, tokens) over `repeats` calls after one warm-up call."""
+    times, tokens = [], 0
+    for i in range(repeats + 1):
+        torch.manual_seed(i)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        tokens = run(prompts, params)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if i > 0:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times), tokens
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated subset")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    from distil.generation.base import SamplingParams
+    from distil.models.load import quiet_transformers
+
+    quiet_transformers()
+    preset = PRESETS[args.preset]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model, tok, model_dir = build_model(Path(tmp), preset, device)
+        runs = backends(model, tok, model_dir, args.backends.split(","))
+        print(f"preset {args.preset} on {device}, {args.threads} threads; median of {args.repeats}")
+        print("| mode | batch | new | backend | s/call | tokens/s | x hf | x generate |")
+        print("|---|---|---|---|---|---|---|---|")
+        for mode, temperature in (("greedy", 0.0), ("sampled", 1.0)):
+            for batch in preset["batches"]:
+                prompts = prompts_of(tok, batch)
+                for new in preset["new"]:
+                    params = SamplingParams(new, temperature)
+                    speed = {}
+                    for name, run in runs.items():
+                        sec, tokens = timed(run, prompts, params, args.repeats, device)
+                        speed[name] = tokens / sec
+                        rows.append((mode, batch, new, name, speed[name]))
+                        print(
+                            f"| {mode} | {batch} | {new} | {name} | {sec:.3f} | "
+                            f"{speed[name]:.0f} | {_ratio(speed, name, 'hf')} | "
+                            f"{_ratio(speed, name, 'generate')} |",
+                            flush=True,
+                        )
+    print(headline(rows, preset, device))
+
+
+def _ratio(speed: dict, name: str, ref: str) -> str:
+    return f"{speed[name] / speed[ref]:.2f}" if ref in speed else "-"
+
+
+def headline(rows, preset, device: str) -> str:
+    """The RESULT line: the best hf_static variant against hf, greedy, batch 64, 128 tokens."""
+    at = {r[3]: r[4] for r in rows if r[0] == "greedy" and r[1] == 64 and r[2] == 128}
+    static = max((n for n in at if n.startswith("hf_static")), key=at.get, default=None)
+    if static is None or "hf" not in at:
+        return "RESULT generation: hf and hf_static were not both measured"
+    gen = f", {at['generate'] / at['hf']:.2f}x for plain generate" if "generate" in at else ""
+    return (
+        f"RESULT generation: {static} {at[static] / at['hf']:.2f}x the tokens/s of hf{gen} "
+        f"(greedy, batch 64, 128 tokens, {device})"
+    )
+
+
+if __name__ == "__main__":
+    main()

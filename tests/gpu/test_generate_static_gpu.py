@@ -1,0 +1,65 @@
+"""hf_static on CUDA with the decode step compiled (inductor, reduce-overhead: CUDA graphs).
+
+Skipped automatically without a CUDA device (tests/conftest.py).
+"""
+
+import pytest
+import torch
+
+from distil.generation.base import SamplingParams
+from distil.generation.hf import HFGenerator
+from distil.generation.static import StaticCacheGenerator
+from distil.testing import tiny_llama
+
+pytestmark = pytest.mark.gpu
+
+TEXTS = ["nums: 1 2 3 target: 6", "the quick brown fox jumps over the lazy dog", "7 + 8 =", "a"]
+
+
+def test_compiled_cuda_graph_generator_equals_hf_and_follows_weight_updates(bpe_tokenizer):
+    from torch._dynamo.utils import counters
+
+    model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer, seed=3).cuda()
+    prompts = [bpe_tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    kw = {"pad_id": bpe_tokenizer.pad_token_id, "stop_ids": [bpe_tokenizer.eos_token_id]}
+    hf = HFGenerator(model, **kw)
+    static = StaticCacheGenerator(model, compile=True, **kw)
+    params = SamplingParams(16, temperature=0.0, n=2)
+    got = static.generate(prompts, params)
+    ref = hf.generate(prompts, params)
+    assert torch.equal(got.completion_ids_B_C, ref.completion_ids_B_C)
+    torch.testing.assert_close(got.logprobs_B_C, ref.logprobs_B_C, atol=1e-4, rtol=0)
+
+    graphs = counters["stats"]["unique_graphs"]
+    static.generate(prompts[::-1], params)  # same buckets: replayed, not recompiled
+    assert counters["stats"]["unique_graphs"] == graphs
+
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    batch = torch.tensor([prompts[1]], device="cuda")
+    model(batch, labels=batch).loss.backward()
+    opt.step()  # in place: the captured graph must read the new values
+    after = static.generate(prompts, params)
+    fresh = hf.generate(prompts, params)
+    assert not torch.equal(after.completion_ids_B_C, got.completion_ids_B_C)
+    assert torch.equal(after.completion_ids_B_C, fresh.completion_ids_B_C)
+    torch.testing.assert_close(after.logprobs_B_C, fresh.logprobs_B_C, atol=1e-4, rtol=0)
+
+
+def test_compiled_sampling_records_the_warped_logprobs(bpe_tokenizer):
+    model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer, seed=3).cuda()
+    prompts = [bpe_tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    static = StaticCacheGenerator(
+        model, pad_id=bpe_tokenizer.pad_token_id, stop_ids=[bpe_tokenizer.eos_token_id]
+    )
+    static.compile = True
+    torch.manual_seed(0)
+    out = static.generate(prompts, SamplingParams(12, temperature=0.7, top_k=20, n=2))
+    for row, (p, ids) in enumerate(zip(out.prompt_index, out.completion_lists(), strict=True)):
+        full = torch.tensor([prompts[p] + ids], device="cuda")
+        with torch.no_grad():
+            logits = model(full).logits[0, len(prompts[p]) - 1 : -1].float() / 0.7
+        kth = logits.topk(20, -1).values[:, -1:]
+        logp = torch.log_softmax(logits.masked_fill(logits < kth, float("-inf")), -1)
+        expected = logp.gather(1, torch.tensor(ids, device="cuda")[:, None])[:, 0].cpu()
+        torch.testing.assert_close(out.logprobs_B_C[row, : len(ids)], expected, atol=1e-3, rtol=0)
