@@ -1,7 +1,9 @@
 """The Generator protocol: sample completions for tokenized prompts with the current weights.
 
-Backends: `hf.HFGenerator` (transformers `generate`, CPU and GPU) and `vllm.VLLMGenerator`
-(imported lazily; GPUs). Both return a `Rollout` and share the EOS masking rule below.
+Backends (chosen by `generation.backend` in `select.py`): `hf.HFGenerator` (transformers
+`generate`, CPU and GPU), `static.StaticCacheGenerator` (fixed-shape KV cache, compiled decode
+step) and `vllm.VLLMGenerator` (imported lazily; GPUs). All return a `Rollout` and share the EOS
+masking rule below.
 """
 
 from __future__ import annotations
