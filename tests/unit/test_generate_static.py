@@ -241,6 +241,31 @@ def test_backend_names_build_their_generators(make_train_config, bpe_tokenizer):
     assert gen.compile is True and gen.max_batch == 256
 
 
+def test_vllm_backend_is_imported_only_when_chosen(make_train_config, monkeypatch):
+    import sys
+    import types
+
+    made = {}
+
+    class StandIn:
+        @classmethod
+        def from_config(cls, cfg, model, *, pad_id, stop_ids):
+            made.update(cfg=cfg, model=model, pad_id=pad_id, stop_ids=stop_ids)
+            return cls()
+
+    monkeypatch.delitem(sys.modules, "distil.generation.vllm", raising=False)
+    build_generator(build_config(make_train_config()), object(), pad_id=0, stop_ids=[1])
+    assert "distil.generation.vllm" not in sys.modules  # hf needs no vllm module
+    module = types.ModuleType("distil.generation.vllm")
+    module.VLLMGenerator = StandIn
+    monkeypatch.setitem(sys.modules, "distil.generation.vllm", module)
+    cfg = build_config(make_train_config())
+    cfg.generation.backend = "vllm"  # (a config check may ask for CUDA: not the point here)
+    model = object()
+    assert isinstance(build_generator(cfg, model, pad_id=3, stop_ids=(4, 5)), StandIn)
+    assert made == {"cfg": cfg, "model": model, "pad_id": 3, "stop_ids": [4, 5]}
+
+
 def test_unknown_backend_is_a_config_error_naming_the_valid_ones(make_train_config):
     with pytest.raises(ConfigError, match=r"hf_static"):
         build_config(make_train_config(generation={"backend": "sglang"}))
