@@ -134,20 +134,28 @@ def vllm_backend(model, model_dir: Path, kw: dict):
     return distil_backend(build_generator(cfg, model, **kw))
 
 
-def timed(run, prompts, params, repeats: int, device: str) -> tuple[float, int]:
-    """(median seconds, tokens) over `repeats` calls after one warm-up call."""
-    times, tokens = [], 0
+def clock(device: str) -> float:
+    """Seconds: wall time on CUDA (synchronized); on CPU this process's CPU time, which other
+    processes on a shared machine do not inflate (torch runs on one thread here)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        return time.perf_counter()
+    return time.process_time()
+
+
+def measure(runs: dict, prompts, params, repeats: int, device: str) -> dict[str, tuple]:
+    """{backend: (median seconds, tokens)}: one warm-up call each (it compiles), then the
+    backends take turns, so that a slower or faster moment of the machine hits all alike."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    tokens: dict[str, int] = {}
     for i in range(repeats + 1):
-        torch.manual_seed(i)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        tokens = run(prompts, params)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i > 0:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times), tokens
+        for name, run in runs.items():
+            torch.manual_seed(i)
+            start = clock(device)
+            tokens[name] = run(prompts, params)
+            if i > 0:
+                times[name].append(clock(device) - start)
+    return {name: (statistics.median(times[name]), tokens[name]) for name in runs}
 
 
 def main() -> None:
@@ -177,7 +185,11 @@ def main() -> None:
             wanted.remove("hf_static+compile")
             print("# hf_static+compile: not run on CPU by default (--backends to ask for it)")
         runs = backends(model, tok, model_dir, wanted)
-        print(f"preset {args.preset} on {device}, {args.threads} threads; median of {args.repeats}")
+        what = "wall" if device == "cuda" else "CPU (process)"
+        print(
+            f"preset {args.preset} on {device}, {args.threads} threads; median {what} seconds "
+            f"of {args.repeats} calls, backends in turn"
+        )
         print("| mode | batch | new | backend | s/call | tokens/s | x hf | x generate |")
         print("|---|---|---|---|---|---|---|---|")
         for mode, temperature in (("greedy", 0.0), ("sampled", 1.0)):
@@ -185,10 +197,9 @@ def main() -> None:
                 prompts = prompts_of(tok, batch)
                 for new in preset["new"]:
                     params = SamplingParams(new, temperature)
-                    speed = {}
-                    for name, run in runs.items():
-                        sec, tokens = timed(run, prompts, params, args.repeats, device)
-                        speed[name] = tokens / sec
+                    measured = measure(runs, prompts, params, args.repeats, device)
+                    speed = {name: tokens / sec for name, (sec, tokens) in measured.items()}
+                    for name, (sec, _) in measured.items():
                         rows.append((mode, batch, new, name, speed[name]))
                         print(
                             f"| {mode} | {batch} | {new} | {name} | {sec:.3f} | "
