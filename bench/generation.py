@@ -169,13 +169,18 @@ def main() -> None:
         help=f"comma-separated subset of {','.join(BACKENDS)} (default: all; on CPU all but "
         "hf_static+compile, whose inductor build takes minutes per shape there)",
     )
+    p.add_argument("--batches", help="comma-separated batch sizes (default: the preset's)")
+    p.add_argument("--new", help="comma-separated completion lengths (default: the preset's)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     from distil.generation.base import SamplingParams
     from distil.models.load import quiet_transformers
 
     quiet_transformers()
-    preset = PRESETS[args.preset]
+    preset = dict(PRESETS[args.preset])
+    for key in ("batches", "new"):
+        if getattr(args, key):
+            preset[key] = tuple(int(x) for x in getattr(args, key).split(","))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

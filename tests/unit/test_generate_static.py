@@ -7,9 +7,13 @@ cache); for sampling, a full forward of the sampled sequence with the warpers wr
 from __future__ import annotations
 
 import json
+import os
+from datetime import timedelta
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from distil.config import build_config
 from distil.errors import ConfigError
@@ -93,6 +97,49 @@ def test_several_stop_ids_end_rows_like_hf_generate(model, bpe_tokenizer, prompt
     assert_same_rollout(ref, got)
     assert bool(got.stopped_B[0]) and bool(got.stopped_B[2])
     assert len(got.completion_lists()[0]) <= 3 and got.completion_lists()[0][-1] in stops
+
+
+PROMPT_SETS = st.lists(
+    st.lists(st.integers(3, 300), min_size=1, max_size=20), min_size=1, max_size=4
+)
+FUZZ = settings(
+    max_examples=8,
+    deadline=timedelta(seconds=1),
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+FUZZ_LONG = settings(FUZZ, max_examples=int(os.environ.get("DISTIL_HYPOTHESIS_EXAMPLES", "150")))
+
+
+def check_static_equals_hf(model, tok, prompt_ids, stops, n, new):
+    hf, static = pair(model, tok, stop_ids=stops)
+    params = SamplingParams(new, temperature=0.0, n=n)
+    assert_same_rollout(hf.generate(prompt_ids, params), static.generate(prompt_ids, params))
+
+
+@FUZZ
+@given(
+    PROMPT_SETS,
+    st.sets(st.integers(0, 300), min_size=1, max_size=8),
+    st.integers(1, 2),
+    st.integers(1, 6),
+)
+def test_fuzz_greedy_static_equals_hf(tiny_llama_model, bpe_tokenizer, prompt_ids, stops, n, new):
+    check_static_equals_hf(tiny_llama_model, bpe_tokenizer, prompt_ids, sorted(stops), n, new)
+
+
+@pytest.mark.slow
+@FUZZ_LONG
+@given(
+    PROMPT_SETS,
+    st.sets(st.integers(0, 300), min_size=1, max_size=30),
+    st.integers(1, 3),
+    st.integers(1, 12),
+)
+def test_fuzz_greedy_static_equals_hf_long(
+    tiny_llama_model, bpe_tokenizer, prompt_ids, stops, n, new
+):
+    check_static_equals_hf(tiny_llama_model, bpe_tokenizer, prompt_ids, sorted(stops), n, new)
 
 
 def test_decoding_stops_early_when_every_row_stopped(bpe_tokenizer, prompts):
