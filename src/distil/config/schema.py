@@ -112,11 +112,13 @@ class GenerationConfig(Section):
         "auto: on for CUDA, off on CPU",
     )
     static_batch_buckets: list[Annotated[int, Field(gt=0)]] = Field(
+        min_length=1,
         default_factory=lambda: [8, 16, 32, 64, 128, 256],
         description="hf_static: rows of a generate call are padded up to the smallest of these "
         "(larger calls are split at the largest) so that the compiled shapes repeat",
     )
     static_length_buckets: list[Annotated[int, Field(gt=0)]] = Field(
+        min_length=1,
         default_factory=lambda: [64, 128, 256, 512, 1024],
         description="hf_static: prompts are left-padded to the smallest of these widths that "
         "fits (longer prompts: the next multiple of the largest)",
