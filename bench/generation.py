@@ -144,8 +144,9 @@ def clock(device: str) -> float:
 
 
 def measure(runs: dict, prompts, params, repeats: int, device: str) -> dict[str, tuple]:
-    """{backend: (median seconds, tokens)}: one warm-up call each (it compiles), then the
-    backends take turns, so that a slower or faster moment of the machine hits all alike."""
+    """{backend: (median seconds, tokens, first call's seconds)}: one warm-up call each (it
+    compiles), then the backends take turns, so that a slower or faster moment of the machine
+    hits all alike."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     tokens: dict[str, int] = {}
     for i in range(repeats + 1):
@@ -153,9 +154,8 @@ def measure(runs: dict, prompts, params, repeats: int, device: str) -> dict[str,
             torch.manual_seed(i)
             start = clock(device)
             tokens[name] = run(prompts, params)
-            if i > 0:
-                times[name].append(clock(device) - start)
-    return {name: (statistics.median(times[name]), tokens[name]) for name in runs}
+            times[name].append(clock(device) - start)
+    return {name: (statistics.median(t[1:]), tokens[name], t[0]) for name, t in times.items()}
 
 
 def main() -> None:
@@ -195,21 +195,23 @@ def main() -> None:
             f"preset {args.preset} on {device}, {args.threads} threads; median {what} seconds "
             f"of {args.repeats} calls, backends in turn"
         )
-        print("| mode | batch | new | backend | s/call | tokens/s | x hf | x generate |")
-        print("|---|---|---|---|---|---|---|---|")
+        print(
+            "| mode | batch | new | backend | s/call | tokens/s | x hf | x generate | 1st call s |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
         for mode, temperature in (("greedy", 0.0), ("sampled", 1.0)):
             for batch in preset["batches"]:
                 prompts = prompts_of(tok, batch)
                 for new in preset["new"]:
                     params = SamplingParams(new, temperature)
                     measured = measure(runs, prompts, params, args.repeats, device)
-                    speed = {name: tokens / sec for name, (sec, tokens) in measured.items()}
-                    for name, (sec, _) in measured.items():
+                    speed = {name: m[1] / m[0] for name, m in measured.items()}
+                    for name, (sec, _, first) in measured.items():
                         rows.append((mode, batch, new, name, speed[name]))
                         print(
                             f"| {mode} | {batch} | {new} | {name} | {sec:.3f} | "
                             f"{speed[name]:.0f} | {_ratio(speed, name, 'hf')} | "
-                            f"{_ratio(speed, name, 'generate')} |",
+                            f"{_ratio(speed, name, 'generate')} | {first:.1f} |",
                             flush=True,
                         )
     print(headline(rows, preset, device))
