@@ -144,7 +144,7 @@ class StaticCacheGenerator(HFGenerator):
         out_ids = token.new_full((batch, new), self.pad_id)
         out_lp = logprob.new_zeros((batch, new))
         stops = torch.tensor(self.stop_ids, device=token.device)
-        step = self._step()
+        step = self._step(token.device)
         check_every = CHECK_EVERY_CUDA if token.device.type == "cuda" else 1
         steps = new
         for t in range(new):
@@ -161,14 +161,15 @@ class StaticCacheGenerator(HFGenerator):
                 break
         return out_ids[:, :steps], out_lp[:, :steps]
 
-    def _step(self):
+    def _step(self, device: torch.device):
+        """The one-token step: compiled (CUDA graphs on CUDA) when `compile`, else eager."""
         if not self.compile:
             return self._one_token
         if self._step_fn is None:
             _allow_bucket_recompiles()
             mode = self.compile_mode
-            if mode is None and self.compile_backend == "inductor":
-                mode = "reduce-overhead" if torch.cuda.is_available() else None
+            if mode is None and self.compile_backend == "inductor" and device.type == "cuda":
+                mode = "reduce-overhead"
             self._step_fn = torch.compile(
                 self._one_token, backend=self.compile_backend, mode=mode, dynamic=False
             )
