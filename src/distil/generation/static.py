@@ -73,7 +73,7 @@ class StaticCacheGenerator(HFGenerator):
         cls, cfg, model, *, pad_id: int, stop_ids: Sequence[int]
     ) -> StaticCacheGenerator:
         """The `generation.backend=hf_static` generator; `generation.compile=auto` compiles
-        on CUDA only (a CPU compile costs minutes of C++ builds for a small gain)."""
+        on CUDA only (on CPU the first call of each shape waits minutes for the C++ build)."""
         g = cfg.generation
         device = next(model.parameters()).device
         compile_ = device.type == "cuda" if g.compile == "auto" else bool(g.compile)
