@@ -378,6 +378,8 @@ def _evaluate(c: Components, cfg: DistilConfig, problems) -> dict[str, Any]:
     if acc.is_main_process:
         eval_cfg = cfg.eval.model_copy(update={"template": cfg.eval.template or cfg.data.template})
         devices = [acc.device] if acc.device.type == "cuda" else []
+        generator = c.buffer.student.generator  # the training run's backend samples the eval
+        generator.sync_weights(c.unwrapped)
         with torch.random.fork_rng(devices=devices):
             r = evaluate_model(
                 cfg.train.output_dir,
@@ -387,7 +389,7 @@ def _evaluate(c: Components, cfg: DistilConfig, problems) -> dict[str, Any]:
                 progress=False,
                 model=c.unwrapped,
                 tokenizer=c.tokenizer,
-                generator=c.buffer.student.generator,
+                generator=generator,
             )
         result = eval_metrics(r.summary)
     acc.wait_for_everyone()
