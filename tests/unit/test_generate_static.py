@@ -330,13 +330,25 @@ def test_greedy_on_policy_run_logs_the_same_losses_with_hf_and_hf_static(
 ):
     from distil.train import loop
 
-    losses = {}
+    losses, evals = {}, {}
     for backend in ("hf", "hf_static"):
         raw = make_train_config(
             generation={"backend": backend, "temperature": 0.0, "num_generations": 1},
-            train={"lambda": 1.0, "max_steps": 3, "output_dir": str(tmp_path / backend)},
+            train={
+                "lambda": 1.0,
+                "max_steps": 3,
+                "eval_every": 3,
+                "output_dir": str(tmp_path / backend),
+            },
         )
         loop.train(build_config(raw))
         losses[backend] = read_losses(tmp_path / backend)
+        rows = (tmp_path / backend / "metrics.jsonl").read_text().splitlines()
+        evals[backend] = {
+            k: v
+            for k, v in json.loads(rows[-1]).items()
+            if k.startswith("eval/") and k != "eval/seconds"
+        }
     assert len(losses["hf"]) == 3
     assert losses["hf_static"] == pytest.approx(losses["hf"], rel=1e-5, abs=1e-7)
+    assert evals["hf"] and evals["hf_static"] == evals["hf"]  # the eval sampled with it too
