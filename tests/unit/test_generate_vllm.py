@@ -283,11 +283,24 @@ def test_sampling_params_sent_to_the_engine(fake_vllm, monkeypatch):
     gen.generate(PROMPTS[:2], SamplingParams(6, temperature=0.0, n=3))
     count, sp = seen[-1]
     assert count == 6 and sp.n == 1 and sp.temperature == 0.0  # greedy: n copies of n=1
+    # a call's own seed (generation.async's): one seed per request, a function of that seed
+    seeded = SeededParams(6, temperature=0.7, n=2, seed=7)
+    gen.generate(PROMPTS[:3], seeded)
+    first = [sp.seed for sp in seen[-1][1]]
+    gen.generate(PROMPTS[:3], seeded)
+    assert [sp.seed for sp in seen[-1][1]] == first and len(set(first)) == 3
+    gen.generate(PROMPTS[:3], SeededParams(6, temperature=0.7, n=2, seed=8))
+    assert not set(first) & {sp.seed for sp in seen[-1][1]}
     kwargs = gen.llm.kwargs
     assert kwargs["logprobs_mode"] == "processed_logprobs"
     assert kwargs["load_format"] == "dummy" and kwargs["skip_tokenizer_init"]
     assert kwargs["max_model_len"] == 256 + 128  # max_prompt_tokens + max_new_tokens
     assert kwargs["dtype"] == "float32" and kwargs["gpu_memory_utilization"] == 0.3
+
+
+@dataclass(frozen=True)
+class SeededParams(SamplingParams):
+    seed: int | None = None  # the field generation.async adds to SamplingParams
 
 
 @dataclass

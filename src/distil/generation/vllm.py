@@ -195,9 +195,13 @@ class VLLMGenerator:
             "logprobs": 0,  # the sampled token's log-prob only
             "detokenize": False,
         }
-        if self.seed is None:
+        # a call's own seed (when the caller gives one) or generation.vllm.seeded's: one seed
+        # per request, so the samples do not depend on the engine's batching
+        seed = getattr(params, "seed", None)
+        seed = f"{self.seed}:{self.calls}" if seed is None and self.seed is not None else seed
+        if seed is None:
             return vllm.SamplingParams(**common)
-        rng = random.Random(f"{self.seed}:{self.calls}")  # one seed per request and call
+        rng = random.Random(str(seed))
         return [vllm.SamplingParams(**common, seed=rng.getrandbits(48)) for _ in range(count)]
 
     def _push_if_stale(self) -> None:
