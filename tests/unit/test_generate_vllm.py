@@ -19,6 +19,7 @@ import random
 import sys
 import types
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import pytest
 import torch
@@ -96,6 +97,7 @@ class EngineModel(torch.nn.Module):
 
 class FakeLLM:
     shuffle = True
+    instances: ClassVar[list[FakeLLM]] = []
 
     def __init__(self, model: str, **kwargs):
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -107,6 +109,7 @@ class FakeLLM:
         self.model = EngineModel(hf)
         self.events: list[tuple] = []
         self.asleep: set[str] = set()
+        FakeLLM.instances.append(self)
 
     def sleep(self, level: int = 1):
         assert not self.asleep, "sleep() on a sleeping engine"
@@ -175,7 +178,7 @@ def fake_vllm(monkeypatch):
     module.TokensPrompt = lambda **kw: dict(kw)
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setattr(vgen, "installed_version", lambda: "0.33.0")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(vgen, "cuda_available", lambda: True)
     return module
 
 
@@ -457,6 +460,8 @@ def test_fsdp2_student_pushes_gathered_full_weights(monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     dist.init_process_group("gloo", rank=0, world_size=1)
@@ -537,7 +542,7 @@ def test_sleep_level_0_never_sleeps(fake_vllm):
 
 def test_missing_vllm_and_missing_cuda_are_config_errors(monkeypatch):
     monkeypatch.setattr(vgen, "installed_version", lambda: None)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(vgen, "cuda_available", lambda: False)
     problems = vgen.backend_problems(vllm_config())
     assert len(problems) == 2
     assert "needs the optional package 'vllm'" in problems[0]
@@ -552,7 +557,7 @@ def test_missing_vllm_and_missing_cuda_are_config_errors(monkeypatch):
 
 def test_too_old_vllm_is_a_config_error(monkeypatch):
     monkeypatch.setattr(vgen, "installed_version", lambda: "0.10.2")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(vgen, "cuda_available", lambda: True)
     (problem,) = vgen.backend_problems(vllm_config())
     assert "vllm 0.10.2 is installed" in problem and vgen.SUPPORTED in problem
     monkeypatch.setattr(vgen, "installed_version", lambda: "0.12.0rc1+cu128")
@@ -564,3 +569,32 @@ def test_vllm_settings_are_validated():
         build_config({"generation": {"vllm": {"sleep_level": 3}}})
     with pytest.raises(ConfigError, match=r"generation\.vllm\.gpu_memory_utilization"):
         build_config({"generation": {"vllm": {"gpu_memory_utilization": 1.5}}})
+
+
+# ---- the training loop ----------------------------------------------------------------------
+
+
+def test_greedy_training_with_vllm_logs_the_losses_of_hf(fake_vllm, make_train_config, tmp_path):
+    """generation.backend=vllm through the loop (the backend factory picks the stand-in
+    engine): the same per-step losses as the HF backend under greedy decoding, one engine
+    generation per window, one weight push per optimizer step."""
+    pytest.importorskip("distil.generation.select")  # the backend factory (generation.backend)
+    import json
+
+    from distil.train import loop
+
+    def run(backend):
+        raw = make_train_config(
+            generation={"temperature": 0.0, "backend": backend},
+            train={"lambda": 1.0, "output_dir": str(tmp_path / backend)},
+        )
+        loop.train(build_config(raw))
+        lines = (tmp_path / backend / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x)["loss"] for x in lines if "loss" in json.loads(x)]
+
+    FakeLLM.instances.clear()
+    hf, vllm = run("hf"), run("vllm")
+    (engine,) = FakeLLM.instances
+    assert len(hf) == 3 and vllm == pytest.approx(hf, rel=1e-4)
+    assert [e for e in engine.events if e[0] == "generate"] == [("generate", 8)] * 3
+    assert sum(e == ("apply_model",) for e in engine.events) == 3  # steps 0, 1, 2 (not after 3)

@@ -62,12 +62,16 @@ def backend_problems(cfg) -> list[str]:
             f"{seen} needs {SUPPORTED}; vllm {found} is installed. Fix: pip install "
             "'distil[vllm]', or set generation.backend=hf"
         )
-    if not torch.cuda.is_available():
+    if not cuda_available():
         problems.append(
             f"{seen} needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is "
             "False). Fix: set generation.backend=hf (or hf_static) on this machine"
         )
     return problems
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
 
 
 def installed_version() -> str | None:
