@@ -1,198 +1,41 @@
-"""The vLLM generator against a stand-in of exactly the vLLM API it uses (vllm cannot be
-installed here): conversion of the engine's outputs into a Rollout (pairing under shuffled
-outputs and n > 1, padding, masks, log-probs), weight pushes (names, shapes, LoRA merged, FSDP2
-gathered, only on change), the sleep/wake order, and the config errors.
-
-The stand-in `vllm` module is injected into sys.modules. Its `LLM` builds a transformers model
-from the config directory it is given, initialised with other weights than the student's (like
-`load_format="dummy"`), samples with `HFGenerator` (whose log-probs follow the Rollout
-contract, as `logprobs_mode="processed_logprobs"` does), may return request outputs and the
-samples inside them shuffled, overwrites its weights with NaN on a level-2 sleep, refuses to
-generate or load weights while asleep, and records every call.
+"""The vLLM generator against a stand-in of the vLLM API it uses (`vllm_standin`): conversion
+of the engine's outputs into a Rollout (pairing under shuffled outputs and n > 1, padding,
+masks, log-probs), the sampling parameters sent, the sleep/wake order, the config errors, and
+training through the loop. Weight pushes: test_vllm_weights.py.
 """
 
 from __future__ import annotations
 
-import copy
-import importlib.machinery
 import random
-import sys
-import types
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from vllm_standin import (
+    PROMPTS,
+    FakeLLM,
+    Logprob,
+    RequestOutput,
+    V,
+    install,
+    make,
+    step,
+    vllm_config,
+)
 
 from distil.config import build_config, training_problems
 from distil.errors import ConfigError
 from distil.generation import vllm as vgen
 from distil.generation.base import SamplingParams
 from distil.generation.hf import HFGenerator
-from distil.generation.weights import named_weights
 from distil.testing import tiny_llama, tiny_qwen2
-
-V = 64
-
-
-# ---- the stand-in -----------------------------------------------------------------------
-
-
-@dataclass
-class Logprob:
-    logprob: float
-    rank: int | None = None
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    token_ids: list[int]
-    logprobs: list[dict[int, Logprob]] | None
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-
-
-@dataclass
-class FakeSamplingParams:
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int | None = 16
-    stop_token_ids: list[int] = field(default_factory=list)
-    logprobs: int | None = None
-    detokenize: bool = True
-    seed: int | None = None
-
-    def __post_init__(self):
-        if self.temperature < 1e-5 and self.n > 1:  # as vLLM's _verify_greedy_sampling
-            raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}.")
-
-
-class EngineModel(torch.nn.Module):
-    """The engine's model: its own parameter names, a loader that returns what it loaded."""
-
-    def __init__(self, hf):
-        super().__init__()
-        self.hf = hf
-        self.pushed: list[tuple[str, tuple[int, ...]]] = []
-
-    def load_weights(self, weights):
-        params = dict(self.hf.named_parameters())
-        loaded = set()
-        for name, tensor in weights:
-            params[name].data.copy_(tensor)  # unknown names raise, as vLLM's loaders do
-            self.pushed.append((name, tuple(tensor.shape)))
-            loaded.add(f"hf.{name}")
-        return loaded
-
-
-class FakeLLM:
-    shuffle = True
-    instances: ClassVar[list[FakeLLM]] = []
-
-    def __init__(self, model: str, **kwargs):
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        self.kwargs = kwargs
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(12345)  # "dummy" weights: not the student's
-            hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).eval()
-        self.model = EngineModel(hf)
-        self.events: list[tuple] = []
-        self.asleep: set[str] = set()
-        FakeLLM.instances.append(self)
-
-    def sleep(self, level: int = 1):
-        assert not self.asleep, "sleep() on a sleeping engine"
-        self.events.append(("sleep", level))
-        self.asleep = {"weights", "kv_cache"}
-        if level == 2:  # weights discarded: whatever is read next is garbage
-            with torch.no_grad():
-                for p in self.model.parameters():
-                    p.fill_(float("nan"))
-
-    def wake_up(self, tags=None):
-        tags = list(tags or ["weights", "kv_cache"])
-        assert set(tags) <= self.asleep, f"wake_up({tags}) of memory that is awake"
-        self.events.append(("wake_up", tuple(tags)))
-        self.asleep -= set(tags)
-
-    def apply_model(self, func):
-        assert "weights" not in self.asleep, "weights loaded into a sleeping engine"
-        self.events.append(("apply_model",))
-        return [func(self.model)]
-
-    def reset_prefix_cache(self):
-        self.events.append(("reset_prefix_cache",))
-        return True
-
-    def generate(self, prompts, sampling_params=None, *, use_tqdm=True):
-        assert not self.asleep, "generate() on a sleeping engine"
-        params = sampling_params
-        if not isinstance(params, list):
-            params = [params] * len(prompts)
-        self.events.append(("generate", len(prompts)))
-        outputs = [self._one(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
-        if self.shuffle:
-            random.Random(len(self.events)).shuffle(outputs)
-        return outputs
-
-    def _one(self, request_id, prompt, sp):
-        ids = prompt["prompt_token_ids"]
-        gen = HFGenerator(self.model.hf, pad_id=0, stop_ids=sp.stop_token_ids)
-        params = SamplingParams(sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.n)
-        with torch.random.fork_rng(devices=[]):
-            if sp.seed is not None:
-                torch.manual_seed(sp.seed)
-            rollout = gen.generate([ids], params)
-        outs = []
-        for j, (tokens, lps, mask) in enumerate(
-            zip(rollout.completion_lists(), rollout.logprobs_B_C, rollout.completion_mask_B_C)
-        ):
-            # the sampled token plus a decoy entry: the converter must pick by token id
-            positions = [
-                {(t + 1) % V: Logprob(-99.0, rank=1), t: Logprob(float(lp))}
-                for t, lp in zip(tokens, lps[mask].tolist())
-            ]
-            outs.append(CompletionOutput(j, tokens, positions))
-        if self.shuffle:
-            random.Random(request_id).shuffle(outs)
-        return RequestOutput(request_id, list(ids), outs)
 
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    module = types.ModuleType("vllm")
-    module.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
-    module.LLM = FakeLLM
-    module.SamplingParams = FakeSamplingParams
-    module.TokensPrompt = lambda **kw: dict(kw)
-    monkeypatch.setitem(sys.modules, "vllm", module)
-    monkeypatch.setattr(vgen, "installed_version", lambda: "0.33.0")
-    monkeypatch.setattr(vgen, "cuda_available", lambda: True)
-    return module
-
-
-def vllm_config(**vllm):
-    return build_config({"generation": {"backend": "vllm", "vllm": vllm}})
-
-
-def make(model, stop_ids=(5, 6), **vllm):
-    return vgen.VLLMGenerator.from_config(
-        vllm_config(**vllm), model, pad_id=0, stop_ids=list(stop_ids)
-    )
-
-
-PROMPTS = [[3, 9, 12, 40], [7], [22, 23, 24, 25, 26, 27], [3, 9, 12, 40]]  # a repeated prompt
+    return install(monkeypatch)
 
 
 def frequent_tokens(model, k=2):
@@ -371,127 +214,6 @@ def test_regroup_refuses_missing_or_foreign_outputs():
     foreign = [RequestOutput("0", [9], [Out(0, [5], [])])]
     with pytest.raises(RuntimeError, match="not requested"):
         vgen.regroup(foreign, prompts, [0, 1], 1)
-
-
-# ---- weight pushes ------------------------------------------------------------------------
-
-
-def engine_weights(gen):
-    return dict(gen.llm.model.hf.named_parameters())
-
-
-@pytest.mark.parametrize("arch", [tiny_llama, tiny_qwen2])
-def test_first_generate_pushes_every_weight_by_checkpoint_name(fake_vllm, arch):
-    student = arch(V)
-    gen = make(student)
-    assert gen.weights_version == 0
-    gen.generate(PROMPTS[:1], SamplingParams(4, temperature=0.0))
-    want = [(n, tuple(p.shape)) for n, p in student.named_parameters()]
-    assert gen.llm.model.pushed == want  # tied lm_head once, qwen2's q/k/v biases included
-    engine = engine_weights(gen)
-    assert all(torch.equal(engine[n], p) for n, p in student.named_parameters())
-    assert gen.weights_version == 1
-
-
-def step(model, lr=0.5):
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
-    out = model(torch.tensor([PROMPTS[0]]), labels=torch.tensor([PROMPTS[0]]))
-    out.loss.backward()
-    opt.step()
-    opt.zero_grad()
-
-
-def test_weights_pushed_only_when_they_changed_and_always_before_sampling(fake_vllm):
-    student = tiny_llama(V)
-    gen = make(student, sleep_level=1)
-    greedy = SamplingParams(8, temperature=0.0)
-    gen.generate(PROMPTS, greedy)
-    gen.generate(PROMPTS, greedy)
-    gen.sync_weights(student)
-    assert gen.weights_version == 1  # nothing changed: one push
-    step(student)
-    gen.sync_weights(student)
-    assert gen.weights_version == 2
-    assert all(torch.equal(engine_weights(gen)[n], p) for n, p in student.named_parameters())
-    step(student)  # no sync_weights call: generate must still see the new weights
-    got = gen.generate(PROMPTS, greedy)
-    assert gen.weights_version == 3
-    want = HFGenerator(student, pad_id=0, stop_ids=[5, 6]).generate(PROMPTS, greedy)
-    width = want.completion_ids_B_C.shape[1]
-    assert torch.equal(got.completion_ids_B_C[:, :width], want.completion_ids_B_C)
-    assert torch.allclose(got.logprobs_B_C[:, :width], want.logprobs_B_C, atol=1e-5)
-
-
-def test_lora_student_pushes_merged_weights_and_stays_unmerged(fake_vllm):
-    peft = pytest.importorskip("peft")
-    config = peft.LoraConfig(
-        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False
-    )
-    student = peft.get_peft_model(tiny_llama(V), config)
-    before = {n: p.clone() for n, p in student.named_parameters()}
-    gen = make(student)
-    gen.generate(PROMPTS[:2], SamplingParams(4, temperature=0.0))
-    merged = copy.deepcopy(student).merge_and_unload()
-    want = dict(merged.named_parameters())
-    assert [n for n, _ in gen.llm.model.pushed] == list(want)
-    engine = engine_weights(gen)
-    assert all(torch.allclose(engine[n], p, atol=1e-6) for n, p in want.items())
-    base = dict(tiny_llama(V).named_parameters())
-    assert not torch.allclose(
-        engine["model.layers.0.self_attn.q_proj.weight"],
-        base["model.layers.0.self_attn.q_proj.weight"],
-    )  # the adapters moved q_proj: the merge happened
-    after = dict(student.named_parameters())
-    assert all(torch.equal(before[n], after[n]) for n in before)  # the student is untouched
-    assert not any(getattr(m, "merged", False) for m in student.modules())
-    greedy = SamplingParams(8, temperature=0.0)
-    got = gen.generate(PROMPTS, greedy)
-    want_rollout = HFGenerator(student, pad_id=0, stop_ids=[5, 6]).generate(PROMPTS, greedy)
-    width = want_rollout.completion_ids_B_C.shape[1]
-    assert torch.equal(got.completion_ids_B_C[:, :width], want_rollout.completion_ids_B_C)
-
-
-def test_fsdp2_student_pushes_gathered_full_weights(monkeypatch):
-    import socket
-
-    import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        plain = tiny_qwen2(V)
-        sharded = copy.deepcopy(plain)
-        for layer in sharded.model.layers:
-            fully_shard(layer)
-        fully_shard(sharded)
-        assert hasattr(sharded.model.layers[0].mlp.up_proj.weight, "full_tensor")
-        got = list(named_weights(sharded))
-        want = list(plain.named_parameters())
-        assert [n for n, _ in got] == [n for n, _ in want]
-        assert all(
-            type(t) is torch.Tensor and torch.equal(t, w) for (_, t), (_, w) in zip(got, want)
-        )
-    finally:
-        dist.destroy_process_group()
-
-
-def test_engine_parameter_left_unwritten_is_an_error(fake_vllm, monkeypatch):
-    original = EngineModel.load_weights
-
-    def skip_one(self, weights):
-        return original(self, (w for w in weights if w[0] != "model.norm.weight"))
-
-    monkeypatch.setattr(EngineModel, "load_weights", skip_one)
-    gen = make(tiny_llama(V))
-    with pytest.raises(RuntimeError, match=r"did not write: \['hf.model.norm.weight'\]"):
-        gen.generate(PROMPTS[:1], SamplingParams(4, temperature=0.0))
 
 
 # ---- sleep / wake -------------------------------------------------------------------------

@@ -132,9 +132,6 @@ class VLLMGenerator:
         workdir = tempfile.TemporaryDirectory(prefix="distil-vllm-")
         _write_engine_config(model, workdir.name)
         _set_launcher_env()
-        options = {
-            "max_num_seqs": v.max_num_seqs,
-        }
         llm = vllm.LLM(
             model=workdir.name,
             skip_tokenizer_init=True,  # prompts arrive as ids; completions leave as ids
@@ -150,7 +147,7 @@ class VLLMGenerator:
             generation_config="vllm",  # no sampling defaults from the checkpoint
             distributed_executor_backend="external_launcher",  # in-process engine
             tensor_parallel_size=1,
-            **{k: val for k, val in options.items() if val is not None},
+            **({"max_num_seqs": v.max_num_seqs} if v.max_num_seqs else {}),  # else vLLM's
         )
         seed = cfg.train.seed * 1_000_003 + rank if v.seeded else None
         return cls(
@@ -319,3 +316,6 @@ def _set_launcher_env() -> None:
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    # the engine core in this process (vLLM sets it too for external_launcher; set it before
+    # the engine reads it): weights pass to the worker as references, not serialized
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
