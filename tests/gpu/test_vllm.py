@@ -111,3 +111,18 @@ def test_optimizer_step_reaches_the_engine(engine):
         after.completion_ids_B_C[:, :width], want.completion_ids_B_C[:, :width]
     )
     assert prefix.float().mean() >= 0.9 * width
+
+
+def test_lora_student_samples_with_merged_weights(engine):
+    peft = pytest.importorskip("peft")
+    _, gen = engine
+    config = peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    lora = peft.get_peft_model(student(), config)  # same architecture: the same engine serves it
+    gen.sync_weights(lora)
+    greedy = SamplingParams(12, temperature=0.0)
+    got = gen.generate(PROMPTS, greedy)
+    want = HFGenerator(lora, pad_id=0, stop_ids=STOPS).generate(PROMPTS, greedy)
+    width = min(got.completion_ids_B_C.shape[1], want.completion_ids_B_C.shape[1])
+    prefix = agreeing_prefix(got.completion_ids_B_C[:, :width], want.completion_ids_B_C[:, :width])
+    assert prefix.float().mean() >= 0.9 * width
+    assert not any(getattr(m, "merged", False) for m in lora.modules())

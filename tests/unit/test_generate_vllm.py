@@ -181,7 +181,7 @@ def test_regroup_and_rollout_pair_every_sample_with_its_prompt(prompt_keys, n, s
         outputs.append(RequestOutput(str(r), list(p), outs))
     random.Random(seed).shuffle(outputs)
     samples = vgen.regroup(outputs, prompts, list(range(len(prompts))), n)
-    rollout = vgen.to_rollout(samples, n, pad_id=pad, stop_ids=[stop])
+    rollout = vgen.to_rollout(samples, pad_id=pad, stop_ids=[stop])
     assert rollout.prompt_index == [i for i in range(len(prompts)) for _ in range(n)]
     for row, (i, tokens) in enumerate(zip(rollout.prompt_index, rollout.completion_lists())):
         assert tokens[0] == prompts[i][0] and tokens[1] == 10 + row % n

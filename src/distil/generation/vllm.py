@@ -183,7 +183,7 @@ class VLLMGenerator:
             self._sleep()
         self.calls += 1
         samples = regroup(outputs, prompts, request_index, params.n)
-        return to_rollout(samples, params.n, pad_id=self.pad_id, stop_ids=self.stop_ids)
+        return to_rollout(samples, pad_id=self.pad_id, stop_ids=self.stop_ids)
 
     def _sampling_params(self, vllm, params: SamplingParams, n: int, count: int):
         common = {
@@ -266,9 +266,9 @@ def regroup(outputs, prompts: list[list[int]], request_index: list[int], n: int)
     return samples
 
 
-def to_rollout(samples: list[list], n: int, *, pad_id: int, stop_ids: Sequence[int]) -> Rollout:
-    """Completion outputs (token_ids, logprobs: one {token: Logprob} per position), `n` per
-    prompt, as a right-padded Rollout with HFGenerator's masking."""
+def to_rollout(samples: list[list], *, pad_id: int, stop_ids: Sequence[int]) -> Rollout:
+    """Completion outputs (token_ids, logprobs: one {token: Logprob} per position), grouped
+    per prompt, as a right-padded Rollout with HFGenerator's masking."""
     rows = [c for per_prompt in samples for c in per_prompt]
     width = max([1, *(len(c.token_ids) for c in rows)])
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
