@@ -221,4 +221,13 @@ def training_problems(cfg: DistilConfig) -> list[str]:
             )
         )
     problems = [message for p in found if p is not None for message in [p[1]]]
-    return problems + source_problems(cfg)[0]
+    return problems + _backend_problems(cfg) + source_problems(cfg)[0]
+
+
+def _backend_problems(cfg: DistilConfig) -> list[str]:
+    """The generation backend's needs on this machine (vllm: the extra and a CUDA GPU)."""
+    if cfg.generation.backend != "vllm":
+        return []
+    from distil.generation.vllm import backend_problems
+
+    return backend_problems(cfg)

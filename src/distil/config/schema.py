@@ -87,6 +87,45 @@ class TeacherConfig(Section):
     )
 
 
+class VLLMConfig(Section):
+    """generation.backend=vllm: the colocated engine (docs/training.md, "vLLM")."""
+
+    gpu_memory_utilization: float = Field(
+        0.3,
+        gt=0.0,
+        le=1.0,
+        description="share of the GPU's memory the engine may take for its weights, activations "
+        "and KV cache while it generates (training keeps the rest)",
+    )
+    sleep_level: Literal[0, 1, 2] = Field(
+        1,
+        description="between generations: 0 keeps the engine's memory; 1 frees the KV cache and "
+        "moves the weights to CPU memory; 2 frees both (the weights are pushed again before the "
+        "next generation; least memory, needs no CPU copy)",
+    )
+    max_model_len: int | None = Field(
+        None,
+        gt=0,
+        description="longest prompt + completion the engine serves (null: "
+        "data.max_prompt_tokens + generation.max_new_tokens)",
+    )
+    max_num_seqs: int | None = Field(
+        None, gt=0, description="sequences the engine decodes at once (null: vLLM's default)"
+    )
+    enforce_eager: bool = Field(
+        False, description="no CUDA graphs: less memory and start-up time, slower decoding"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="engine weights dtype (auto: the student's parameter dtype)"
+    )
+    seeded: bool = Field(
+        False,
+        description="per-request seeds derived from train.seed: the same samples whatever the "
+        "engine's batching, at some cost in sampling speed (off: one engine seed, train.seed + "
+        "rank)",
+    )
+
+
 class GenerationConfig(Section):
     max_new_tokens: int = Field(128, gt=0, description="tokens sampled per completion")
     temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0: greedy)")
@@ -123,6 +162,7 @@ class GenerationConfig(Section):
         description="hf_static: prompts are left-padded to the smallest of these widths that "
         "fits (longer prompts: the next multiple of the largest)",
     )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
 class LossConfig(Section):
