@@ -43,7 +43,7 @@ def teacher_server(
         deadline = time.monotonic() + timeout_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"serve-teacher exited with {proc.returncode}: {cmd + [*args]}")
+                raise RuntimeError(f"serve-teacher exited with {proc.returncode}: {[*cmd, *args]}")
             try:
                 if httpx.get(url + "/health", timeout=2.0).status_code == 200:
                     break
