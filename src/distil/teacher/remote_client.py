@@ -127,6 +127,9 @@ class RemoteClient:
                 "holding the server's API key (vllm serve --api-key, distil serve-teacher "
                 "--api-key-env) and export it in this shell"
             )
-        if r.status_code == 404:
-            hint = hint or "Check teacher.url (the server's address ending in /v1)."
+        if r.status_code == 404:  # a wrong address or model name, whatever the request
+            hint = (
+                "Check teacher.url (the server's address ending in /v1) and teacher.path (the "
+                "served model name)."
+            )
         return RemoteTeacherError(f"{what} {hint}".strip())
