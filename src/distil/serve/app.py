@@ -46,6 +46,7 @@ def build_app(scorer, *, model_name: str, api_key: str | None, limits: Limits, m
     fastapi = require("fastapi", "serve", "distil serve-teacher")
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     app = fastapi.FastAPI(title="distil serve-teacher", docs_url=None, redoc_url=None)
 
@@ -53,6 +54,10 @@ def build_app(scorer, *, model_name: str, api_key: str | None, limits: Limits, m
         kind = {401: "Unauthorized", 404: "NotFoundError", 413: "RequestTooLarge"}
         body = {"message": message, "type": kind.get(status, "BadRequestError"), "code": status}
         return JSONResponse({"error": body}, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc):  # an unreadable body, an unknown route, ...
+        return error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
     async def _malformed(request, exc):
