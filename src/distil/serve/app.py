@@ -118,14 +118,17 @@ def build_app(scorer, *, model_name: str, api_key: str | None, limits: Limits, m
             for i, entries in enumerate(scored)
         ]
         tokens = sum(len(p) for p in prompts)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": model_name,
-            "choices": choices,
-            "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
-        }
+        # plain json.dumps: FastAPI's encoder would walk every one of the T * K entries
+        return JSONResponse(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model_name,
+                "choices": choices,
+                "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
+            }
+        )
 
     return app
 
