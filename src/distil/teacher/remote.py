@@ -107,12 +107,12 @@ class RemoteTeacher:
                 f"prompt_logprobs should have one entry per prompt token ({len(row)}), got {got}"
             )
         K, n = self.top_k, len(row) - 1
-        ids, lps, token = torch.zeros(n, K, dtype=torch.long), torch.zeros(n, K), torch.zeros(n)
+        top_ids, top_lps, realised = [], [], []  # Python lists, one tensor each at the end
         for p in range(1, len(row)):
             entry = entries[p]
             try:
                 pairs = sorted(((float(v["logprob"]), int(t)) for t, v in entry.items()))
-                token[p - 1] = float(entry[str(row[p])]["logprob"])
+                realised.append(float(entry[str(row[p])]["logprob"]))
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 raise self._unusable(
                     f"prompt_logprobs[{p}] = {excerpt(repr(entry), 200)} is not a map from "
@@ -123,9 +123,12 @@ class RemoteTeacher:
                     f"prompt_logprobs[{p}] holds {len(pairs)} entries, fewer than "
                     f"teacher.top_k = {K}"
                 )
-            top = pairs[::-1][:K]
-            lps[p - 1] = torch.tensor([v for v, _ in top])
-            ids[p - 1] = torch.tensor([t for _, t in top])
+            top = pairs[: -K - 1 : -1]  # the K largest, largest first
+            top_lps.append([v for v, _ in top])
+            top_ids.append([t for _, t in top])
+        ids = torch.tensor(top_ids, dtype=torch.long).reshape(n, K)
+        lps = torch.tensor(top_lps, dtype=torch.float32).reshape(n, K)
+        token = torch.tensor(realised, dtype=torch.float32)
         if self.vocab_limit is not None and n and int(ids.max()) >= self.vocab_limit:
             raise self._unusable(
                 f"it returned token id {int(ids.max())}, beyond the student's {self.vocab_limit} "
