@@ -11,7 +11,7 @@ import torch
 
 from distil.config import build_config
 from distil.serve.process import teacher_server
-from distil.teacher.remote import connect
+from distil.teacher.remote import connect, probe
 from distil.teacher.remote_client import RemoteTeacherError, RetryPolicy
 from distil.testing import build_model_dir
 from distil.train import loop
@@ -169,8 +169,10 @@ def test_connect_checks_model_name_vocabulary_and_key(server, keyed, bpe_tokeniz
     with pytest.raises(RemoteTeacherError, match=r"decodes token ids differently|out of vocab"):
         connect(_teacher_cfg(url, teacher), other, vocab_limit=None, policy=FAST)
     bigger = train_tokenizer("bpe", vocab_size=len(bpe_tokenizer) + 200)
-    with pytest.raises(RemoteTeacherError, match="out of vocabulary"):
+    with pytest.raises(RemoteTeacherError, match="fewer than the"):
         connect(_teacher_cfg(url, teacher), bigger, vocab_limit=None, policy=FAST)
+    with pytest.raises(RemoteTeacherError, match="out of vocabulary"):  # vLLM has no vocab_size
+        probe(good, bigger)
     with pytest.raises(RemoteTeacherError, match=r"teacher\.api_key_env"):
         connect(
             _teacher_cfg(url, teacher, key_env=None), bpe_tokenizer, vocab_limit=None, policy=FAST

@@ -173,13 +173,23 @@ def connect(
     t = cfg.teacher
     client = RemoteClient(t.url, api_key=api_key(t.api_key_env), policy=policy)
     models = client.request("GET", "/models")
-    served = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
+    cards = models.get("data", []) if isinstance(models, dict) else []
+    cards = {m.get("id"): m for m in cards if isinstance(m, dict)}
+    served = list(cards)
     if t.path not in served:
         raise RemoteTeacherError(
             f"the teacher server at {client.url} serves {served}, not teacher.path = "
             f"{t.path!r}. Fix: set teacher.path to the served name (vllm serve's MODEL argument "
             "or --served-model-name) and teacher.tokenizer to that model's tokenizer, or point "
             "teacher.url at the server of this model"
+        )
+    rows = cards[t.path].get("vocab_size")  # distil serve-teacher says; vLLM does not
+    if isinstance(rows, int) and rows < len(teacher_tok):
+        raise RemoteTeacherError(
+            f"the model served at {client.url} has {rows} output rows, fewer than the "
+            f"{len(teacher_tok)} tokens of teacher.tokenizer = {teacher_tok.name_or_path!r}: "
+            "they are not the same vocabulary. Fix: set teacher.tokenizer to the served "
+            "model's tokenizer"
         )
     teacher = RemoteTeacher(client, model=t.path, top_k=t.top_k, vocab_limit=vocab_limit)
     probe(teacher, teacher_tok)
