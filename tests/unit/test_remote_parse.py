@@ -2,6 +2,7 @@
 the retry policy is bounded, and the config rules name what a server cannot do."""
 
 import math
+import sys
 import time
 
 import httpx
@@ -191,3 +192,16 @@ def test_the_rest_bucket_is_the_live_teachers():
     lp = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.0, -1.0]]), -1)
     _, vals, rest = sparse_topk(lp, 2)
     assert math.isclose(float(rest), math.log(1 - float(vals.exp().sum())), rel_tol=1e-5)
+
+
+def test_a_missing_extra_is_named(monkeypatch, capsys):
+    from distil.cli import main
+    from distil.errors import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "httpx", None)  # import httpx raises ImportError
+    with pytest.raises(MissingExtraError, match=r"distil\[remote\]"):
+        RemoteClient("http://127.0.0.1:1/v1")
+    monkeypatch.setitem(sys.modules, "fastapi", None)
+    assert main(["serve-teacher", "some/model"]) == 2
+    err = capsys.readouterr().err
+    assert "distil[serve]" in err and "Traceback" not in err
