@@ -205,3 +205,22 @@ def test_a_missing_extra_is_named(monkeypatch, capsys):
     assert main(["serve-teacher", "some/model"]) == 2
     err = capsys.readouterr().err
     assert "distil[serve]" in err and "Traceback" not in err
+
+
+def test_the_key_comes_from_the_named_variable_only(monkeypatch):
+    from distil.teacher.remote import api_key
+
+    monkeypatch.delenv("DISTIL_NO_SUCH_KEY", raising=False)
+    with pytest.raises(ConfigError, match="export DISTIL_NO_SUCH_KEY="):
+        api_key("DISTIL_NO_SUCH_KEY")
+    monkeypatch.setenv("DISTIL_NO_SUCH_KEY", "abc")
+    assert api_key("DISTIL_NO_SUCH_KEY") == "abc" and api_key(None) is None
+
+
+def test_validate_accepts_a_cross_tokenizer_url_config_with_top_k(make_train_config):
+    from distil.preflight import preflight
+
+    raw = make_train_config(loss={"name": "sampled_chunk_reverse_kl"})
+    raw["teacher"].update({"url": "http://127.0.0.1:9/v1", "top_k": 4})
+    problems, _ = preflight(build_config(raw))
+    assert not any("top_k" in p for p in problems), problems
