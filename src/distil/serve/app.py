@@ -105,7 +105,7 @@ def build_app(scorer, *, model_name: str, api_key: str | None, limits: Limits, m
         problem = check_request(req, model_name, scorer.vocab_size, limits)
         if problem is not None:
             return error(*problem)
-        prompts = req.prompt if req.prompt and isinstance(req.prompt[0], list) else [req.prompt]
+        prompts = _prompts(req)
         scored = scorer.score(prompts, req.prompt_logprobs or 0)
         choices = [
             {
@@ -149,7 +149,7 @@ def check_request(req, model_name: str, vocab_size: int, limits: Limits):
             if k > 0
             else f"`prompt_logprobs` must be a positive value, got {k}."
         )
-    prompts = req.prompt if req.prompt and isinstance(req.prompt[0], list) else [req.prompt]
+    prompts = _prompts(req)
     if not prompts or any(len(p) == 0 for p in prompts):
         return 400, "every prompt needs at least one token id"
     total = sum(len(p) for p in prompts)
@@ -162,3 +162,8 @@ def check_request(req, model_name: str, vocab_size: int, limits: Limits):
     if bad is not None:
         return 400, f"Token id {bad} is out of vocabulary (the model has {vocab_size} tokens)."
     return None
+
+
+def _prompts(req: CompletionRequest) -> list[list[int]]:
+    """The request's prompts as a list of id lists (one list of ints is one prompt)."""
+    return req.prompt if req.prompt and isinstance(req.prompt[0], list) else [req.prompt]
