@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from distil.errors import ConfigError, DistilError
+from distil.serve.cli import add_serve_teacher
 from distil.teacher.cli import add_cache_teacher, add_generate
 
 
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(sub)
     add_cache_teacher(sub, _positive_int)
     add_generate(sub, _positive_int)
+    add_serve_teacher(sub, _positive_int)
     return p
 
 

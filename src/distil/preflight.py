@@ -59,7 +59,7 @@ def _settings(cfg: DistilConfig, found: _Problems) -> None:
     from distil.losses import get_loss, is_cross_tokenizer
 
     found.attempt(get_loss, cfg.loss.name)
-    if cfg.teacher.top_k is not None and is_cross_tokenizer(cfg.loss.name):
+    if cfg.teacher.top_k is not None and is_cross_tokenizer(cfg.loss.name) and not cfg.teacher.url:
         found.append(
             f"teacher.top_k = {cfg.teacher.top_k} with loss.name = {cfg.loss.name!r}: the "
             "cross-tokenizer losses need the teacher's full distribution. Fix: set "

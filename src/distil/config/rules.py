@@ -187,6 +187,75 @@ def _teacher_cache_scores_data_only(cfg: DistilConfig):
     return None
 
 
+@check
+def _remote_teacher(cfg: DistilConfig):
+    """teacher.url: what a server can give (top-k log-probs at temperature 1, no generation)."""
+    t = cfg.teacher
+    if not t.url:
+        return None
+    from distil.losses import is_cross_tokenizer
+
+    found = []
+    if not t.url.startswith(("http://", "https://")):
+        found.append(
+            (
+                ("teacher.url",),
+                f"teacher.url = {t.url!r} is not an http(s) address. "
+                "Fix: the server's address ending in /v1, e.g. http://127.0.0.1:8000/v1",
+            )
+        )
+    if t.top_k is None:
+        found.append(
+            (
+                ("teacher.top_k",),
+                "teacher.url needs teacher.top_k (a server returns "
+                "the top-k prompt log-probs, not the full distribution). Fix: set "
+                "teacher.top_k to at most the server's --max-logprobs (vLLM's default: 20)",
+            )
+        )
+    if t.cache:
+        found.append(
+            (
+                ("teacher.url", "teacher.cache"),
+                "teacher.url and teacher.cache are both set. Fix: keep one teacher source",
+            )
+        )
+    if cfg.train.seq_kd:
+        found.append(
+            (
+                ("teacher.url", "train.seq_kd"),
+                "train.seq_kd=true needs a local teacher "
+                "to write completions; teacher.url only scores. Fix: train.seq_kd=false, "
+                "or write the completions once with `distil generate` and train on them",
+            )
+        )
+    if cfg.loss.temperature != 1.0 and cfg.loss.name != "sft":
+        found.append(
+            (
+                ("teacher.url", "loss.temperature"),
+                f"loss.temperature = "
+                f"{cfg.loss.temperature} with teacher.url: servers return log-probs at "
+                "temperature 1, and top-k log-probs cannot be re-tempered exactly. Fix: "
+                "loss.temperature=1",
+            )
+        )
+    if is_cross_tokenizer(cfg.loss.name) and cfg.loss.name != "sampled_chunk_reverse_kl":
+        found.append(
+            (
+                ("teacher.url", "loss.name"),
+                f"loss.name = {cfg.loss.name!r} with "
+                "teacher.url: this cross-tokenizer loss reads the teacher's full "
+                "distribution, a server returns its top-k. Fix: "
+                "loss.name=sampled_chunk_reverse_kl (needs only the teacher's log-prob of "
+                "its own tokens), or a local teacher (teacher.url=null)",
+            )
+        )
+    if not found:
+        return None
+    keys = tuple(dict.fromkeys(k for keys, _ in found for k in keys))
+    return keys, "; ".join(message for _, message in found)
+
+
 def _teacher_needed(cfg: DistilConfig):
     needs = (cfg.loss.name != "sft" or cfg.train.seq_kd) and not cfg.teacher.cache
     if needs and not cfg.teacher.path:

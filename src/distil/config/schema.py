@@ -85,6 +85,15 @@ class TeacherConfig(Section):
         description="a `distil cache-teacher` directory: read the teacher's top-k from disk "
         "instead of running it (off-policy slices only; docs/teacher-cache.md)",
     )
+    url: str | None = Field(
+        None,
+        description="an OpenAI-compatible server scoring the teacher (vllm serve, distil "
+        "serve-teacher), e.g. http://host:8000/v1; teacher.path is then the served model name "
+        "and only the tokenizer is loaded here (docs/scaling-out.md)",
+    )
+    api_key_env: str | None = Field(
+        None, description="environment variable holding the teacher server's API key"
+    )
 
 
 class VLLMConfig(Section):

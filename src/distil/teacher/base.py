@@ -28,6 +28,11 @@ def sparse_topk(logprobs_N_V: torch.Tensor, k: int):
     bucket with (numerically) no mass is a very negative number rather than -inf or NaN.
     """
     vals, ids = logprobs_N_V.topk(k, dim=-1)
-    covered = torch.logsumexp(vals.float(), dim=-1).clamp(max=-1e-7)
+    return ids, vals, rest_logprob(vals)
+
+
+def rest_logprob(topk_logprobs_N_K: torch.Tensor) -> torch.Tensor:
+    """log(1 - sum_k exp(topk)) per row (N,), in the top-k values' dtype (see `sparse_topk`)."""
+    covered = torch.logsumexp(topk_logprobs_N_K.float(), dim=-1).clamp(max=-1e-7)
     rest = torch.log1p(-covered.exp()).clamp(min=-1e4)
-    return ids, vals, rest.to(vals.dtype)
+    return rest.to(topk_logprobs_N_K.dtype)

@@ -21,10 +21,12 @@ from distil.models.tokenizers import encode_prompts, stop_token_ids
 from distil.train.buffer import GenerationBuffer, PromptSide
 
 TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
-# the teacher scorer, by what the config gives: a model (`teacher.path`) or `teacher.cache`
+# the teacher scorer, by what the config gives: a model (`teacher.path`), `teacher.cache` or a
+# server (`teacher.url`)
 SCORERS = {
     "live": "distil.teacher.live:LiveTeacher",
     "cache": "distil.teacher.cached:CachedTeacher",
+    "remote": "distil.teacher.remote:RemoteTeacher",
 }
 
 
@@ -324,7 +326,8 @@ def build(cfg: DistilConfig) -> Components:
     check_lengths(examples, tok, cfg.data, completions_used=uses_completions(cfg))
     cross, teacher_model, teacher_tok, vocab_size = None, None, None, None
     cached = bool(cfg.teacher.cache) and cfg.loss.name != "sft"
-    if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd) and not cached:
+    remote = bool(cfg.teacher.url) and cfg.loss.name != "sft"
+    if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd) and not (cached or remote):
         teacher_model, teacher_tok = load_teacher(cfg, accelerator)
     if cfg.loss.name == "sft":  # supervised: the teacher (if any) only writes completions
         teacher = NullTeacher()
@@ -332,6 +335,10 @@ def build(cfg: DistilConfig) -> Components:
             from distil.data.crosstok import CrossTokenizer
 
             cross = CrossTokenizer(tok, teacher_tok, max_prompt_tokens=cfg.data.max_prompt_tokens)
+    elif remote:  # only the teacher's tokenizer is loaded; the server is checked once
+        teacher, teacher_tok, cross, vocab_size = scorer_class("remote").from_config(
+            cfg, tok, model
+        )
     elif is_cross_tokenizer(cfg.loss.name):
         cross, vocab_size, teacher_vocab = cross_tokenizer_setup(
             cfg, tok, teacher_tok, model, teacher_model
