@@ -1,55 +1,53 @@
-"""The demo's results: every model through the Countdown checker, the table (with the share of
-the teacher-student gap each student recovered), JSON, Markdown, a plot, and where the time went."""
+"""The demo's results: every model through the Countdown checker, the table (accuracy, the share
+of the teacher-student gap each student recovered, optimizer steps, student compute), JSON,
+Markdown, a plot, and where the time went."""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
 
-from distil.demo import DemoRun
-from distil.eval.runner import COLUMNS, EvalResult
+from distil.demo.run import TEACHER_SUMMARY, DemoRun
 from distil.progress import console
 
-# (row label, model dir under models/ or runs/<name>/final, student start it is measured from)
-ROWS = [
-    ("teacher (bpe)", "models/teacher", None),
-    ("char student: start (SFT on labelled set)", "models/student_char_start", None),
-    (
-        "char student: on-policy distilled, cross-tokenizer",
-        "runs/distill_cross_tokenizer/final",
-        "char student: start (SFT on labelled set)",
-    ),
-    (
-        "char student: control, sequence-level KD",
-        "runs/control_seqkd/final",
-        "char student: start (SFT on labelled set)",
-    ),
-    (
-        "char student: control, continued SFT",
-        "runs/control_sft/final",
-        "char student: start (SFT on labelled set)",
-    ),
-    ("bpe student: start (SFT on labelled set)", "models/student_bpe_start", None),
-    (
-        "bpe student: on-policy distilled, same tokenizer",
-        "runs/distill_same_tokenizer/final",
-        "bpe student: start (SFT on labelled set)",
-    ),
-]
-CHAR_START, BPE_START = ROWS[1][0], ROWS[5][0]
-# run -> (legend, the row whose accuracy is the curve's starting point)
-CURVES = {
-    "distill_cross_tokenizer": ("char: distilled (cross-tokenizer, aligned_kl)", CHAR_START),
-    "control_seqkd": ("char: seq-KD control (cross-entropy)", CHAR_START),
-    "control_sft": ("char: SFT control (cross-entropy)", CHAR_START),
-    "distill_same_tokenizer": ("bpe: distilled (same tokenizer, reverse KL)", BPE_START),
-}
+TEACHER = "teacher (bpe)"
+COST_NOTE = (
+    "student cost: 2 N (3 T_train + T_prefill + T_gen) FLOPs counted from tokens "
+    "(N student parameters; T_train tokens through its training forward+backward, T_prefill "
+    "prompt tokens it prefilled, T_gen tokens it sampled; cost/student_flops in metrics.jsonl); "
+    "the controls run until they have spent the distillation's"
+)
 
 
-def evaluate_all(run: DemoRun) -> list[EvalResult]:
+@dataclass(frozen=True)
+class Row:
+    label: str
+    model: str  # model dir, relative to the demo's output
+    metrics: str  # the training run that made it (its metrics.jsonl), relative
+    start: str | None = None  # the row whose accuracy the gap is measured from
+    curve: bool = False
+
+
+def rows(run: DemoRun) -> list[Row]:
+    """The table's rows: the teacher, then per student its start and its runs, in the order
+    of configs/demo.yaml."""
+    out = [Row(TEACHER, "models/teacher", "models/teacher")]
+    for name in run.manifest.students:
+        start = f"{name} student: start (SFT on labelled set)"
+        out.append(Row(start, f"models/student_{name}_start", f"runs/student_{name}_start"))
+        for r in run.manifest.runs:
+            if r.student == name:
+                label = f"{name} student: {r.label}"
+                out.append(Row(label, f"runs/{r.config}/final", f"runs/{r.config}", start, True))
+    return out
+
+
+def evaluate_all(run: DemoRun) -> list:
     from distil.config import EvalConfig
     from distil.eval.runner import evaluate_model, load_problems
 
@@ -62,99 +60,127 @@ def evaluate_all(run: DemoRun) -> list[EvalResult]:
     )
     problems = load_problems(cfg)
     results = []
-    for label, rel, _ in ROWS:
-        results.append(evaluate_model(str(run.out / rel), cfg, name=label, problems=problems))
-        console.print(f"{label}: {100 * results[-1].summary['accuracy']:.1f}%")
+    for row in rows(run):
+        results.append(
+            evaluate_model(str(run.out / row.model), cfg, name=row.label, problems=problems)
+        )
+        console.print(f"{row.label}: {100 * results[-1].summary['accuracy']:.1f}%")
     return results
 
 
-def table(results: list[EvalResult]) -> tuple[str, list[dict[str, Any]]]:
-    """The Markdown table with a Gap Recovered column, and the same rows as dicts."""
+def training_summary(run: DemoRun, row: Row) -> dict[str, Any]:
+    """The last metrics of the run that trained the row's model (the teacher's are kept with
+    the cached model)."""
+    path = run.out / row.metrics
+    if (path / TEACHER_SUMMARY).exists():
+        return json.loads((path / TEACHER_SUMMARY).read_text())
+    lines = (path / "metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])
+
+
+def table(run: DemoRun, results: list) -> tuple[str, list[dict[str, Any]]]:
+    """The Markdown table and the same rows as dicts (with the checker's categories)."""
     acc = {r.name: r.summary["accuracy"] for r in results}
-    teacher = acc[ROWS[0][0]]
-    head = ["Model", "Correct", "Accuracy", *(c for c, _ in COLUMNS), "Gap Recovered"]
+    head = ["Model", "Accuracy", "Gap Recovered", "Steps", "Student Cost (TFLOP)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    rows = []
-    for (label, rel, start), r in zip(ROWS, results, strict=True):
+    out = []
+    for row, r in zip(rows(run), results, strict=True):
         s = r.summary
+        summary = training_summary(run, row)
+        start = acc.get(row.start) if row.start else None
         gap = None
-        if start is not None and teacher != acc[start]:
-            gap = (s["accuracy"] - acc[start]) / (teacher - acc[start])
-        cells = [label, f"{s['correct']}/{s['total']}", f"{100 * s['accuracy']:.1f}%"]
-        cells += [str(s[key]) for _, key in COLUMNS]
-        cells.append("" if gap is None else f"{100 * gap:.0f}%")
+        if start is not None and acc[TEACHER] != start:
+            gap = (s["accuracy"] - start) / (acc[TEACHER] - start)
+        flops = summary.get("cost/student_flops")
+        cells = [
+            row.label,
+            f"{100 * s['accuracy']:.1f}% ({s['correct']}/{s['total']})",
+            "" if gap is None else f"{100 * gap:.0f}%",
+            str(summary["step"]),
+            "" if flops is None else f"{flops / 1e12:.3g}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
-        rows.append({"model": label, "path": rel, **s, "gap_recovered": gap})
-    return "\n".join(lines), rows
+        out.append(
+            {
+                "model": row.label,
+                "path": row.model,
+                **s,
+                "gap_recovered": gap,
+                "steps": summary["step"],
+                "student_flops": flops,
+            }
+        )
+    return "\n".join(lines), out
 
 
-def write_outputs(run: DemoRun, results: list[EvalResult]) -> dict[str, Any]:
-    md, rows = table(results)
-    machine = f"{platform.machine()}, {run.threads} threads, {platform.python_version()}"
-    header = (
-        f"distil demo ({run.preset_name}), {date.today().isoformat()}, {machine}; "
-        f"{run.preset.n_test} held-out problems, greedy decoding, strict checker\n\n"
+def machine() -> str:
+    """CPU model, cores, Python and torch versions: results are exact for one machine and
+    thread count."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}"
     )
-    (run.out / "results.md").write_text(header + md + "\n")
+
+
+def header(run: DemoRun) -> str:
+    scale = "" if run.distill_scale == 1 else f", distillation budgets x{run.distill_scale:g}"
+    return (
+        f"`{run.command or 'distil demo'}` (preset {run.preset_name}{scale}), "
+        f"{date.today().isoformat()}, {machine()}, {run.threads} threads; "
+        f"{run.preset.n_test} held-out problems, greedy decoding, strict checker; {COST_NOTE}\n"
+    )
+
+
+def write_outputs(run: DemoRun, results: list) -> dict[str, Any]:
+    md, table_rows = table(run, results)
+    head = header(run)
+    (run.out / "results.md").write_text(head + "\n" + md + "\n\n" + categories(results) + "\n")
     payload = {
         "preset": run.preset_name,
+        "distill_scale": run.distill_scale,
+        "command": run.command,
         "date": date.today().isoformat(),
-        "machine": machine,
-        "rows": rows,
+        "machine": machine(),
+        "threads": run.threads,
+        "rows": table_rows,
         "stages": [s.__dict__ for s in run.stages],
         "commands": run.commands,
     }
     (run.out / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    plot = plot_curves(run, {r.name: r.summary["accuracy"] for r in results})
-    print(f"\n{header}{md}\n", flush=True)  # stdout, unwrapped: the table is the result
+    from distil.demo.plot import plot_curves
+
+    plot = plot_curves(run, rows(run), {r.name: r.summary["accuracy"] for r in results})
+    print(f"\n{head}\n{md}\n", flush=True)  # stdout, unwrapped: the table is the result
     _print_summary(run, plot)
     return payload
 
 
-def plot_curves(run: DemoRun, start_accuracy: dict[str, float]) -> Path | None:
-    """Accuracy and training loss against the training clock for each student run; each
-    accuracy curve starts at its student's start (full test set; later points: a subset)."""
-    import matplotlib
+def categories(results: list) -> str:
+    """The checker's verdicts per model (why the wrong answers were wrong)."""
+    from distil.eval.runner import COLUMNS
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, (label, start) in CURVES.items():
-        path = run.paths["runs"] / name / "metrics.jsonl"
-        if not path.exists():
-            continue
-        m = [json.loads(x) for x in path.read_text().splitlines()]
-        ev = [x for x in m if "eval/accuracy" in x]
-        xs = [0.0] + [x["time/train_clock"] for x in ev]
-        ys = [100 * start_accuracy.get(start, float("nan"))]
-        ys += [100 * x["eval/accuracy"] for x in ev]
-        ax_acc.plot(xs, ys, marker="o", ms=3, label=label)
-        ax_loss.plot([x["time/train_clock"] for x in m], [x["loss"] for x in m], label=label)
-    ax_acc.set(
-        xlabel="training clock (s, evaluation excluded)",
-        ylabel="accuracy (%)",
-        title="held-out Countdown accuracy (subset)",
-    )
-    ax_loss.set(
-        xlabel="training clock (s)",
-        ylabel="training loss",
-        yscale="log",
-        title="training loss (each run's own objective)",
-    )
-    for ax in (ax_acc, ax_loss):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = run.out / "curves.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    head = ["Model", "Correct", *(c for c, _ in COLUMNS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in results:
+        s = r.summary
+        cells = [r.name, f"{s['correct']}/{s['total']}", *(str(s[k]) for _, k in COLUMNS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _print_summary(run: DemoRun, plot: Path | None) -> None:
     total = sum(s.seconds for s in run.stages)
-    lines = ["where the time went (training clocks exclude evaluation):"]
+    lines = ["where the time went:"]
     for s in run.stages:
         lines.append(f"  {s.seconds / 60:6.2f} min  {s.name}" + (f"  ({s.note})" if s.note else ""))
     lines.append(f"  {total / 60:6.2f} min  total")
@@ -168,8 +194,9 @@ def _print_summary(run: DemoRun, plot: Path | None) -> None:
     )
     lines.append("\nreproduce any step:")
     lines += [f"  {cmd}" for cmd in run.commands]
+    first = run.manifest.runs[0].config
     lines.append(
-        f"  distil eval --model {run.paths['runs']}/distill_cross_tokenizer/final "
+        f"  distil eval --model {run.paths['runs']}/{first}/final "
         f"--data {run.paths['data']}/test.jsonl --n {run.preset.n_test}"
     )
     print("\n".join(lines), flush=True)

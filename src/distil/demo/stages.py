@@ -1,46 +1,60 @@
-"""The stages of `distil demo` (see demo.py for the story). Each training stage loads a config
-from configs/demo/, applies the paths and budgets of the chosen preset as overrides, runs
-`distil.train.loop.train` and records the equivalent `distil train` command."""
+"""The stages of `distil demo` (the story is in __init__.py). Each training stage loads a config
+from configs/, moves its `runs/demo/` paths under the demo's output directory, sets the
+preset's budget, runs `distil.train.loop.train` and records the equivalent `distil train`
+command."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
-from distil.demo import CONFIG_DIR, DemoRun, copy_tree, settings_key
+from distil.demo.presets import CONFIG_DIR, DEMO_ROOT, Run, budget_steps
+from distil.demo.run import TEACHER_SUMMARY, DemoRun, copy_tree, last_metrics, settings_key
 from distil.progress import console
 
 SEED = 0
+# config keys holding paths that the demo moves under its --out directory
+PATH_KEYS = ("data.train", "student.path", "teacher.path", "train.output_dir", "eval.data")
 
 
-def _timed(run: DemoRun, name: str):
-    class _T:
-        def __enter__(self):
-            self.stage = run.stage(name)
-            self.t0 = time.perf_counter()
-            return self.stage
+def moved_paths(run: DemoRun, config: str) -> dict[str, Any]:
+    """The config's `runs/demo/...` paths as overrides under `run.out`."""
+    raw = _config(config)
+    out = {}
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        value = (raw.get(section) or {}).get(name)
+        if isinstance(value, str) and value.startswith(DEMO_ROOT + "/"):
+            out[key] = run.out / value[len(DEMO_ROOT) + 1 :]
+    return out
 
-        def __exit__(self, *exc):
-            self.stage.seconds = time.perf_counter() - self.t0
 
-    return _T()
+def _config(name: str) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load((CONFIG_DIR / f"{name}.yaml").read_text())
 
 
 def train_stage(run: DemoRun, config: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Run configs/demo/<config>.yaml with `overrides`; returns the last metrics."""
+    """Run configs/<config>.yaml with its paths moved and `overrides`; the last metrics."""
     from distil.config import load_config
     from distil.train.loop import train
 
-    items = [f"{k}={v}" for k, v in overrides.items()]
+    values = {**moved_paths(run, config), **overrides}
+    warmup = _config(config).get("train", {}).get("warmup_steps", 0)
+    if values.get("train.max_steps", warmup) < warmup:  # a smoke-sized budget: warm up less
+        values["train.warmup_steps"] = values["train.max_steps"]
+    items = [f"{k}={v}" for k, v in values.items()]
+    # no checkpoints on the wall clock: nothing in a demo run depends on timing
     items += [f"train.num_threads={run.threads}", "train.resume=never"]
-    shutil.rmtree(overrides["train.output_dir"], ignore_errors=True)  # a fresh run each time
-    run.commands.append(f"distil train configs/demo/{config}.yaml " + " ".join(items))
-    cfg = load_config(CONFIG_DIR / f"{config}.yaml", items)
-    return train(cfg)
+    items += ["train.save_every_minutes=null"]
+    shutil.rmtree(values["train.output_dir"], ignore_errors=True)  # a fresh run each time
+    path = CONFIG_DIR / f"{config}.yaml"
+    run.commands.append(f"distil train {path} " + " ".join(items))
+    return train(load_config(path, items))
 
 
 # ----------------------------------------------------------------------------- data
@@ -51,8 +65,8 @@ def make_data(run: DemoRun) -> None:
 
     p = run.preset
     data = run.paths["data"]
-    with _timed(run, "Countdown data") as stage:
-        wanted = {"n": p.n_train, "test_n": p.n_test, "seed": SEED}
+    with run.timed("Countdown data") as stage:
+        wanted = {"n": p.n_train, "test_n": p.n_test, "n_labelled": p.n_labelled, "seed": SEED}
         meta = data / "demo.json"
         if not (meta.exists() and json.loads(meta.read_text()) == wanted):
             generate_dataset(
@@ -65,12 +79,11 @@ def make_data(run: DemoRun) -> None:
             )
             rows = read_rows(data / "train.jsonl")
             _write_jsonl(data / "labelled.jsonl", rows[: p.n_labelled])
+            # no solutions: distillation is prompt-only
             prompts = [
                 {k: r[k] for k in ("nums", "target", "prompt")} for r in rows[p.n_labelled :]
             ]
-            _write_jsonl(
-                data / "prompts.jsonl", prompts
-            )  # no solutions: distillation is prompt-only
+            _write_jsonl(data / "prompts.jsonl", prompts)
             meta.write_text(json.dumps(wanted))
         run.commands.append(
             f"distil countdown generate --n {p.n_train} --test-n {p.n_test} "
@@ -93,29 +106,27 @@ def make_tokenizers(run: DemoRun) -> None:
 
     toks = run.paths["tokenizers"]
     train = run.paths["data"] / "train.jsonl"
-    with _timed(run, "tokenizers") as stage:
-        bpe = train_tokenizer_from_data(
-            "bpe",
-            str(train),
-            toks / "bpe",
-            vocab_size=run.preset.bpe_vocab,
-            template="countdown_plain",
-            chat_template="compact",
-        )
-        char = train_tokenizer_from_data(
-            "char", str(train), toks / "char", template="countdown_plain", chat_template="compact"
-        )
+    with run.timed("tokenizers") as stage:
+        made = {}
         for fam in ("bpe", "char"):
+            made[fam] = train_tokenizer_from_data(
+                fam,
+                str(train),
+                toks / fam,
+                vocab_size=run.preset.bpe_vocab,
+                template="countdown_plain",
+                chat_template="compact",
+            )
             run.commands.append(
                 f"distil tokenizer train --family {fam} --data {train} "
                 f"--template countdown_plain --chat-template compact "
                 f"--vocab-size {run.preset.bpe_vocab} --out {toks / fam}"
             )
         example = "nums: 40 13 94 target: 67 -> <answer>94-40+13</answer>"
-        stage.note = f"bpe {len(bpe)} tokens, char {len(char)} tokens"
+        stage.note = f"bpe {len(made['bpe'])} tokens, char {len(made['char'])} tokens"
         console.print(
-            f"{stage.note}\n  bpe : {bpe.tokenize(example)}\n  char: "
-            f"{char.tokenize(example)[:24]}..."
+            f"{stage.note}\n  bpe : {made['bpe'].tokenize(example)}\n  char: "
+            f"{made['char'].tokenize(example)[:24]}..."
         )
 
 
@@ -152,30 +163,21 @@ def _teacher_cache_key(run: DemoRun) -> str:
     tokenizer = (run.paths["tokenizers"] / "bpe" / "tokenizer.json").read_bytes()
     return settings_key(
         p.teacher,
+        p.steps["teacher"],
         SEED,
+        run.threads,  # results are exact for a machine and thread count
         (CONFIG_DIR / "teacher.yaml").read_text(),
         hashlib.sha256(tokenizer).hexdigest(),
     )
 
 
-def _cached_teacher(run: DemoRun, key: str) -> Path | None:
-    """The cached teacher for these settings trained for the most minutes (at least the
-    preset's), so a quick run reuses a full run's teacher."""
-    found = []
-    for path in run.cache_dir.glob(f"teacher-{key}-*min"):
-        minutes = float(path.name.rsplit("-", 1)[1][: -len("min")])
-        if minutes >= run.preset.teacher_minutes and (path / "config.json").exists():
-            found.append((minutes, path))
-    return max(found)[1] if found else None
-
-
 def train_teacher(run: DemoRun) -> None:
     p = run.preset
     models, runs = run.paths["models"], run.paths["runs"]
-    key = _teacher_cache_key(run)
-    with _timed(run, f"teacher (~{p.teacher_minutes:g} min of training)") as stage:
-        cached = _cached_teacher(run, key)
-        if cached is not None:
+    steps = p.steps["teacher"]
+    cached = run.cache_dir / f"teacher-{_teacher_cache_key(run)}-{steps}steps"
+    with run.timed(f"teacher ({steps} steps)") as stage:
+        if (cached / TEACHER_SUMMARY).exists():
             copy_tree(cached, models / "teacher")
             stage.note = f"cached: {cached}"
             console.print(f"using the cached teacher {cached} (delete it to retrain)")
@@ -187,124 +189,83 @@ def train_teacher(run: DemoRun) -> None:
             {
                 "data.train": run.paths["data"] / "train.jsonl",
                 "student.path": init,
-                "train.output_dir": runs / "teacher",
-                "train.max_minutes": p.teacher_minutes,
-                "eval.data": run.paths["data"] / "test.jsonl",
+                "train.max_steps": steps,
             },
         )
-        copy_tree(runs / "teacher" / "final", models / "teacher")
-        target = run.cache_dir / f"teacher-{key}-{p.teacher_minutes:g}min"
+        final = runs / "teacher" / "final"
+        summary = last_metrics(runs / "teacher")
+        (final / TEACHER_SUMMARY).write_text(json.dumps(summary) + "\n")
+        copy_tree(final, models / "teacher")
         run.cache_dir.mkdir(parents=True, exist_ok=True)
-        copy_tree(runs / "teacher" / "final", target)
-        stage.note = f"trained; cached as {target}"
+        copy_tree(final, cached)
+        stage.note = f"trained; cached as {cached}"
 
 
 def start_students(run: DemoRun) -> None:
     p = run.preset
-    for tok, seed in (("char", 1), ("bpe", 2)):
-        with _timed(run, f"{tok} student: supervised start on {p.n_labelled} labelled problems"):
-            init = _init(run, tok, f"student_{tok}_init", p.student, seed)
+    steps = p.steps["start"]
+    for name, student in run.manifest.students.items():
+        label = f"{name} student: supervised start on {p.n_labelled} labelled problems"
+        with run.timed(f"{label} ({steps} steps)"):
+            init = _init(run, student.tokenizer, f"student_{name}_init", p.student, student.seed)
             train_stage(
                 run,
                 "student_start",
                 {
-                    "data.train": run.paths["data"] / "labelled.jsonl",
                     "student.path": init,
-                    "train.output_dir": run.paths["runs"] / f"student_{tok}_start",
-                    "train.max_steps": p.start_steps,
-                    # the config's 50 warmup steps, or fewer for the smoke preset's short start
-                    "train.warmup_steps": min(50, p.start_steps),
-                    "eval.data": run.paths["data"] / "test.jsonl",
+                    "train.output_dir": run.paths["runs"] / f"student_{name}_start",
+                    "train.max_steps": steps,
                 },
             )
             copy_tree(
-                run.paths["runs"] / f"student_{tok}_start" / "final",
-                run.paths["models"] / f"student_{tok}_start",
+                run.paths["runs"] / f"student_{name}_start" / "final",
+                run.paths["models"] / f"student_{name}_start",
             )
 
 
-def _student_overrides(run: DemoRun, student: str, name: str, minutes: float) -> dict[str, Any]:
+# ----------------------------------------------------------------------------- runs
+
+
+def run_all(run: DemoRun) -> None:
+    """Every run of configs/demo.yaml, in order (a control after the run it matches)."""
+    for r in run.manifest.runs:
+        budget = _budget(run, r)
+        with run.timed(f"{r.student} student: {r.label} ({_describe(budget)})"):
+            train_stage(run, r.config, {**_run_overrides(run, r), **budget})
+
+
+def _budget(run: DemoRun, r: Run) -> dict[str, Any]:
+    if r.steps is not None:
+        return {"train.max_steps": budget_steps(run.preset, r, run.distill_scale)}
+    spent = last_metrics(run.paths["runs"] / r.cost_of)["cost/student_flops"]
+    return {"train.max_steps": 1_000_000, "train.max_student_flops": spent}
+
+
+def _describe(budget: dict[str, Any]) -> str:
+    if "train.max_student_flops" in budget:
+        return f"{budget['train.max_student_flops'] / 1e12:.3g} TFLOP of student compute"
+    return f"{budget['train.max_steps']} steps"
+
+
+def _run_overrides(run: DemoRun, r: Run) -> dict[str, Any]:
     p = run.preset
-    out = {
-        "student.path": run.paths["models"] / student,
-        "train.output_dir": run.paths["runs"] / name,
-        "train.max_minutes": round(minutes, 6),
+    out: dict[str, Any] = {
+        "student.path": run.paths["models"] / f"student_{r.student}_start",
+        "train.output_dir": run.paths["runs"] / r.config,
         "eval.n": p.eval_n,
-        "eval.data": run.paths["data"] / "test.jsonl",
     }
     if p.eval_every is not None:
         out["train.eval_every"] = p.eval_every
-    return out
-
-
-def run_distillation(run: DemoRun) -> None:
-    p = run.preset
-    teacher = run.paths["models"] / "teacher"
-    prompts = run.paths["data"] / "prompts.jsonl"
-    for config, student, label, minutes in (
-        (
-            "distill_cross_tokenizer",
-            "student_char_start",
-            "char student <- bpe teacher",
-            p.cross_minutes,
-        ),
-        (
-            "distill_same_tokenizer",
-            "student_bpe_start",
-            "bpe student <- bpe teacher",
-            p.same_minutes,
-        ),
-    ):
-        with _timed(run, f"on-policy distillation, {label} ({minutes:g} min)"):
-            train_stage(
-                run,
-                config,
-                {
-                    **_student_overrides(run, student, config, minutes),
-                    "teacher.path": teacher,
-                    "data.train": prompts,
-                    "logging.print_example": config.startswith("distill_cross"),
-                },
-            )
-
-
-def run_controls(run: DemoRun) -> None:
-    """Seq-KD and continued SFT for the char student, at the distillation's training clock."""
-    clock = _last_metrics(run.paths["runs"] / "distill_cross_tokenizer")["time/train_clock"]
-    minutes = clock / 60.0
-    data = run.paths["data"]
-    for config, label, extra in (
-        (
-            "control_seqkd",
-            "sequence-level KD",
-            {"teacher.path": run.paths["models"] / "teacher", "data.train": data / "prompts.jsonl"},
-        ),
-        (
-            "control_sft",
-            "continued SFT on the labelled set",
-            {"data.train": data / "labelled.jsonl"},
-        ),
-    ):
-        with _timed(run, f"control: char student, {label} ({minutes:.2f} min, equal wall time)"):
-            train_stage(
-                run,
-                config,
-                {**_student_overrides(run, "student_char_start", config, minutes), **extra},
-            )
-
-
-def _last_metrics(run_dir: Path) -> dict[str, Any]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return json.loads(lines[-1])
+    return {**out, **r.overrides}
 
 
 # ----------------------------------------------------------------------------- report
 
 
 def report(run: DemoRun) -> dict[str, Any]:
-    from distil.demo_report import evaluate_all, write_outputs
+    from distil.demo.report import evaluate_all, write_outputs
 
-    with _timed(run, "evaluation of every model") as stage:
+    with run.timed("evaluation of every model") as stage:
         results = evaluate_all(run)
         stage.note = f"{len(results)} models x {run.preset.n_test} test problems"
     return write_outputs(run, results)
