@@ -20,7 +20,7 @@ COST_NOTE = (
     "student cost: 2 N (3 T_train + T_prefill + T_gen) FLOPs counted from tokens "
     "(N student parameters; T_train tokens through its training forward+backward, T_prefill "
     "prompt tokens it prefilled, T_gen tokens it sampled; cost/student_flops in metrics.jsonl); "
-    "the controls run until they have spent the distillation's"
+    "the controls train until they have spent the distillation's (to the first step past it)"
 )
 
 
