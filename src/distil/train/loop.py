@@ -71,7 +71,9 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
         every=cfg.train.log_every,
         enabled=acc.is_main_process and cfg.logging.progress,
         max_minutes=cfg.train.max_minutes,
+        max_student_flops=cfg.train.max_student_flops,
         start_clock=clock,
+        start_flops=cost.student_flops,
         title=Path(cfg.train.output_dir).name,
     )
     if cfg.logging.trackers:
