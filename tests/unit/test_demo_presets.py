@@ -90,3 +90,33 @@ def test_demo_help_documents_the_scale_flag(capsys):
         main(["demo", "--help"])
     out = capsys.readouterr().out
     assert "--distill-scale X" in out and "multiply the distillation" in out
+
+
+def test_table_columns_gap_steps_and_cost(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from distil.demo.presets import manifest as load
+    from distil.demo.report import TEACHER, rows, table
+    from distil.demo.run import DemoRun
+
+    m = load()
+    run = DemoRun(tmp_path, "smoke", m.presets["smoke"], m, 2, tmp_path / "cache")
+    acc = {TEACHER: 0.8}
+    results = []
+    for i, row in enumerate(rows(run)):
+        a = acc.get(row.label, 0.2 if row.start is None else 0.5)
+        d = tmp_path / row.metrics
+        d.mkdir(parents=True, exist_ok=True)
+        line = {"step": 10 + i, "cost/student_flops": 2e12 * (i + 1)}
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n" + json.dumps(line) + "\n")
+        summary = {"accuracy": a, "correct": round(100 * a), "total": 100}
+        results.append(SimpleNamespace(name=row.label, summary=summary))
+    md, out = table(run, results)
+    lines = md.splitlines()
+    assert lines[0] == "| Model | Accuracy | Gap Recovered | Steps | Student Cost (TFLOP) |"
+    assert lines[2] == "| teacher (bpe) | 80.0% (80/100) |  | 10 | 2 |"
+    # a run from its start: (0.5 - 0.2) / (0.8 - 0.2) = 50% of the gap
+    assert lines[4] == f"| {rows(run)[2].label} | 50.0% (50/100) | 50% | 12 | 6 |"
+    assert out[2]["gap_recovered"] == pytest.approx(0.5) and out[2]["steps"] == 12
+    assert out[1]["gap_recovered"] is None  # a start row

@@ -108,6 +108,7 @@ def table(run: DemoRun, results: list) -> tuple[str, list[dict[str, Any]]]:
                 "gap_recovered": gap,
                 "steps": summary["step"],
                 "student_flops": flops,
+                "teacher_flops": summary.get("cost/teacher_flops"),
             }
         )
     return "\n".join(lines), out
