@@ -7,6 +7,8 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.distil-installed
 THREADS ?= 2
+# `make demo DISTILL_SCALE=3`: the distillation runs (and their equal-cost controls) 3x longer
+DISTILL_SCALE ?= 1
 
 .PHONY: venv demo demo-quick test test-fast test-slow test-gpu lint format bench clean
 
@@ -20,10 +22,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: venv
-	OMP_NUM_THREADS=$(THREADS) $(BIN)/distil demo --out runs/demo --threads $(THREADS)
+	OMP_NUM_THREADS=$(THREADS) $(BIN)/distil demo --out runs/demo --threads $(THREADS) --distill-scale $(DISTILL_SCALE)
 
 demo-quick: venv
-	OMP_NUM_THREADS=$(THREADS) $(BIN)/distil demo --quick --out runs/demo-quick --threads $(THREADS)
+	OMP_NUM_THREADS=$(THREADS) $(BIN)/distil demo --quick --out runs/demo-quick --threads $(THREADS) --distill-scale $(DISTILL_SCALE)
 
 test: venv
 	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -m "not gpu" -q

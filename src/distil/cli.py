@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from distil.demo.cli import add_demo
 from distil.errors import ConfigError, DistilError
 from distil.serve.cli import add_serve_teacher
 from distil.teacher.cli import add_cache_teacher, add_generate
@@ -37,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="distil", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(metavar="COMMAND")
-    _add_demo(sub)
+    add_demo(sub, _positive_int)
     _add_train(sub)
     _add_eval(sub)
     _add_config(sub)
@@ -59,36 +60,6 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
-
-
-# ----------------------------------------------------------------------------- demo
-
-
-def _add_demo(sub) -> None:
-    p = sub.add_parser("demo", help="the whole pipeline on a CPU: data, teacher, students, table")
-    p.add_argument("--quick", action="store_true", help="smaller budgets (about 4 minutes)")
-    p.add_argument(
-        "--preset",
-        choices=["full", "quick", "smoke"],
-        default=None,
-        help="budget preset (smoke: seconds, for tests)",
-    )
-    p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    p.add_argument("--threads", type=_positive_int, default=2, help="torch threads (default 2)")
-    p.add_argument(
-        "--cache-dir",
-        default=None,
-        help="where trained teachers are cached (default ~/.cache/distil/demo)",
-    )
-    p.set_defaults(func=_demo)
-
-
-def _demo(args) -> int:
-    from distil.demo import run_demo
-
-    preset = args.preset or ("quick" if args.quick else "full")
-    run_demo(args.out, preset=preset, threads=args.threads, cache_dir=args.cache_dir)
-    return 0
 
 
 # ----------------------------------------------------------------------------- train

@@ -1,15 +1,21 @@
-"""`distil demo` end to end with the smoke budgets (seconds): every stage, files and table."""
+"""`distil demo` end to end with the smoke budgets (seconds): every stage, files and table; the
+same command prints the same table twice; the equal-cost controls; and the demo from a wheel
+installed outside the checkout."""
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 pytestmark = pytest.mark.slow
 
+ROOT = Path(__file__).resolve().parents[2]
 ROWS = [
     "teacher (bpe)",
     "char student: start (SFT on labelled set)",
@@ -19,75 +25,142 @@ ROWS = [
     "bpe student: start (SFT on labelled set)",
     "bpe student: on-policy distilled, same tokenizer",
 ]
+RUNS = [
+    "teacher",
+    "student_char_start",
+    "student_bpe_start",
+    "distill_cross_tokenizer",
+    "distill_same_tokenizer",
+    "control_seqkd",
+    "control_sft",
+]
 
 
-def run_demo(out, cache, cwd):
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+def run_demo(out, cache, cwd, *extra, env=None):
+    env = {**(env or os.environ), "OMP_NUM_THREADS": "2"}
+    args = ["--preset", "smoke", "--out", out, "--cache-dir", cache, "--threads", "2", *extra]
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "distil",
-            "demo",
-            "--preset",
-            "smoke",
-            "--out",
-            str(out),
-            "--cache-dir",
-            str(cache),
-            "--threads",
-            "2",
-        ],
+        [sys.executable, "-m", "distil", "demo", *map(str, args)],
         cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,
     )
 
 
-def test_demo_pipeline_writes_models_metrics_table_and_plot(tmp_path):
-    out, cache = tmp_path / "demo", tmp_path / "cache"
-    run = run_demo(out, cache, tmp_path)
+def table_lines(stdout: str) -> list[str]:
+    return [x for x in stdout.splitlines() if x.startswith("|")]
+
+
+def last_metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory):
+    """One smoke demo from the checkout: (output dir, cache dir, completed process)."""
+    root = tmp_path_factory.mktemp("demo")
+    out, cache = root / "demo", root / "cache"
+    run = run_demo(out, cache, root)
     assert run.returncode == 0, run.stderr[-3000:]
-    # the table on stdout, one row per model, in the checker's columns plus the gap column
-    lines = [x for x in run.stdout.splitlines() if x.startswith("|")]
-    assert lines[0].startswith(
-        "| Model | Correct | Accuracy | Missing Answer Tags | Eqn Not "
-        "Balanced | Invalid Number Usage | LHS Parse/Eval Error | RHS "
-        "Parse/Eval Error | Wrong Value | Gap Recovered |"
-    )
+    return out, cache, run
+
+
+def test_demo_pipeline_writes_models_metrics_table_and_plot(first):
+    out, _, run = first
+    lines = table_lines(run.stdout)
+    assert lines[0] == "| Model | Accuracy | Gap Recovered | Steps | Student Cost (TFLOP) |"
     assert [x.split(" | ")[0].lstrip("| ") for x in lines[2:]] == ROWS
+    assert "`distil demo --preset smoke" in run.stdout and "2 threads" in run.stdout
     results = json.loads((out / "results.json").read_text())
     assert [r["model"] for r in results["rows"]] == ROWS
     assert all(r["total"] == 24 for r in results["rows"])  # the smoke test split
-    assert (out / "results.md").read_text().count("\n|") == len(ROWS) + 2  # + header rows
+    assert results["threads"] == 2 and results["machine"]
+    # the steps column: the smoke preset's budgets (teacher 4, starts 3, distillation 3)
+    steps = {r["model"]: r["steps"] for r in results["rows"]}
+    assert steps[ROWS[0]] == 4 and steps[ROWS[1]] == 3 and steps[ROWS[2]] == 3
+    assert steps[ROWS[6]] == 3
     assert (out / "curves.png").stat().st_size > 10_000
-    # every model in Hugging Face format, every run's metrics, and the commands to reproduce
-    for _, rel in [(r["model"], r["path"]) for r in results["rows"]]:
-        assert (out / rel / "config.json").exists() and (out / rel / "tokenizer.json").exists()
-    for name in (
-        "teacher",
-        "student_char_start",
-        "student_bpe_start",
-        "distill_cross_tokenizer",
-        "distill_same_tokenizer",
-        "control_seqkd",
-        "control_sft",
-    ):
+    for r in results["rows"]:
+        assert (out / r["path"] / "config.json").exists()
+        assert (out / r["path"] / "tokenizer.json").exists()
+    for name in RUNS:
         assert (out / "runs" / name / "metrics.jsonl").read_text().strip()
-    assert any(
-        c.startswith("distil train configs/demo/distill_cross_tokenizer.yaml")
-        for c in results["commands"]
-    )
+    assert any("distil/demo/configs/distill_cross_tokenizer.yaml" in c for c in results["commands"])
     assert "where the time went" in run.stdout
-    # equal wall time: the controls' budget is the cross-tokenizer run's clock
-    clock = json.loads(
-        (out / "runs" / "distill_cross_tokenizer" / "metrics.jsonl").read_text().splitlines()[-1]
-    )["time/train_clock"]
-    cfg = yaml.safe_load((out / "runs" / "control_seqkd" / "config.yaml").read_text())
-    assert cfg["train"]["max_minutes"] == pytest.approx(clock / 60, rel=1e-3)
-    # a second run reuses the cached teacher
-    again = run_demo(out, cache, tmp_path)
+    cfg = yaml.safe_load((out / "runs" / "distill_cross_tokenizer" / "config.yaml").read_text())
+    assert cfg["train"]["max_minutes"] is None and cfg["train"]["max_steps"] == 3
+
+
+def test_controls_get_the_distillation_student_compute(first):
+    out, _, _ = first
+    spent = last_metrics(out / "runs" / "distill_cross_tokenizer")["cost/student_flops"]
+    for control in ("control_seqkd", "control_sft"):
+        cfg = yaml.safe_load((out / "runs" / control / "config.yaml").read_text())
+        assert cfg["train"]["max_student_flops"] == pytest.approx(spent)
+        lines = (out / "runs" / control / "metrics.jsonl").read_text().splitlines()
+        flops = [json.loads(x)["cost/student_flops"] for x in lines]
+        assert flops[-1] >= spent > flops[-2]  # stopped at the first step past the budget
+    results = json.loads((out / "results.json").read_text())
+    row = {r["model"]: r for r in results["rows"]}
+    assert row[ROWS[2]]["student_flops"] == pytest.approx(spent)
+
+
+def test_the_same_command_prints_the_same_table(first, tmp_path):
+    _, _, run = first
+    # a fresh cache: the teacher is trained again, everything else too
+    again = run_demo(tmp_path / "demo", tmp_path / "cache", tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "using the cached teacher" in again.stderr
+    assert "using the cached teacher" not in again.stderr
+    assert table_lines(again.stdout) == table_lines(run.stdout)
+    assert len(table_lines(run.stdout)) == len(ROWS) + 2
+    # the smoke models score 0%: the training trajectories are the sharper check
+    for name in RUNS:
+        a, b = (d / "runs" / name / "metrics.jsonl" for d in (first[0], tmp_path / "demo"))
+        keys = ("step", "loss", "cost/student_flops", "eval/accuracy")
+        trace = [[json.loads(x).get(k) for k in keys] for x in a.read_text().splitlines()]
+        assert trace == [
+            [json.loads(x).get(k) for k in keys] for x in b.read_text().splitlines()
+        ], name
+
+
+def _wheel(tmp_path: Path) -> Path:
+    """distil built as a wheel from a copy of the checkout (nothing written into it)."""
+    src = tmp_path / "src_copy"
+    shutil.copytree(ROOT / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-w", tmp_path / "whl"]
+    built = subprocess.run([*map(str, cmd), str(src)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return next((tmp_path / "whl").glob("distil-*.whl"))
+
+
+def test_demo_runs_from_an_installed_wheel_outside_the_checkout(first, tmp_path):
+    _, cache, run = first
+    wheel = _wheel(tmp_path)
+    site = tmp_path / "site"
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", site, wheel]
+    installed = subprocess.run(list(map(str, cmd)), capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    assert (site / "distil" / "demo" / "configs" / "demo.yaml").is_file()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(site)  # the dependencies come from this interpreter's environment
+    where = subprocess.run(
+        [sys.executable, "-c", "import distil; print(distil.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert Path(where.stdout.strip()).resolve() == (site / "distil" / "__init__.py").resolve()
+    # the first run's cache: its teacher is reused, and the table is the same
+    wheel_run = run_demo(tmp_path / "demo", cache, tmp_path, env=env)
+    assert wheel_run.returncode == 0, wheel_run.stderr[-3000:]
+    assert "using the cached teacher" in wheel_run.stderr
+    assert table_lines(wheel_run.stdout) == table_lines(run.stdout)
+    results = json.loads((tmp_path / "demo" / "results.json").read_text())
+    assert any(str(site / "distil" / "demo" / "configs") in c for c in results["commands"])
+    assert not any(str(ROOT / "src") in c for c in results["commands"])

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from distil.data import countdown as cd
+from distil.data import countdown_solver as cd
 from distil.data.countdown import (
     TEMPLATES,
     Problem,

@@ -200,6 +200,12 @@ class TrainConfig(Section):
     max_minutes: float | None = Field(
         None, gt=0.0, description="stop after this many minutes of training (eval excluded)"
     )
+    max_student_flops: float | None = Field(
+        None,
+        gt=0.0,
+        description="stop once the student has spent this many FLOPs, cost/student_flops = "
+        "2 N (3 train + prefill + generated tokens) (null: no limit); equal-cost comparisons",
+    )
     per_device_batch_size: int = Field(8, gt=0, description="sequences per micro-batch")
     grad_accum_steps: int = Field(1, gt=0, description="micro-batches per optimizer step")
     lr: float = Field(1e-5, gt=0.0, description="peak learning rate of AdamW")

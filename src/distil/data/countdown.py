@@ -1,383 +1,55 @@
-"""The Countdown task: an exhaustive solver and a seeded problem generator (prompt templates and
-dataset files: countdown_io.py, re-exported here).
+"""The Countdown task, public module: the solver and the seeded generator
+(`countdown_solver.py`), the prompt templates and dataset files (`countdown_io.py`).
 
-Rules (Stream-of-Search / TinyZero Countdown): a problem has 3 or 4 numbers in [1, max_number]
-and a target in [1, max_target]; an answer uses every number exactly once with + - * / and every
-intermediate result must be a positive integer (a - b only if a > b, a / b only if b divides a).
-Pure Python plus pyarrow for parquet; no torch.
+Import from here; the two modules underneath do not import this one (no import circle).
 """
 
-from __future__ import annotations
+from distil.data.countdown_io import (
+    TEMPLATES,
+    CountdownChat,
+    CountdownPlain,
+    Template,
+    generate_dataset,
+    get_template,
+    read_rows,
+    to_rows,
+    write_rows,
+)
+from distil.data.countdown_solver import (
+    MAX_SIZE,
+    MIN_SIZE,
+    Problem,
+    compact,
+    count_problems,
+    generate_problems,
+    generate_splits,
+    parse_numbers,
+    problem_key,
+    reachable_targets,
+    solution_steps,
+    solve,
+)
 
-import ast
-import functools
-import itertools
-import math
-import operator
-import random
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from fractions import Fraction
-
-from distil.errors import ConfigError, DataError
-
-MIN_SIZE, MAX_SIZE = 2, 5  # problem sizes the generator accepts; 3 and 4 are standard Countdown
-
-# --- solver -------------------------------------------------------------------------------------
-# A node is a list [cost, cls, weight, value, op, left, right] (lists, not objects: the DP makes
-# thousands per problem). `cls` is the precedence class of the top operator, used for printing
-# with the fewest parentheses: atom 3 > (* /) 2 > (+ -) 1. `weight` counts the expression trees
-# that reach `value` (unordered pairs for + and *), used to weight target sampling.
-_ADD, _MUL, _ATOM = 1, 2, 3
-# The simplicity order (fewest '/', fewest parentheses, fewest '-', shortest spaced string) is
-# lexicographic on four small counters, packed into one int so that comparing costs is one `<`.
-# Costs add up from children, and packing is linear, so a node's cost = children's + its own.
-_DIV, _PAREN, _SUB = 10**9, 10**6, 10**3
-_PAR = _PAREN + 2  # one pair of parentheses: one more pair and two more characters
-
-
-def _offer(out: dict, value: int, cost: int, cls: int, weight: int, op: str, left, right) -> None:
-    node = out.get(value)
-    if node is None:
-        out[value] = [cost, cls, weight, value, op, left, right]
-        return
-    node[2] += weight
-    # On equal cost prefer * / over + -: as an operand it needs parentheses less often. Remaining ties keep the first found (deterministic DP order).
-    if cost < node[0] or (cost == node[0] and cls > node[1]):
-        node[0], node[1], node[4], node[5], node[6] = cost, cls, op, left, right
-
-
-def _combine(da: dict, db: dict, size_a: int, size_b: int, same: bool, out: dict) -> None:
-    """Add every `hi op lo` for hi, lo drawn one from each of `da`, `db` into `out`."""
-    for a, na in da.items():
-        for b, nb in db.items():
-            if a >= b:
-                hi, nh, lo, nl = a, na, b, nb
-            elif same:  # A == B: the same pair is visited once with a >= b
-                continue
-            else:
-                hi, nh, lo, nl = b, nb, a, na
-            # For + and * the operand order is cosmetic (parentheses are symmetric): put the
-            # sub-expression over more numbers first, e.g. "(12 + 7) * 3", else the larger value.
-            if size_a == size_b:
-                left, right = nh, nl
-            else:
-                left, right = (na, nb) if size_a > size_b else (nb, na)
-            weight = nh[2] * nl[2]
-            base = nh[0] + nl[0] + 3  # " op " adds three characters
-            kh, kl = nh[1], nl[1]
-            _offer(out, hi + lo, base, _ADD, weight, "+", left, right)
-            mul_paren = (_PAR if kh == _ADD else 0) + (_PAR if kl == _ADD else 0)
-            _offer(out, hi * lo, base + mul_paren, _MUL, weight, "*", left, right)
-            if hi > lo:  # a - (b + c) and a - (b - c) need parentheses
-                sub_cost = base + _SUB + (_PAR if kl == _ADD else 0)
-                _offer(out, hi - lo, sub_cost, _ADD, weight, "-", nh, nl)
-            if hi % lo == 0:  # a / (b * c) and a / (b / c) need parentheses
-                paren = (_PAR if kh == _ADD else 0) + (_PAR if kl != _ATOM else 0)
-                _offer(out, hi // lo, base + _DIV + paren, _MUL, weight, "/", nh, nl)
-
-
-def _values(nums: tuple[int, ...]) -> dict[int, list]:
-    """Every value reachable from the sorted multiset `nums` -> its simplest node (cached)."""
-    return _values_small(nums) if len(nums) <= 3 else _values_large(nums)
-
-
-def _build(nums: tuple[int, ...]) -> dict[int, list]:
-    """Subset DP: values(S) = union over unordered splits S = A + B of op(values(A), values(B)).
-
-    Sub-multisets are looked up through the caches, so those shared between problems (pairs and
-    triples of numbers recur constantly) are computed once.
-    """
-    if len(nums) == 1:
-        return {nums[0]: [len(str(nums[0])), _ATOM, 1, nums[0], None, None, None]}
-    out: dict[int, list] = {}
-    seen_splits = set()  # membership only; iteration order comes from the masks
-    rest = range(1, len(nums))
-    for r in range(len(nums) - 1):  # A always holds nums[0]; B is the non-empty complement
-        for picked in itertools.combinations(rest, r):
-            chosen = {0, *picked}
-            a = (nums[0], *(nums[i] for i in picked))
-            b = tuple(nums[i] for i in rest if i not in chosen)
-            split = (a, b) if a <= b else (b, a)
-            if split in seen_splits:  # repeated numbers give the same split more than once
-                continue
-            seen_splits.add(split)
-            _combine(_values(a), _values(b), len(a), len(b), a == b, out)
-    return out
-
-
-# Two caches: up to 3 numbers the tables are small (tens of values) and recur across problems;
-# a 4-number table holds ~1000 values (~50 kB) and rarely recurs, so only a few are kept.
-_values_small = functools.lru_cache(maxsize=1 << 15)(_build)
-_values_large = functools.lru_cache(maxsize=256)(_build)
-
-
-def _render(node: list, sep: str) -> str:
-    """Print a node with the fewest parentheses that keep its value under left-associativity."""
-    _, cls, _, value, op, left, right = node
-    if op is None:
-        return str(value)
-    lhs, rhs = _render(left, sep), _render(right, sep)
-    if left[1] < cls:
-        lhs = f"({lhs})"
-    # a + (b - c) == a + b - c and a * (b / c) == a * b / c, but - and / do not re-associate
-    if right[1] < cls or (right[1] == cls and op in "-/"):
-        rhs = f"({rhs})"
-    return f"{lhs}{sep}{op}{sep}{rhs}"
-
-
-def _check_nums(nums: Iterable[int]) -> tuple[int, ...]:
-    nums = tuple(nums)
-    if not nums or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in nums):
-        raise DataError(
-            f"Countdown numbers must be a non-empty list of positive ints, got {nums!r}"
-        )
-    return tuple(sorted(nums))
-
-
-def solve(nums: Sequence[int], target: int) -> str | None:
-    """The simplest expression using every number once that equals `target`, or None.
-
-    Simplest = fewest '/', then fewest parentheses, fewest '-', shortest. Each sub-multiset keeps
-    one best expression per value, which can in principle miss a simpler whole (a costlier
-    sub-expression needing fewer parentheses); on all 3-number problems with numbers up to 9 and
-    4-number ones up to 6 it matches a brute-force search. Printed spaced: "44 + 19 - 35".
-    """
-    node = _values(_check_nums(nums)).get(target)
-    return None if node is None else _render(node, " ")
-
-
-def reachable_targets(nums: Sequence[int]) -> dict[int, str]:
-    """Every reachable value (ascending) -> its simplest expression, as `solve` prints it."""
-    values = _values(_check_nums(nums))
-    return {v: _render(values[v], " ") for v in sorted(values)}
-
-
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
-_SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
-
-
-def solution_steps(expression: str) -> list[str]:
-    """The intermediate steps of an expression in evaluation order, e.g. "44 + 19 - 35" ->
-    ["44 + 19 = 63", "63 - 35 = 28"]. Raises DataError for anything but + - * / on integers."""
-    steps: list[str] = []
-
-    def walk(node: ast.AST) -> Fraction:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return Fraction(node.value)
-        if isinstance(node, ast.BinOp) and type(node.op) in _SYMBOLS:
-            a, b = walk(node.left), walk(node.right)
-            if isinstance(node.op, ast.Div):
-                if b == 0:
-                    raise DataError(f"division by zero in {expression!r}")
-                value = a / b
-            else:
-                value = _OPS[type(node.op)](a, b)
-            steps.append(f"{a} {_SYMBOLS[type(node.op)]} {b} = {value}")
-            return value
-        raise DataError(f"not a Countdown expression (+ - * / on integers): {expression!r}")
-
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise DataError(f"cannot parse Countdown expression {expression!r}: {exc.msg}") from exc
-    walk(tree.body)
-    return steps
-
-
-def compact(expression: str) -> str:
-    """The expression without spaces, for small-model templates: "(12 + 7) * 3" -> "(12+7)*3"."""
-    return "".join(expression.split())
-
-
-# --- generator ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One Countdown problem: the numbers (in presentation order), the target and a solution."""
-
-    nums: tuple[int, ...]
-    target: int
-    solution: str
-
-    @property
-    def key(self) -> tuple[tuple[int, ...], int]:
-        return problem_key(self.nums, self.target)
-
-
-def problem_key(nums: Iterable[int], target: int) -> tuple[tuple[int, ...], int]:
-    """Identity of a problem for de-duplication and split disjointness: (sorted nums, target)."""
-    return tuple(sorted(nums)), int(target)
-
-
-def parse_numbers(spec: str | int | Sequence[int]) -> tuple[int, ...]:
-    """Problem sizes from "3", "4" or a range "3-4" (sizes between 2 and 5) -> (3,), (4,), (3, 4)."""
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        spec = str(spec)
-    if not isinstance(spec, str):
-        sizes = tuple(spec)
-        _check_sizes(sizes)
-        return sizes
-    lo, sep, hi = spec.strip().partition("-")
-    if lo.isdigit() and (hi.isdigit() if sep else True):
-        first, last = int(lo), int(hi) if sep else int(lo)
-        if MIN_SIZE <= first <= last <= MAX_SIZE:
-            return tuple(range(first, last + 1))
-    raise ConfigError(
-        f"numbers={spec!r} is not a problem size; use '3', '4' or a range like '3-4' "
-        f"(sizes from {MIN_SIZE} to {MAX_SIZE}, low-high)"
-    )
-
-
-def _check_sizes(sizes: tuple[int, ...]) -> None:
-    if not sizes or any(type(k) is not int or not MIN_SIZE <= k <= MAX_SIZE for k in sizes):
-        raise ConfigError(
-            f"numbers={sizes!r}: give problem sizes between {MIN_SIZE} and {MAX_SIZE}, "
-            "e.g. (3,), (4,) or (3, 4)"
-        )
-
-
-def _check_settings(n: int, numbers: tuple[int, ...], max_number: int, max_target: int) -> None:
-    problems = []
-    if type(n) is not int or n < 0:
-        problems.append(f"n={n!r}: the number of problems must be an int >= 0")
-    if type(max_number) is not int or max_number < 1:
-        problems.append(f"max_number={max_number!r}: must be an int >= 1 (default 99)")
-    if type(max_target) is not int or max_target < 1:
-        problems.append(f"max_target={max_target!r}: must be an int >= 1 (default max_number)")
-    if problems:
-        raise ConfigError(problems)
-    _check_sizes(numbers)
-
-
-def count_problems(numbers: tuple[int, ...], max_number: int, max_target: int) -> int:
-    """How many distinct problems (sorted nums, target) exist for these settings (enumerates)."""
-    return sum(
-        sum(1 for v in _values(nums) if v <= max_target)
-        for k in numbers
-        for nums in itertools.combinations_with_replacement(range(1, max_number + 1), k)
-    )
-
-
-_EXACT_COUNT_LIMIT = 3000  # multisets; enumerating more for an error message takes seconds
-
-
-def _check_supply(n: int, numbers: tuple[int, ...], max_number: int, max_target: int) -> None:
-    """Fail fast when more problems are asked for than exist (counted exactly when cheap);
-    otherwise the bounded draw loop in `generate_problems` reports a shortfall."""
-    multisets = sum(math.comb(max_number + k - 1, k) for k in numbers)
-    if n <= multisets or (multisets > _EXACT_COUNT_LIMIT and n <= multisets * max_target):
-        return
-    if multisets <= _EXACT_COUNT_LIMIT:
-        exist = count_problems(numbers, max_number, max_target)
-        how_many = f"only {exist}"
-    else:
-        exist = multisets * max_target
-        how_many = f"at most {exist}"
-    if n > exist:
-        raise ConfigError(
-            f"asked for {n} distinct problems but {how_many} exist with numbers={numbers}, "
-            f"max_number={max_number}, max_target={max_target}; ask for fewer problems, or "
-            "raise max_number / max_target, or allow more problem sizes (numbers '3-4')"
-        )
-
-
-def _draw(rng: random.Random, numbers: tuple[int, ...], max_number: int, max_target: int):
-    """One random problem, or None when the drawn numbers reach no target in range."""
-    nums = tuple(rng.randint(1, max_number) for _ in range(rng.choice(numbers)))
-    values = _values(tuple(sorted(nums)))
-    # Target weighted by the number of expression trees reaching it: values that many
-    # expressions reach come up more often, as when a random expression is picked.
-    targets = [v for v in values if v <= max_target]
-    if not targets:
-        return None
-    target = rng.choices(targets, weights=[values[v][2] for v in targets])[0]
-    return Problem(nums, target, _render(values[target], " "))
-
-
-def generate_problems(
-    n: int,
-    *,
-    numbers: str | Sequence[int] = (3,),
-    max_number: int = 99,
-    max_target: int | None = None,
-    seed: int | str = 0,
-    exclude: frozenset = frozenset(),
-) -> list[Problem]:
-    """`n` distinct solvable problems, deterministic for a seed.
-
-    Each problem: a size drawn from `numbers`, numbers drawn uniformly from [1, max_number], a
-    target drawn from the reachable values in [1, max_target] weighted by how many expression
-    trees reach each (redrawn when none). Keys in `exclude` (see `problem_key`) and repeats are
-    skipped. `seed` is an int or a str (random.Random hashes a str with sha512, so it is stable
-    across processes). Raises ConfigError when fewer than `n` problems exist for the settings.
-    """
-    max_target = max_number if max_target is None else max_target
-    numbers = parse_numbers(numbers)  # also accepts "3-4"
-    _check_settings(n, numbers, max_number, max_target)
-    _check_supply(n, numbers, max_number, max_target)
-    rng = random.Random(seed)
-    seen = set(exclude)
-    problems: list[Problem] = []
-    max_draws = 50 * n + 2000  # coupon-collector slack; rare keys may need many draws
-    for _ in range(max_draws):
-        if len(problems) == n:
-            return problems
-        problem = _draw(rng, numbers, max_number, max_target)
-        if problem is not None and problem.key not in seen:
-            seen.add(problem.key)
-            problems.append(problem)
-    if len(problems) == n:
-        return problems
-    raise ConfigError(
-        f"found only {len(problems)} of {n} distinct problems in {max_draws} random draws "
-        f"(numbers={numbers}, max_number={max_number}, max_target={max_target}, "
-        f"{len(exclude)} keys excluded); ask for fewer problems, or raise max_number / max_target"
-    )
-
-
-def generate_splits(
-    n_train: int,
-    n_test: int,
-    *,
-    numbers: str | Sequence[int] = (3,),
-    max_number: int = 99,
-    max_target: int | None = None,
-    seed: int = 0,
-) -> tuple[list[Problem], list[Problem]]:
-    """Disjoint (train, test) splits. The test split depends only on the seed and settings, not
-    on n_train, so growing the training set keeps the test set fixed."""
-    target_cap = max_number if max_target is None else max_target
-    numbers = parse_numbers(numbers)
-    _check_settings(n_train, numbers, max_number, target_cap)
-    if type(n_test) is not int or n_test < 0:
-        raise ConfigError(f"n_test={n_test!r}: the number of test problems must be an int >= 0")
-    _check_supply(n_train + n_test, numbers, max_number, target_cap)
-    common = dict(numbers=numbers, max_number=max_number, max_target=max_target)
-    test = generate_problems(n_test, seed=f"countdown-test-{seed}", **common)
-    exclude = frozenset(p.key for p in test)
-    train = generate_problems(n_train, seed=seed, exclude=exclude, **common)
-    return train, test
-
-
-# Templates and dataset files live in countdown_io.py; they are importable from here too.
-_IO_NAMES = {
+__all__ = [
+    "MAX_SIZE",
+    "MIN_SIZE",
     "TEMPLATES",
-    "Template",
     "CountdownChat",
     "CountdownPlain",
+    "Problem",
+    "Template",
+    "compact",
+    "count_problems",
+    "generate_dataset",
+    "generate_problems",
+    "generate_splits",
     "get_template",
+    "parse_numbers",
+    "problem_key",
+    "reachable_targets",
+    "read_rows",
+    "solution_steps",
+    "solve",
     "to_rows",
     "write_rows",
-    "read_rows",
-    "generate_dataset",
-}
-
-
-def __getattr__(name: str):
-    if name in _IO_NAMES:
-        from distil.data import countdown_io
-
-        return getattr(countdown_io, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+]

@@ -1,8 +1,8 @@
 """Countdown prompt templates and dataset files (JSONL + parquet).
 
 Templates turn a problem into chat messages and a reference completion; `generate_dataset`
-writes disjoint train/test splits. The solver and the generator are in `countdown.py`, which
-also re-exports everything here.
+writes disjoint train/test splits. The solver and the generator are in `countdown_solver.py`;
+`countdown.py` re-exports both.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distil.data.countdown import (
+from distil.data.countdown_solver import (
     Problem,
     compact,
     generate_splits,

@@ -11,8 +11,21 @@ with `save_pretrained`, so every other command loads them like any hub checkpoin
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from distil.errors import ConfigError
+from distil.models import tokenizer_families as families
 
 CHAT_TEMPLATES = ("family", "compact")
 
@@ -47,18 +60,16 @@ def train_tokenizer_from_data(
     unigram, ...); "compact" renders a prompt as its text followed by " ->" (no markers), the
     cheapest format for tiny models trained from scratch.
     """
-    from distil import testing
-
-    if family not in testing.FAMILIES:
-        raise ConfigError(f"--family {family!r} is not one of {', '.join(testing.FAMILIES)}")
+    if family not in families.FAMILIES:
+        raise ConfigError(f"--family {family!r} is not one of {', '.join(families.FAMILIES)}")
     if chat_template not in CHAT_TEMPLATES:
         raise ConfigError(
             f"--chat-template {chat_template!r} is not one of {', '.join(CHAT_TEMPLATES)}"
         )
     lines = corpus_from_data(data, template=template, limit=limit)
-    template_text = testing.CHAR_TEMPLATE if chat_template == "compact" else None
-    tok = testing.train_tokenizer(family, lines, vocab_size, chat_template=template_text)
-    testing.save_tokenizer(tok, out)
+    template_text = families.CHAR_TEMPLATE if chat_template == "compact" else None
+    tok = families.train_tokenizer(family, lines, vocab_size, chat_template=template_text)
+    families.save_tokenizer(tok, out)
     return tok
 
 
@@ -75,7 +86,6 @@ def init_model(
 ) -> int:
     """A random-init causal LM sized to the tokenizer, saved with it to `out`; returns the
     number of parameters."""
-    from distil import testing
     from distil.models.load import load_tokenizer, quiet_transformers
 
     if arch not in ("llama", "qwen2"):
@@ -84,7 +94,7 @@ def init_model(
         raise ConfigError(f"--hidden-size {hidden_size} must be a multiple of --heads {num_heads}")
     quiet_transformers()
     tok = load_tokenizer(str(tokenizer_dir), key="--tokenizer")
-    model = testing.tiny_model(
+    model = tiny_model(
         arch,
         len(tok),
         hidden_size=hidden_size,
@@ -97,4 +107,64 @@ def init_model(
     out = Path(out)
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    return testing.count_parameters(model)
+    return count_parameters(model)
+
+
+_ARCHS: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),  # Qwen2 = Llama + biases on q/k/v
+}
+
+
+def tiny_model(
+    arch: str,
+    vocab_size: int,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int | None = None,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 512,
+    tie_word_embeddings: bool = True,
+    seed: int = 0,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    **overrides: Any,
+) -> PreTrainedModel:
+    """Return a randomly initialised causal LM of `arch` ("llama" | "qwen2"): sdpa, fp32, eval.
+
+    `num_kv_heads=None` means multi-head attention; `intermediate_size=None` is ~8/3 of the
+    hidden size (rounded up to a multiple of 16). bos/eos/pad ids come from `tokenizer` when
+    given (else None), also in the generation config. `overrides` go to the config. The same
+    arguments and seed always give the same weights; the global RNG state is left untouched.
+    """
+    if arch not in _ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {sorted(_ARCHS)}")
+    config_cls, model_cls = _ARCHS[arch]
+    special_ids = {
+        name: getattr(tokenizer, name, None)
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id")
+    }
+    config = config_cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads or num_heads,
+        intermediate_size=intermediate_size or -(-8 * hidden_size // 48) * 16,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        attn_implementation="sdpa",
+        **{**special_ids, **overrides},
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config)
+    for name in special_ids:
+        setattr(model.generation_config, name, getattr(config, name))
+    return model.eval()
+
+
+def count_parameters(model: torch.nn.Module, *, trainable_only: bool = False) -> int:
+    """Return the number of parameters of `model`, counting tied weights once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

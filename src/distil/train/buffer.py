@@ -225,6 +225,9 @@ class GenerationBuffer:
                 sampling_logprobs=lps,
             )
         metrics[f"{policy}/stopped_share"] = ended / len(picked)
+        # compute spent generating (train/cost.py): one prompt prefill per row, sampled tokens
+        metrics[f"tokens/{policy}_prefill"] = sum(len(side.prompt_ids[rows[r]]) for r in picked)
+        metrics[f"tokens/{policy}_generated"] = sum(len(ids) for ids in ids_lists)
 
     def _reference(self, ex: int) -> Sample:
         ids = self.completion_ids[ex]

@@ -74,8 +74,9 @@ class ProgressLine:
     """Progress of a run: a live bar with ETA on a terminal, else a status line every `every`
     steps (step, loss, KL, on-policy share, tokens/s, eval accuracy, elapsed, ETA).
 
-    With a wall-clock budget the run ends at whichever comes first, steps or minutes, and the
-    ETA follows the binding one. Use as a context manager so the bar is closed on errors.
+    With a wall-clock or compute budget the run ends at whichever comes first (steps, minutes,
+    student FLOPs) and the ETA follows the binding one. Use as a context manager so the bar is
+    closed on errors.
     """
 
     def __init__(
@@ -86,12 +87,16 @@ class ProgressLine:
         every: int,
         enabled: bool,
         max_minutes: float | None = None,
+        max_student_flops: float | None = None,
         start_clock: float = 0.0,
+        start_flops: float = 0.0,
         title: str = "train",
     ):
         self.total, self.start, self.every, self.enabled = total_steps, start_step, every, enabled
         self.budget = None if max_minutes is None else 60.0 * max_minutes
+        self.flops_budget = max_student_flops
         self.start_clock = start_clock
+        self.start_flops = start_flops
         self.t0 = time.perf_counter()
         self._bar = None
         if enabled and (sys.stderr.isatty() or os.environ.get("DISTIL_PROGRESS")):
@@ -116,18 +121,20 @@ class ProgressLine:
         if self._bar is not None:
             self._bar.stop()
 
-    def fraction(self, step: int, clock: float) -> float:
+    def fraction(self, step: int, clock: float, flops: float = 0.0) -> float:
         done = step / max(self.total, 1)
         if self.budget:
             done = max(done, clock / self.budget)
+        if self.flops_budget:
+            done = max(done, flops / self.flops_budget)
         return min(1.0, done)
 
     def update(self, step: int, metrics: dict[str, Any], *, final: bool = False) -> None:
         if not self.enabled:
             return
         clock = float(metrics.get("time/train_clock", 0.0))
-        frac = self.fraction(step, clock)
-        start = self.fraction(self.start, self.start_clock)
+        frac = self.fraction(step, clock, float(metrics.get("cost/student_flops", 0.0)))
+        start = self.fraction(self.start, self.start_clock, self.start_flops)
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / max(frac - start, 1e-9) * (1.0 - frac)
         parts = [f"step {step}", f"loss {metrics.get('loss', float('nan')):.4f}"]

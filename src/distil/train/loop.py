@@ -28,6 +28,7 @@ import torch
 from distil.config import DistilConfig, to_yaml
 from distil.errors import DistilError
 from distil.train.checkpoint import save_checkpoint, save_final_model
+from distil.train.cost import CostMeter
 from distil.train.logging import MetricsLog, ProgressLine, print_sample
 from distil.train.optim import set_lr
 from distil.train.resume import resume
@@ -38,7 +39,8 @@ from distil.train.step import micro_step
 
 
 def train(cfg: DistilConfig) -> dict[str, Any]:
-    """Run `cfg` to `train.max_steps` or `train.max_minutes` (resuming if asked).
+    """Run `cfg` to `train.max_steps`, `train.max_minutes` or `train.max_student_flops`
+    (resuming if asked).
 
     Returns the last step's metrics. The training clock (`time/train_clock`) counts generation,
     teacher and student time only: evaluation, checkpoints and the printed example are excluded.
@@ -61,6 +63,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
         record_config(cfg, out, step if state else None)
     skips, clock = state.get("consecutive_skips", 0), state.get("train_seconds", 0.0)
     zeros = state.get("zero_grad_steps", 0)
+    cost = CostMeter.for_components(c, state.get("cost"))  # tokens and FLOPs spent so far
     log = MetricsLog(out, enabled=acc.is_main_process, resume_step=step if state else None)
     progress = ProgressLine(
         cfg.train.max_steps,
@@ -68,7 +71,9 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
         every=cfg.train.log_every,
         enabled=acc.is_main_process and cfg.logging.progress,
         max_minutes=cfg.train.max_minutes,
+        max_student_flops=cfg.train.max_student_flops,
         start_clock=clock,
+        start_flops=cost.student_flops,
         title=Path(cfg.train.output_dir).name,
     )
     if cfg.logging.trackers:
@@ -78,19 +83,20 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
     first, saved_at = step, time.monotonic()
 
     def save(step: int) -> Path:
-        trainer_state = _trainer_state(step, c, skips, clock, zeros)
+        trainer_state = {**_trainer_state(step, c, skips, clock, zeros), "cost": cost.totals}
         return save_checkpoint(
             acc, out, step, trainer_state, cfg.train.keep_last,
             model=c.model, optimizer=c.optimizer, config_text=to_yaml(cfg),
         )  # fmt: skip
 
     with progress:
-        while not _done(step, clock, cfg):
+        while not _done(step, clock, cfg, cost):
             t_start = time.perf_counter()
-            lr = set_lr(c.optimizer, cfg.train, step, clock)
+            lr = set_lr(c.optimizer, cfg.train, step, clock, cost.student_flops)
             window = c.buffer.next_window()
             t_shown = _maybe_print_example(c, cfg, window) if step == first else 0.0
             sums, local_ok, t_teacher, t_train = _accumulate(c, cfg, window)
+            cost.add_window(window, acc)
             t0 = time.perf_counter()
             grad_norm, finite = _update(c, cfg, sums)
             skips = 0 if finite else skips + 1
@@ -102,6 +108,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
                 step, sums, window, grad_norm, lr, finite, t_teacher, t_train, t_step
             )
             metrics["time/train_clock"] = clock
+            metrics.update(cost.metrics())
             minutes = cfg.train.save_every_minutes
             flags = _agree(
                 acc, stop.signum, minutes and time.monotonic() - saved_at >= 60 * minutes, local_ok
@@ -109,7 +116,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
             dead = finite and metrics["grad_norm"] == 0.0 and metrics["tokens/loss"] > 0
             dead = dead and cfg.train.max_zero_grad_steps > 0  # 0: the user trains on regardless
             zeros = zeros + 1 if dead else 0
-            last = _done(step, clock, cfg)
+            last = _done(step, clock, cfg, cost)
             if eval_problems is not None and (step % cfg.train.eval_every == 0 or last):
                 metrics.update(_evaluate(c, cfg, eval_problems))
             log.write(metrics)  # before the checkpoint: a resume drops lines past its step
@@ -185,9 +192,13 @@ def _interrupted(signum: int, step: int, last_good, saved: bool) -> TrainingInte
     )
 
 
-def _done(step: int, clock: float, cfg: DistilConfig) -> bool:
-    budget = cfg.train.max_minutes
-    return step >= cfg.train.max_steps or (budget is not None and clock >= 60.0 * budget)
+def _done(step: int, clock: float, cfg: DistilConfig, cost: CostMeter) -> bool:
+    budget, flops = cfg.train.max_minutes, cfg.train.max_student_flops
+    return (
+        step >= cfg.train.max_steps
+        or (budget is not None and clock >= 60.0 * budget)
+        or (flops is not None and cost.student_flops >= flops)
+    )
 
 
 def _accumulate(c: Components, cfg: DistilConfig, window) -> tuple[dict, Any, float, float]:

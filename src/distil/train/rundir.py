@@ -29,12 +29,13 @@ LOCK_FILE = ".distil.lock"
 
 # Keys that say how long to run, how often to log/evaluate/save, or where: they leave the
 # trajectory of the steps already taken unchanged, so a resume may change them without asking.
-# (train.max_steps and train.max_minutes do reshape the learning-rate schedule from here on:
+# (train.max_steps, train.max_minutes and train.max_student_flops do reshape the learning-rate schedule from here on:
 # extending a run is what they are changed for.)
 RESUMABLE_KEYS = (
     "train.output_dir",
     "train.max_steps",
     "train.max_minutes",
+    "train.max_student_flops",
     "train.save_every",
     "train.save_every_minutes",
     "train.keep_last",

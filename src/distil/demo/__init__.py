@@ -1,0 +1,70 @@
+"""`distil demo`: the whole pipeline on a CPU in minutes, with models it trains itself.
+
+1. Countdown data (3 numbers from 1-99): a large train split, a held-out test split, a small
+   labelled set and the prompts (no answers) the students are distilled on.
+2. Two tokenizers that cut text differently: a byte-level BPE for the teacher, characters for
+   the cross-tokenizer student (the same-tokenizer student uses the teacher's BPE).
+3. The teacher (~5M parameters) trained on reference solutions, cached by its settings.
+4. Two students (~1M parameters) with a short supervised start on the labelled set only.
+5. The runs of configs/demo.yaml, in order: on-policy distillation from prompts only (the char
+   student across tokenizers, the bpe student with the same tokenizer) and, for the char
+   student at the distillation's student compute (FLOPs), two controls: sequence-level KD and
+   continued supervised training on the labelled set.
+6. Every model evaluated with the Countdown checker: a table (accuracy, share of the
+   teacher-student gap recovered, steps, student compute) as Markdown and JSON, and a plot.
+
+Budgets are optimizer steps and the controls' budget is a FLOP count, so the same command on
+the same machine and thread count prints the same table. Every training stage is an ordinary
+config in distil/demo/configs/ run through `distil train`'s code path; the demo only fills
+paths and budgets, and prints the equivalent commands.
+
+Modules: presets.py (configs/demo.yaml), run.py (the run's state), stages.py, report.py,
+cli.py (`distil demo` arguments). Imports point one way: cli -> here -> stages -> report ->
+run -> presets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def run_demo(
+    out: str | Path,
+    *,
+    preset: str = "full",
+    threads: int = 2,
+    cache_dir: str | Path | None = None,
+    distill_scale: float = 1.0,
+    command: str = "",
+) -> dict[str, Any]:
+    """Run every stage; returns the results (also written to out/results.{md,json}).
+
+    `distill_scale` multiplies the step budgets of the distillation runs (and so the compute
+    of the controls that follow them); `command` is printed with the table.
+    """
+    import torch
+
+    from distil.demo import stages
+    from distil.demo.presets import manifest
+    from distil.demo.run import DemoRun, default_cache_dir
+
+    m = manifest()
+    torch.set_num_threads(threads)
+    run = DemoRun(
+        Path(out),
+        preset,
+        m.presets[preset],
+        m,
+        threads,
+        Path(cache_dir) if cache_dir else default_cache_dir(),
+        distill_scale=distill_scale,
+        command=command,
+    )
+    run.out.mkdir(parents=True, exist_ok=True)
+    stages.make_data(run)
+    stages.make_tokenizers(run)
+    stages.train_teacher(run)
+    stages.start_students(run)
+    stages.run_all(run)
+    return stages.report(run)

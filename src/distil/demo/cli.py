@@ -1,0 +1,77 @@
+"""`distil demo` arguments (added to the main parser by distil/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from distil.errors import ConfigError
+
+
+def add_demo(sub, positive_int) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="the whole pipeline on a CPU: data, teacher, students, table",
+        description="Countdown data -> a teacher -> two students distilled (one across "
+        "tokenizers) and equal-cost controls -> a table. Budgets are optimizer steps (presets "
+        "in distil/demo/configs/demo.yaml); the same command on the same machine and thread "
+        "count prints the same table.",
+    )
+    p.add_argument("--quick", action="store_true", help="smaller budgets (about 4 minutes)")
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="budget preset: full (default), quick, smoke (seconds, for tests), or any preset "
+        "of demo.yaml",
+    )
+    p.add_argument(
+        "--distill-scale",
+        type=_positive_float,
+        default=1.0,
+        metavar="X",
+        help="multiply the distillation runs' step budgets by X (the controls follow: they get "
+        "the distillation's student compute); e.g. 3 to check that longer distillation does "
+        "not collapse (default 1)",
+    )
+    p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="where trained teachers are cached (default ~/.cache/distil/demo)",
+    )
+    p.set_defaults(func=run)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def run(args) -> int:
+    from distil.demo import run_demo
+    from distil.demo.presets import manifest
+
+    preset = args.preset or ("quick" if args.quick else "full")
+    presets = manifest().presets
+    if preset not in presets:
+        raise ConfigError(
+            f"--preset {preset!r} is not a demo preset. Fix: use one of {', '.join(presets)} "
+            "(or add it to distil/demo/configs/demo.yaml)"
+        )
+    command = f"distil demo --preset {preset} --out {args.out} --threads {args.threads}"
+    if args.distill_scale != 1:
+        command += f" --distill-scale {args.distill_scale:g}"
+    run_demo(
+        args.out,
+        preset=preset,
+        threads=args.threads,
+        cache_dir=args.cache_dir,
+        distill_scale=args.distill_scale,
+        command=command,
+    )
+    return 0

@@ -1,0 +1,141 @@
+"""The demo's presets and runs, read from configs/demo.yaml (package data): data sizes, model
+sizes and budgets in optimizer steps per preset; the students; the distillation and control
+runs in table order, each an ordinary config in configs/. A mistake in the file is a
+ConfigError naming the entry and the fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from distil.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+MANIFEST = CONFIG_DIR / "demo.yaml"
+# the paths in the configs that `distil demo` moves under its --out directory
+DEMO_ROOT = "runs/demo"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One demo size. `steps`: optimizer steps of the teacher, of each student's start, and of
+    every run that names a budget (`steps: cross` reads `steps["cross"]`)."""
+
+    n_train: int
+    n_test: int
+    n_labelled: int
+    teacher: tuple[int, int, int, int]  # hidden, layers, heads, intermediate
+    student: tuple[int, int, int, int]
+    steps: dict[str, int]
+    eval_every: int | None  # None: the configs' own
+    eval_n: int
+    bpe_vocab: int = 512
+
+
+@dataclass(frozen=True)
+class Student:
+    name: str
+    tokenizer: str  # bpe | char
+    seed: int
+
+
+@dataclass(frozen=True)
+class Run:
+    """A distillation or control run of one student: `steps` (a preset budget name) or
+    `cost_of` (the run whose student compute it gets) sets how long it trains."""
+
+    config: str
+    student: str
+    label: str
+    steps: str | None = None
+    cost_of: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    students: dict[str, Student]
+    runs: list[Run]
+    presets: dict[str, Preset]
+
+
+@cache
+def manifest(path: str | Path = MANIFEST) -> Manifest:
+    """configs/demo.yaml, checked (every problem reported at once)."""
+    import yaml
+
+    raw = yaml.safe_load(Path(path).read_text())
+    problems: list[str] = []
+    students = {
+        name: Student(name, s["tokenizer"], int(s["seed"]))
+        for name, s in _section(raw, "students", problems).items()
+    }
+    runs = [_run(i, r, problems) for i, r in enumerate(raw.get("runs") or [])]
+    presets = {
+        name: _preset(name, p, problems) for name, p in _section(raw, "presets", problems).items()
+    }
+    _cross_check(students, runs, presets, problems)
+    if problems:
+        raise ConfigError(f"{path}: " + "; ".join(problems))
+    return Manifest(students, runs, presets)
+
+
+def _section(raw: Any, key: str, problems: list[str]) -> dict[str, Any]:
+    value = raw.get(key) if isinstance(raw, dict) else None
+    if not isinstance(value, dict) or not value:
+        problems.append(f"'{key}' must be a non-empty mapping, got {value!r}")
+        return {}
+    return value
+
+
+_RUN_KEYS = {"config", "student", "label", "steps", "cost_of", "overrides"}
+
+
+def _run(i: int, raw: Any, problems: list[str]) -> Run:
+    where = f"runs[{i}]"
+    if not isinstance(raw, dict) or not {"config", "student", "label"} <= set(raw):
+        problems.append(f"{where} needs config, student and label, got {raw!r}")
+        return Run("?", "?", "?", steps="?")
+    if extra := set(raw) - _RUN_KEYS:
+        problems.append(f"{where} has unknown keys {sorted(extra)}; valid: {sorted(_RUN_KEYS)}")
+    if ("steps" in raw) == ("cost_of" in raw):
+        problems.append(f"{where} ({raw['config']}) needs exactly one of steps and cost_of")
+    if not (CONFIG_DIR / f"{raw['config']}.yaml").is_file():
+        problems.append(f"{where}: no config {raw['config']}.yaml in {CONFIG_DIR}")
+    return Run(**{k: v for k, v in raw.items() if k in _RUN_KEYS})
+
+
+def _preset(name: str, raw: Any, problems: list[str]) -> Preset:
+    try:
+        preset = Preset(**raw)
+    except TypeError as exc:
+        problems.append(f"preset {name}: {exc}")
+        return Preset(0, 0, 0, (0, 0, 0, 0), (0, 0, 0, 0), {}, None, 0)
+    preset = Preset(**{**raw, "teacher": tuple(raw["teacher"]), "student": tuple(raw["student"])})
+    bad = {k: v for k, v in preset.steps.items() if not isinstance(v, int) or v <= 0}
+    if bad or not {"teacher", "start"} <= set(preset.steps):
+        problems.append(
+            f"preset {name}: steps must map teacher, start and each run's budget to positive "
+            f"ints, got {preset.steps}"
+        )
+    return preset
+
+
+def _cross_check(students, runs, presets, problems: list[str]) -> None:
+    names = [r.config for r in runs]
+    for i, r in enumerate(runs):
+        if r.student not in students:
+            problems.append(f"runs[{i}]: student {r.student!r} is not one of {sorted(students)}")
+        if r.cost_of is not None and r.cost_of not in names[:i]:
+            problems.append(f"runs[{i}]: cost_of {r.cost_of!r} must name a run listed before it")
+        for pname, p in presets.items():
+            if r.steps is not None and r.steps not in p.steps:
+                problems.append(f"preset {pname} has no steps.{r.steps} (runs[{i}] uses it)")
+
+
+def budget_steps(preset: Preset, run: Run, scale: float) -> int:
+    """Optimizer steps of a `steps:` run: the preset's budget times the distillation scale."""
+    assert run.steps is not None
+    return max(1, round(preset.steps[run.steps] * scale))

@@ -1,0 +1,203 @@
+"""The demo's results: every model through the Countdown checker, the table (accuracy, the share
+of the teacher-student gap each student recovered, optimizer steps, student compute), JSON,
+Markdown, a plot, and where the time went."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from distil.demo.run import TEACHER_SUMMARY, DemoRun
+from distil.progress import console
+
+TEACHER = "teacher (bpe)"
+COST_NOTE = (
+    "student cost: 2 N (3 T_train + T_prefill + T_gen) FLOPs counted from tokens "
+    "(N student parameters; T_train tokens through its training forward+backward, T_prefill "
+    "prompt tokens it prefilled, T_gen tokens it sampled; cost/student_flops in metrics.jsonl); "
+    "the controls train until they have spent the distillation's (to the first step past it)"
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    model: str  # model dir, relative to the demo's output
+    metrics: str  # the training run that made it (its metrics.jsonl), relative
+    start: str | None = None  # the row whose accuracy the gap is measured from
+    curve: bool = False
+
+
+def rows(run: DemoRun) -> list[Row]:
+    """The table's rows: the teacher, then per student its start and its runs, in the order
+    of configs/demo.yaml."""
+    out = [Row(TEACHER, "models/teacher", "models/teacher")]
+    for name in run.manifest.students:
+        start = f"{name} student: start (SFT on labelled set)"
+        out.append(Row(start, f"models/student_{name}_start", f"runs/student_{name}_start"))
+        for r in run.manifest.runs:
+            if r.student == name:
+                label = f"{name} student: {r.label}"
+                out.append(Row(label, f"runs/{r.config}/final", f"runs/{r.config}", start, True))
+    return out
+
+
+def evaluate_all(run: DemoRun) -> list:
+    from distil.config import EvalConfig
+    from distil.eval.runner import evaluate_model, load_problems
+
+    cfg = EvalConfig(
+        data=str(run.paths["data"] / "test.jsonl"),
+        n=run.preset.n_test,
+        max_new_tokens=32,
+        batch_size=128,
+        template="countdown_plain",
+    )
+    problems = load_problems(cfg)
+    results = []
+    for row in rows(run):
+        results.append(
+            evaluate_model(str(run.out / row.model), cfg, name=row.label, problems=problems)
+        )
+        console.print(f"{row.label}: {100 * results[-1].summary['accuracy']:.1f}%")
+    return results
+
+
+def training_summary(run: DemoRun, row: Row) -> dict[str, Any]:
+    """The last metrics of the run that trained the row's model (the teacher's are kept with
+    the cached model)."""
+    path = run.out / row.metrics
+    if (path / TEACHER_SUMMARY).exists():
+        return json.loads((path / TEACHER_SUMMARY).read_text())
+    lines = (path / "metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])
+
+
+def table(run: DemoRun, results: list) -> tuple[str, list[dict[str, Any]]]:
+    """The Markdown table and the same rows as dicts (with the checker's categories)."""
+    acc = {r.name: r.summary["accuracy"] for r in results}
+    head = ["Model", "Accuracy", "Gap Recovered", "Steps", "Student Cost (TFLOP)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out = []
+    for row, r in zip(rows(run), results, strict=True):
+        s = r.summary
+        summary = training_summary(run, row)
+        start = acc.get(row.start) if row.start else None
+        gap = None
+        if start is not None and acc[TEACHER] != start:
+            gap = (s["accuracy"] - start) / (acc[TEACHER] - start)
+        flops = summary.get("cost/student_flops")
+        cells = [
+            row.label,
+            f"{100 * s['accuracy']:.1f}% ({s['correct']}/{s['total']})",
+            "" if gap is None else f"{100 * gap:.0f}%",
+            str(summary["step"]),
+            "" if flops is None else f"{flops / 1e12:.3g}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+        out.append(
+            {
+                "model": row.label,
+                "path": row.model,
+                **s,
+                "gap_recovered": gap,
+                "steps": summary["step"],
+                "student_flops": flops,
+                "teacher_flops": summary.get("cost/teacher_flops"),
+            }
+        )
+    return "\n".join(lines), out
+
+
+def machine() -> str:
+    """CPU model, cores, Python and torch versions: results are exact for one machine and
+    thread count."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}"
+    )
+
+
+def header(run: DemoRun) -> str:
+    scale = "" if run.distill_scale == 1 else f", distillation budgets x{run.distill_scale:g}"
+    return (
+        f"`{run.command or 'distil demo'}` (preset {run.preset_name}{scale}), "
+        f"{date.today().isoformat()}, {machine()}, {run.threads} threads; "
+        f"{run.preset.n_test} held-out problems, greedy decoding, strict checker; {COST_NOTE}\n"
+    )
+
+
+def write_outputs(run: DemoRun, results: list) -> dict[str, Any]:
+    md, table_rows = table(run, results)
+    head = header(run)
+    (run.out / "results.md").write_text(head + "\n" + md + "\n\n" + categories(results) + "\n")
+    payload = {
+        "preset": run.preset_name,
+        "distill_scale": run.distill_scale,
+        "command": run.command,
+        "date": date.today().isoformat(),
+        "machine": machine(),
+        "threads": run.threads,
+        "rows": table_rows,
+        "stages": [s.__dict__ for s in run.stages],
+        "commands": run.commands,
+    }
+    (run.out / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    from distil.demo.plot import plot_curves
+
+    plot = plot_curves(run, rows(run), {r.name: r.summary["accuracy"] for r in results})
+    print(f"\n{head}\n{md}\n", flush=True)  # stdout, unwrapped: the table is the result
+    _print_summary(run, plot)
+    return payload
+
+
+def categories(results: list) -> str:
+    """The checker's verdicts per model (why the wrong answers were wrong)."""
+    from distil.eval.runner import COLUMNS
+
+    head = ["Model", "Correct", *(c for c, _ in COLUMNS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in results:
+        s = r.summary
+        cells = [r.name, f"{s['correct']}/{s['total']}", *(str(s[k]) for _, k in COLUMNS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _print_summary(run: DemoRun, plot: Path | None) -> None:
+    total = sum(s.seconds for s in run.stages)
+    lines = ["where the time went:"]
+    for s in run.stages:
+        lines.append(f"  {s.seconds / 60:6.2f} min  {s.name}" + (f"  ({s.note})" if s.note else ""))
+    lines.append(f"  {total / 60:6.2f} min  total")
+    lines.append(
+        f"\nresults: {run.out / 'results.md'}, {run.out / 'results.json'}"
+        + (f", {plot}" if plot else "")
+    )
+    lines.append(
+        f"models (Hugging Face format): {run.paths['models']}/*, "
+        f"{run.paths['runs']}/*/final; metrics: {run.paths['runs']}/*/metrics.jsonl"
+    )
+    lines.append("\nreproduce any step:")
+    lines += [f"  {cmd}" for cmd in run.commands]
+    first = run.manifest.runs[0].config
+    lines.append(
+        f"  distil eval --model {run.paths['runs']}/{first}/final "
+        f"--data {run.paths['data']}/test.jsonl --n {run.preset.n_test}"
+    )
+    print("\n".join(lines), flush=True)

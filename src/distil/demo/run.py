@@ -1,0 +1,106 @@
+"""The state of one `distil demo` run: where it writes, its preset, the stages it went through
+(with their times), the commands that reproduce them, and small file helpers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from distil.demo.presets import Manifest, Preset
+from distil.progress import console
+
+# the teacher's last training metrics (steps, cost), kept next to the cached model
+TEACHER_SUMMARY = "distil_demo_train.json"
+
+
+@dataclass
+class Stage:
+    name: str
+    seconds: float = 0.0
+    note: str = ""
+
+
+@dataclass
+class DemoRun:
+    out: Path
+    preset_name: str
+    preset: Preset
+    manifest: Manifest
+    threads: int
+    cache_dir: Path
+    distill_scale: float = 1.0
+    command: str = ""
+    stages: list[Stage] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    t0: float = field(default_factory=time.perf_counter)
+
+    def stage(self, name: str) -> Stage:
+        s = Stage(name)
+        self.stages.append(s)
+        elapsed = time.perf_counter() - self.t0
+        console.rule(
+            f"[bold]stage {len(self.stages)}: {name}[/]  (demo time {elapsed / 60:.1f} min)"
+        )
+        return s
+
+    def timed(self, name: str):
+        """`with run.timed(name) as stage:` records the stage and its seconds."""
+        return _Timed(self, name)
+
+    @property
+    def paths(self) -> dict[str, Path]:
+        d = self.out
+        return {
+            "data": d / "data",
+            "tokenizers": d / "tokenizers",
+            "models": d / "models",
+            "runs": d / "runs",
+        }
+
+
+class _Timed:
+    def __init__(self, run: DemoRun, name: str):
+        self.run, self.name = run, name
+
+    def __enter__(self) -> Stage:
+        self.stage = self.run.stage(self.name)
+        self.t0 = time.perf_counter()
+        return self.stage
+
+    def __exit__(self, *exc) -> None:
+        self.stage.seconds = time.perf_counter() - self.t0
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("DISTIL_CACHE") or Path.home() / ".cache" / "distil"
+    return Path(root) / "demo"
+
+
+def settings_key(*parts: Any) -> str:
+    """A short hash of everything that determines a cached artefact."""
+    blob = json.dumps(
+        [asdict(p) if hasattr(p, "__dataclass_fields__") else p for p in parts],
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.replace(dst)
+
+
+def last_metrics(run_dir: Path) -> dict[str, Any]:
+    """The last line of a run's metrics.jsonl (its final step, cost and clock)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])

@@ -1,0 +1,271 @@
+"""The stages of `distil demo` (the story is in __init__.py). Each training stage loads a config
+from configs/, moves its `runs/demo/` paths under the demo's output directory, sets the
+preset's budget, runs `distil.train.loop.train` and records the equivalent `distil train`
+command."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from distil.demo.presets import CONFIG_DIR, DEMO_ROOT, Run, budget_steps
+from distil.demo.run import TEACHER_SUMMARY, DemoRun, copy_tree, last_metrics, settings_key
+from distil.progress import console
+
+SEED = 0
+# config keys holding paths that the demo moves under its --out directory
+PATH_KEYS = ("data.train", "student.path", "teacher.path", "train.output_dir", "eval.data")
+
+
+def moved_paths(run: DemoRun, config: str) -> dict[str, Any]:
+    """The config's `runs/demo/...` paths as overrides under `run.out`."""
+    raw = _config(config)
+    out = {}
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        value = (raw.get(section) or {}).get(name)
+        if isinstance(value, str) and value.startswith(DEMO_ROOT + "/"):
+            out[key] = run.out / value[len(DEMO_ROOT) + 1 :]
+    return out
+
+
+def _config(name: str) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load((CONFIG_DIR / f"{name}.yaml").read_text())
+
+
+def train_stage(run: DemoRun, config: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Run configs/<config>.yaml with its paths moved and `overrides`; the last metrics."""
+    from distil.config import load_config
+    from distil.train.loop import train
+
+    values = {**moved_paths(run, config), **overrides}
+    warmup = _config(config).get("train", {}).get("warmup_steps", 0)
+    if values.get("train.max_steps", warmup) < warmup:  # a smoke-sized budget: warm up less
+        values["train.warmup_steps"] = values["train.max_steps"]
+    items = [f"{k}={v}" for k, v in values.items()]
+    # no checkpoints on the wall clock: nothing in a demo run depends on timing
+    items += [f"train.num_threads={run.threads}", "train.resume=never"]
+    items += ["train.save_every_minutes=null"]
+    shutil.rmtree(values["train.output_dir"], ignore_errors=True)  # a fresh run each time
+    path = CONFIG_DIR / f"{config}.yaml"
+    run.commands.append(f"distil train {path} " + " ".join(items))
+    return train(load_config(path, items))
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def make_data(run: DemoRun) -> None:
+    from distil.data.countdown import generate_dataset, read_rows
+
+    p = run.preset
+    data = run.paths["data"]
+    with run.timed("Countdown data") as stage:
+        wanted = {"n": p.n_train, "test_n": p.n_test, "n_labelled": p.n_labelled, "seed": SEED}
+        meta = data / "demo.json"
+        if not (meta.exists() and json.loads(meta.read_text()) == wanted):
+            generate_dataset(
+                data,
+                n=p.n_train,
+                test_n=p.n_test,
+                numbers=(3,),
+                seed=SEED,
+                template="countdown_plain",
+            )
+            rows = read_rows(data / "train.jsonl")
+            _write_jsonl(data / "labelled.jsonl", rows[: p.n_labelled])
+            # no solutions: distillation is prompt-only
+            prompts = [
+                {k: r[k] for k in ("nums", "target", "prompt")} for r in rows[p.n_labelled :]
+            ]
+            _write_jsonl(data / "prompts.jsonl", prompts)
+            meta.write_text(json.dumps(wanted))
+        run.commands.append(
+            f"distil countdown generate --n {p.n_train} --test-n {p.n_test} "
+            f"--numbers 3 --template countdown_plain --seed {SEED} --out {data}"
+        )
+        stage.note = (
+            f"{p.n_train} train ({p.n_labelled} labelled, the rest prompts only), {p.n_test} test"
+        )
+        console.print(stage.note)
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+
+
+def make_tokenizers(run: DemoRun) -> None:
+    from distil.models.scratch import train_tokenizer_from_data
+
+    toks = run.paths["tokenizers"]
+    train = run.paths["data"] / "train.jsonl"
+    with run.timed("tokenizers") as stage:
+        made = {}
+        for fam in ("bpe", "char"):
+            made[fam] = train_tokenizer_from_data(
+                fam,
+                str(train),
+                toks / fam,
+                vocab_size=run.preset.bpe_vocab,
+                template="countdown_plain",
+                chat_template="compact",
+            )
+            run.commands.append(
+                f"distil tokenizer train --family {fam} --data {train} "
+                f"--template countdown_plain --chat-template compact "
+                f"--vocab-size {run.preset.bpe_vocab} --out {toks / fam}"
+            )
+        example = "nums: 40 13 94 target: 67 -> <answer>94-40+13</answer>"
+        stage.note = f"bpe {len(made['bpe'])} tokens, char {len(made['char'])} tokens"
+        console.print(
+            f"{stage.note}\n  bpe : {made['bpe'].tokenize(example)}\n  char: "
+            f"{made['char'].tokenize(example)[:24]}..."
+        )
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def _init(
+    run: DemoRun, tokenizer: str, name: str, size: tuple[int, int, int, int], seed: int
+) -> Path:
+    from distil.models.scratch import init_model
+
+    hidden, layers, heads, inter = size
+    path = run.paths["models"] / name
+    n = init_model(
+        run.paths["tokenizers"] / tokenizer,
+        path,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        intermediate_size=inter,
+        seed=seed,
+    )
+    run.commands.append(
+        f"distil init-model --tokenizer {run.paths['tokenizers'] / tokenizer} "
+        f"--hidden-size {hidden} --layers {layers} --heads {heads} "
+        f"--intermediate-size {inter} --seed {seed} --out {path}"
+    )
+    console.print(f"{name}: {n / 1e6:.2f}M parameters")
+    return path
+
+
+def _teacher_cache_key(run: DemoRun) -> str:
+    p = run.preset
+    tokenizer = (run.paths["tokenizers"] / "bpe" / "tokenizer.json").read_bytes()
+    return settings_key(
+        p.teacher,
+        p.steps["teacher"],
+        SEED,
+        run.threads,  # results are exact for a machine and thread count
+        (CONFIG_DIR / "teacher.yaml").read_text(),
+        hashlib.sha256(tokenizer).hexdigest(),
+    )
+
+
+def train_teacher(run: DemoRun) -> None:
+    p = run.preset
+    models, runs = run.paths["models"], run.paths["runs"]
+    steps = p.steps["teacher"]
+    cached = run.cache_dir / f"teacher-{_teacher_cache_key(run)}-{steps}steps"
+    with run.timed(f"teacher ({steps} steps)") as stage:
+        if (cached / TEACHER_SUMMARY).exists():
+            copy_tree(cached, models / "teacher")
+            stage.note = f"cached: {cached}"
+            console.print(f"using the cached teacher {cached} (delete it to retrain)")
+            return
+        init = _init(run, "bpe", "teacher_init", p.teacher, SEED)
+        train_stage(
+            run,
+            "teacher",
+            {
+                "data.train": run.paths["data"] / "train.jsonl",
+                "student.path": init,
+                "train.max_steps": steps,
+            },
+        )
+        final = runs / "teacher" / "final"
+        summary = last_metrics(runs / "teacher")
+        (final / TEACHER_SUMMARY).write_text(json.dumps(summary) + "\n")
+        copy_tree(final, models / "teacher")
+        run.cache_dir.mkdir(parents=True, exist_ok=True)
+        copy_tree(final, cached)
+        stage.note = f"trained; cached as {cached}"
+
+
+def start_students(run: DemoRun) -> None:
+    p = run.preset
+    steps = p.steps["start"]
+    for name, student in run.manifest.students.items():
+        label = f"{name} student: supervised start on {p.n_labelled} labelled problems"
+        with run.timed(f"{label} ({steps} steps)"):
+            init = _init(run, student.tokenizer, f"student_{name}_init", p.student, student.seed)
+            train_stage(
+                run,
+                "student_start",
+                {
+                    "student.path": init,
+                    "train.output_dir": run.paths["runs"] / f"student_{name}_start",
+                    "train.max_steps": steps,
+                },
+            )
+            copy_tree(
+                run.paths["runs"] / f"student_{name}_start" / "final",
+                run.paths["models"] / f"student_{name}_start",
+            )
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def run_all(run: DemoRun) -> None:
+    """Every run of configs/demo.yaml, in order (a control after the run it matches)."""
+    for r in run.manifest.runs:
+        budget = _budget(run, r)
+        with run.timed(f"{r.student} student: {r.label} ({_describe(budget)})"):
+            train_stage(run, r.config, {**_run_overrides(run, r), **budget})
+
+
+def _budget(run: DemoRun, r: Run) -> dict[str, Any]:
+    if r.steps is not None:
+        return {"train.max_steps": budget_steps(run.preset, r, run.distill_scale)}
+    spent = last_metrics(run.paths["runs"] / r.cost_of)["cost/student_flops"]
+    return {"train.max_steps": 1_000_000, "train.max_student_flops": spent}
+
+
+def _describe(budget: dict[str, Any]) -> str:
+    if "train.max_student_flops" in budget:
+        return f"{budget['train.max_student_flops'] / 1e12:.3g} TFLOP of student compute"
+    return f"{budget['train.max_steps']} steps"
+
+
+def _run_overrides(run: DemoRun, r: Run) -> dict[str, Any]:
+    p = run.preset
+    out: dict[str, Any] = {
+        "student.path": run.paths["models"] / f"student_{r.student}_start",
+        "train.output_dir": run.paths["runs"] / r.config,
+        "eval.n": p.eval_n,
+    }
+    if p.eval_every is not None:
+        out["train.eval_every"] = p.eval_every
+    return {**out, **r.overrides}
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def report(run: DemoRun) -> dict[str, Any]:
+    from distil.demo.report import evaluate_all, write_outputs
+
+    with run.timed("evaluation of every model") as stage:
+        results = evaluate_all(run)
+        stage.note = f"{len(results)} models x {run.preset.n_test} test problems"
+    return write_outputs(run, results)

@@ -1,0 +1,122 @@
+"""The demo's manifest (configs/demo.yaml): presets in steps, runs in table order, checks with
+messages; the `distil demo` arguments."""
+
+import pytest
+import yaml
+
+from distil.cli import main
+from distil.demo.presets import CONFIG_DIR, MANIFEST, budget_steps, manifest
+from distil.errors import ConfigError
+
+
+def test_manifest_reads_presets_in_steps_and_runs_in_order():
+    m = manifest()
+    assert set(m.presets) >= {"full", "quick", "smoke"}
+    for p in m.presets.values():
+        assert {"teacher", "start"} <= set(p.steps)
+        assert all(isinstance(v, int) and v > 0 for v in p.steps.values())
+    assert [r.config for r in m.runs][:1] == ["distill_cross_tokenizer"]
+    controls = [r for r in m.runs if r.cost_of]
+    assert {r.config for r in controls} == {"control_seqkd", "control_sft"}
+    assert all(r.cost_of == "distill_cross_tokenizer" for r in controls)
+
+
+def test_no_wall_clock_budget_in_any_demo_config():
+    for path in CONFIG_DIR.glob("*.yaml"):
+        text = path.read_text()
+        assert "max_minutes" not in yaml.safe_load(text).get("train", {}), path
+
+
+def test_distill_scale_multiplies_step_budgets():
+    m = manifest()
+    cross = next(r for r in m.runs if r.steps)
+    for p in m.presets.values():
+        assert budget_steps(p, cross, 3) == 3 * p.steps[cross.steps]
+        assert budget_steps(p, cross, 1) == p.steps[cross.steps]
+
+
+def _write(tmp_path, change):
+    raw = yaml.safe_load(MANIFEST.read_text())
+    change(raw)
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda r: r["runs"][0].pop("steps"), "exactly one of steps and cost_of"),
+        (lambda r: r["runs"][1].update(cost_of="nope"), "must name a run listed before it"),
+        (lambda r: r["runs"][0].update(student="dog"), "student 'dog' is not one of"),
+        (lambda r: r["runs"][0].update(config="missing"), "no config missing.yaml"),
+        (lambda r: r["presets"]["smoke"]["steps"].pop("cross"), "preset smoke has no steps.cross"),
+        (lambda r: r["presets"]["smoke"]["steps"].update(start=0), "positive ints"),
+        (lambda r: r["presets"]["smoke"].update(minutes=3), "preset smoke"),
+    ],
+)
+def test_a_bad_manifest_is_a_config_error_naming_the_entry(tmp_path, change, message):
+    with pytest.raises(ConfigError, match=message):
+        manifest(_write(tmp_path, change))
+
+
+def test_a_variant_is_a_data_change(tmp_path):
+    def add(raw):
+        raw["runs"].append(
+            {
+                "config": "distill_same_tokenizer",
+                "student": "char",
+                "label": "mixed",
+                "steps": "same",
+            }
+        )
+
+    m = manifest(_write(tmp_path, add))
+    assert m.runs[-1].label == "mixed" and m.runs[-1].student == "char"
+
+
+def test_cli_rejects_an_unknown_preset_and_a_bad_scale(capsys):
+    assert main(["demo", "--preset", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--preset 'nope' is not a demo preset" in err and "smoke" in err
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--distill-scale", "0"])
+    assert exc.value.code == 2
+    assert "expected a positive number" in capsys.readouterr().err
+
+
+def test_demo_help_documents_the_scale_flag(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = capsys.readouterr().out
+    assert "--distill-scale X" in out and "multiply the distillation" in out
+
+
+def test_table_columns_gap_steps_and_cost(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from distil.demo.presets import manifest as load
+    from distil.demo.report import TEACHER, rows, table
+    from distil.demo.run import DemoRun
+
+    m = load()
+    run = DemoRun(tmp_path, "smoke", m.presets["smoke"], m, 2, tmp_path / "cache")
+    acc = {TEACHER: 0.8}
+    results = []
+    for i, row in enumerate(rows(run)):
+        a = acc.get(row.label, 0.2 if row.start is None else 0.5)
+        d = tmp_path / row.metrics
+        d.mkdir(parents=True, exist_ok=True)
+        line = {"step": 10 + i, "cost/student_flops": 2e12 * (i + 1)}
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n" + json.dumps(line) + "\n")
+        summary = {"accuracy": a, "correct": round(100 * a), "total": 100}
+        results.append(SimpleNamespace(name=row.label, summary=summary))
+    md, out = table(run, results)
+    lines = md.splitlines()
+    assert lines[0] == "| Model | Accuracy | Gap Recovered | Steps | Student Cost (TFLOP) |"
+    assert lines[2] == "| teacher (bpe) | 80.0% (80/100) |  | 10 | 2 |"
+    # a run from its start: (0.5 - 0.2) / (0.8 - 0.2) = 50% of the gap
+    assert lines[4] == f"| {rows(run)[2].label} | 50.0% (50/100) | 50% | 12 | 6 |"
+    assert out[2]["gap_recovered"] == pytest.approx(0.5) and out[2]["steps"] == 12
+    assert out[1]["gap_recovered"] is None  # a start row
