@@ -141,7 +141,7 @@ def rows(window):
 
 def test_async_windows_are_the_sync_windows_sampled_one_step_stale():
     model = torch.nn.Linear(2, 2)
-    init = float(model.weight[0, 0])
+    init = float(model.weight.detach()[0, 0])
     sync = small_buffer(WeightProbe(model), lam=0.5, seed=3)
     probe = WeightProbe(model)
     source = AsyncWindows(small_buffer(probe, lam=0.5, seed=3), model, max_steps=6)
@@ -233,7 +233,8 @@ def test_async_off_logs_no_staleness_and_async_on_logs_it(tmp_path, make_train_c
 def test_async_resumed_run_matches_uninterrupted_async_run(
     tmp_path, make_train_config, monkeypatch
 ):
-    overrides = {"train": {"max_steps": 6, "save_every": 3, "lambda": 0.5}}
+    # lambda 1: the window in flight at the checkpoint is on-policy (its weights matter)
+    overrides = {"train": {"max_steps": 6, "save_every": 3, "lambda": 1.0}}
     raw = make_train_config(**overrides, generation={"async": True})
     loop.train(build_config(raw))
     full = read_metrics(tmp_path / "run")
