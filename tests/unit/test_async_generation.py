@@ -136,7 +136,9 @@ def small_buffer(generator, lam=1.0, rank=0, world=1, seed=0):
 
 
 def rows(window):
-    return [(s.example_id, tuple(s.completion_ids)) for b in window.micro_batches for s in b.samples]
+    return [
+        (s.example_id, tuple(s.completion_ids)) for b in window.micro_batches for s in b.samples
+    ]
 
 
 def test_async_windows_are_the_sync_windows_sampled_one_step_stale():
