@@ -264,3 +264,85 @@ def test_async_resumed_run_matches_uninterrupted_async_run(
         assert a["policy/staleness"] == b["policy/staleness"]
     assert [m["policy/staleness"] for m in full] != [0.0] * 6
     assert full[3]["loss"] != full[2]["loss"]
+
+
+def test_async_runs_are_deterministic_with_teacher_written_slices(tmp_path, make_train_config):
+    """lambda < 1 with seq-KD: the teacher samples its slices in the background thread too, from
+    its own seeds, so two runs log the same losses whatever the threads' timing."""
+    raw = make_train_config(
+        train={"max_steps": 4, "lambda": 0.5, "seq_kd": True, "seed": 3},
+        generation={"async": True},
+    )
+    loop.train(build_config(raw))
+    raw["train"]["output_dir"] = str(tmp_path / "again")
+    loop.train(build_config(raw))
+    a, b = read_metrics(tmp_path / "run"), read_metrics(tmp_path / "again")
+    assert {x["policy/seq_kd_share"] for x in a} > {0.0}  # teacher-written slices were trained
+    assert [x["loss"] for x in a] == [x["loss"] for x in b]
+
+
+# The CLI in a child process: every micro-batch slowed down, and every generate call from the
+# 4th on (window 3, sampled while step 3 trains) sleeps a minute.
+SLOW_SAMPLER_CLI = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from distil.generation.hf import HFGenerator
+from distil.train import loop
+real_step, real_generate, calls = loop.micro_step, HFGenerator.generate, [0]
+def slow_step(*a, **k):
+    time.sleep(0.5)
+    return real_step(*a, **k)
+def slow_generate(*a, **k):
+    calls[0] += 1
+    if calls[0] >= 4:
+        time.sleep(60)
+    return real_generate(*a, **k)
+loop.micro_step, HFGenerator.generate = slow_step, slow_generate
+from distil.cli import main
+raise SystemExit(main(["train", sys.argv[2]]))
+"""
+
+
+@pytest.mark.slow  # a child process and three runs
+def test_sigterm_does_not_wait_for_the_window_in_flight_and_resumes_exactly(
+    tmp_path, make_train_config
+):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import yaml
+
+    raw = make_train_config(train={"max_steps": 6, "lambda": 1.0}, generation={"async": True})
+    loop.train(build_config(raw))  # the uninterrupted async run in tmp_path/run
+    raw["train"]["output_dir"] = str(tmp_path / "stopped")
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    src = str(Path(loop.__file__).parents[2])
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_SAMPLER_CLI, src, str(cfg_path)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = tmp_path / "stopped" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert child.poll() is None and time.monotonic() < deadline, child.stderr.read()
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)  # step 3 is training, window 3 is sleeping
+    sent = time.monotonic()
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 143, err
+    assert time.monotonic() - sent < 40  # the minute-long generate call was not waited for
+    assert "training stopped by SIGTERM after step 3" in err and "Traceback" not in err
+    ckpt = tmp_path / "stopped" / "checkpoints" / "step-00000003"
+    assert (ckpt / SAMPLER_FILE).exists()
+    loop.train(build_config(raw))  # resumes: window 3 sampled again, from the saved weights
+    a, b = read_metrics(tmp_path / "run"), read_metrics(tmp_path / "stopped")
+    assert [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]
+    assert [m["loss"] for m in a] == [m["loss"] for m in b]
