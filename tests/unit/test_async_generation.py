@@ -93,6 +93,26 @@ def test_snapshot_copies_trainable_weights_and_shares_frozen_ones(tiny_llama_mod
     assert not torch.allclose(moved, after)
 
 
+def test_lora_run_with_async_copies_only_the_adapters(tmp_path, make_train_config):
+    pytest.importorskip("peft")
+    raw = make_train_config(
+        student={"lora": {"enabled": True, "r": 4, "alpha": 8}},
+        train={"max_steps": 3, "lr": 1e-2, "lambda": 1.0, "save_every": 1},
+        generation={"async": True},
+    )
+    loop.train(build_config(raw))
+    from safetensors.torch import load_file
+
+    ckpts = tmp_path / "run" / "checkpoints"
+    saved = load_file(ckpts / "step-00000002" / SAMPLER_FILE)  # window 2 in flight
+    names = set(saved) - {"__version__"}
+    assert names and all("lora_" in n for n in names)  # the frozen base is shared, not copied
+    assert int(saved["__version__"][0]) == 1  # sampled from the weights step 2 started with
+    assert not (ckpts / "step-00000003" / SAMPLER_FILE).exists()  # the last: nothing in flight
+    m = read_metrics(tmp_path / "run")
+    assert [x["policy/staleness"] for x in m] == [0.0, 1.0, 1.0]
+
+
 # ----------------------------------------------------------------------------- window source
 
 
@@ -240,7 +260,7 @@ def test_async_resumed_run_matches_uninterrupted_async_run(
     raw = make_train_config(**overrides, generation={"async": True})
     loop.train(build_config(raw))
     full = read_metrics(tmp_path / "run")
-    assert (tmp_path / "run" / "checkpoints" / "step-00000006" / SAMPLER_FILE).exists()
+    assert (tmp_path / "run" / "checkpoints" / "step-00000003" / SAMPLER_FILE).exists()
 
     raw["train"]["output_dir"] = str(tmp_path / "killed")
     cfg = build_config(raw)

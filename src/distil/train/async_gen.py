@@ -156,7 +156,10 @@ class AsyncWindows:
     # ------------------------------------------------------------------ checkpoints
 
     def checkpoint_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
-        """{file name: tensors} to save with a checkpoint: the in-flight window's weights."""
+        """{file name: tensors} to save with a checkpoint: the in-flight window's weights
+        (none after the last step: nothing is in flight, a resume samples from its weights)."""
+        if self._in_flight is None:
+            return {}
         tensors = {n: p.detach().to("cpu").contiguous() for n, p in self._snapshot_params()}
         tensors["__version__"] = torch.tensor([self._version_in_flight], dtype=torch.int64)
         return {SAMPLER_FILE: tensors}
@@ -171,10 +174,11 @@ class AsyncWindows:
     def load_sampler(self, checkpoint: Path) -> None:
         """Resume: the window in flight at the checkpoint is sampled again from its weights."""
         path = Path(checkpoint) / SAMPLER_FILE
-        if not path.exists():  # written by a synchronous run: sample from the current weights
+        if not path.exists():  # nothing was in flight (or a synchronous run wrote it)
             print(
-                f"warning: {checkpoint} has no {SAMPLER_FILE} (written with "
-                "generation.async=false); the first window is sampled from the resumed weights",
+                f"note: {checkpoint} has no {SAMPLER_FILE} (no window was in flight: it was the "
+                "run's last step, or generation.async was off); the first window is sampled "
+                "from the resumed weights",
                 file=sys.stderr,
                 flush=True,
             )
