@@ -127,7 +127,7 @@ class WeightProbe:
 
     def generate(self, prompt_ids, params):
         self.calls.append(([list(p) for p in prompt_ids], params.seed))
-        self.seen_weight.append(float(next(self.model.parameters()).flatten()[0]))
+        self.seen_weight.append(float(next(self.model.parameters()).detach().flatten()[0]))
         self.threads.append(threading.current_thread().name)
         rows = [[10 + p[0], 20 + j, EOS] for p in prompt_ids for j in range(params.n)]
         ids = torch.tensor(rows)
