@@ -8,6 +8,11 @@ backward + AdamW step. The ratio distil / bare is distil's overhead per phase (1
 
     python bench/step_breakdown.py                      # demo-sized models (teacher 4.8M, student 1.3M)
     python bench/step_breakdown.py --preset tiny        # 2-layer models, seconds
+    python bench/step_breakdown.py --async --threads 1  # + distil with generation.async
+
+With `--async` distil also runs with `generation.async: true` (the next window sampled in a
+background thread while the current one trains) and the two runs are printed side by side: the
+phases, the time the training thread waited for its window, and the wall time per step.
 """
 
 from __future__ import annotations
@@ -64,7 +69,9 @@ def build(root: Path, preset: dict, seed: int = 0):
     return dirs
 
 
-def run_distil(root: Path, dirs, preset, steps: int, threads: int, bf16: bool) -> list[dict]:
+def run_distil(
+    root: Path, dirs, preset, steps: int, threads: int, bf16: bool, use_async: bool = False
+) -> list[dict]:
     from distil.config import build_config
     from distil.train.loop import train
 
@@ -73,10 +80,10 @@ def run_distil(root: Path, dirs, preset, steps: int, threads: int, bf16: bool) -
             "data": {"train": str(root / "data" / "train.jsonl"), "template": "countdown_plain"},
             "student": {"path": str(dirs["student"])},
             "teacher": {"path": str(dirs["teacher"]), "dtype": "bfloat16" if bf16 else "float32"},
-            "generation": {"max_new_tokens": preset["new"]},
+            "generation": {"max_new_tokens": preset["new"], "async": use_async},
             "loss": {"name": "reverse_kl"},
             "train": {
-                "output_dir": str(root / "run"),
+                "output_dir": str(root / ("run_async" if use_async else "run")),
                 "max_steps": steps,
                 "lr": 1e-4,
                 "per_device_batch_size": preset["batch"],
@@ -89,7 +96,7 @@ def run_distil(root: Path, dirs, preset, steps: int, threads: int, bf16: bool) -
         }
     )
     train(cfg)
-    return [json.loads(x) for x in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(x) for x in (Path(cfg.train.output_dir) / "metrics.jsonl").open()]
 
 
 def _now(device: str) -> float:
@@ -172,12 +179,28 @@ def run_bare(root: Path, dirs, preset, steps: int, device: str, bf16: bool) -> l
     return out
 
 
-def summarize(records: list[dict], warmup: int) -> dict[str, float]:
+PHASES = ("time/generate", "time/teacher", "time/train")
+
+
+def summarize(records: list[dict], warmup: int, keys=PHASES) -> dict[str, float]:
     kept = records[warmup:]
-    return {
-        k: statistics.median(r[k] for r in kept)
-        for k in ("time/generate", "time/teacher", "time/train")
-    }
+    return {k: statistics.median(r.get(k, 0.0) for r in kept) for k in keys}
+
+
+def print_async(sync: list[dict], asyn: list[dict], warmup: int, label: str) -> None:
+    """generation.async off and on, side by side (median seconds per step)."""
+    keys = (*PHASES, "time/generate_wait", "time/step")
+    off, on = summarize(sync, warmup, keys), summarize(asyn, warmup, keys)
+    names = {"time/generate": "generate (on: in the background)", "time/step": "step (wall)"}
+    print("| phase | async off | async on |")
+    print("|---|---|---|")
+    for k in keys:
+        print(f"| {names.get(k, k[5:])} | {off[k]:.4f} | {on[k]:.4f} |")
+    print(f"| steps/s | {1 / off['time/step']:.3f} | {1 / on['time/step']:.3f} |")
+    print(
+        f"RESULT step_breakdown: generation.async {off['time/step'] / on['time/step']:.2f}x the "
+        f"steps/s of the synchronous loop ({label})"
+    )
 
 
 def main() -> None:
@@ -187,6 +210,12 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--bf16", action="store_true", help="bf16 student autocast + bf16 teacher")
+    p.add_argument(
+        "--async",
+        dest="use_async",
+        action="store_true",
+        help="also run distil with generation.async and print both side by side",
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     from distil.models.load import quiet_transformers
@@ -199,9 +228,12 @@ def main() -> None:
         torch.manual_seed(0)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         bare_a = summarize(run_bare(root, dirs, preset, args.steps, device, args.bf16), args.warmup)
-        ours = summarize(
-            run_distil(root, dirs, preset, args.steps, args.threads, args.bf16), args.warmup
-        )
+        records = run_distil(root, dirs, preset, args.steps, args.threads, args.bf16)
+        ours = summarize(records, args.warmup)
+        if args.use_async:
+            async_records = run_distil(
+                root, dirs, preset, args.steps, args.threads, args.bf16, use_async=True
+            )
         torch.manual_seed(0)
         bare_b = summarize(run_bare(root, dirs, preset, args.steps, device, args.bf16), args.warmup)
     bare = {k: (bare_a[k] + bare_b[k]) / 2 for k in bare_a}
@@ -215,6 +247,9 @@ def main() -> None:
         print(f"| {key[5:]} | {ours[key]:.4f} | {bare[key]:.4f} | {ours[key] / bare[key]:.2f} |")
     total_o, total_b = sum(ours.values()), sum(bare.values())
     print(f"| step | {total_o:.4f} | {total_b:.4f} | {total_o / total_b:.2f} |")
+    if args.use_async:
+        label = f"preset {args.preset}, {device}, {args.threads} thread(s) per thread pool"
+        print_async(records, async_records, args.warmup, label)
 
 
 if __name__ == "__main__":

@@ -141,6 +141,12 @@ class GenerationConfig(Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling threshold")
     top_k: int = Field(0, ge=0, description="top-k sampling (0: off)")
     num_generations: int = Field(1, gt=0, description="samples per prompt")
+    async_: bool = Field(
+        False,
+        alias="async",
+        description="sample the next window while the current one trains (one optimizer step "
+        "stale, logged as policy/staleness; docs/training.md says when it pays)",
+    )
     generation_batch_size: int | None = Field(
         None,
         gt=0,

@@ -24,6 +24,10 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 means off
     n: int = 1  # samples per prompt
+    # None: torch's global RNG (the synchronous loop). An int: draws come from a private
+    # generator seeded with it, so a call's samples are a pure function of (weights, prompts,
+    # seed) whatever other threads draw (generation.async samples in a background thread).
+    seed: int | None = None
 
     @property
     def greedy(self) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from distil.generation.base import SamplingParams, mask_after_eos
+from distil.generation.seeded import seeded_processors
 from distil.models.tokenizers import left_pad
 from distil.types import Rollout
 
@@ -107,13 +108,14 @@ class HFGenerator:
             # neutral flags so the model's generation_config adds no warper of its own
             # (transformers fills an unset top_k with 50)
             sampling = {} if params.greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+            seeded = seeded_processors(params, device)  # its own RNG: greedy over Gumbel noise
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=attn,
                 max_new_tokens=params.max_new_tokens,
-                do_sample=not params.greedy,
-                **sampling,
-                logits_processor=LogitsProcessorList([*warpers, recorder]),
+                do_sample=not params.greedy and not seeded,
+                **({} if seeded else sampling),
+                logits_processor=LogitsProcessorList([*warpers, recorder, *seeded]),
                 eos_token_id=self.stop_ids,
                 pad_token_id=self.pad_id,
                 use_cache=True,

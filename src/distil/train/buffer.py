@@ -15,11 +15,12 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from distil.data.collate import collate
 from distil.errors import ConfigError
 from distil.generation.base import Generator, SamplingParams
+from distil.generation.seeded import sampling_seed
 from distil.types import Batch, Example, Sample
 
 ON, OFF, SEQ_KD = "on_policy", "off_policy", "seq_kd"
@@ -81,6 +82,7 @@ class GenerationBuffer:
         shuffle: bool = True,
         collate_fn: Callable[[list[Sample], int], Batch] = collate,
         num_workers: int = 0,
+        seeded: bool = False,
     ):
         self.examples = list(examples)
         self.student, self.teacher = student, teacher
@@ -94,6 +96,9 @@ class GenerationBuffer:
         self.shuffle = shuffle
         self.collate_fn = collate_fn
         self.pool = _worker_pool(collate_fn, num_workers) if num_workers > 0 else None
+        # seeded: every generate call draws from its own seed, a function of (seed, rank,
+        # window, policy), not from torch's global RNG (generation.async needs this)
+        self.seeded = seeded
         self.state = BufferState()
         self._order: list[int] | None = None
         self._check()
@@ -148,10 +153,10 @@ class GenerationBuffer:
         self.state.position += need
         return self._order[start : start + self.per_rank]
 
-    def close(self) -> None:
-        """Stop the worker processes (if any)."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the worker processes (if any); `wait=False` on the way out of an error."""
         if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
+            self.pool.shutdown(wait=wait, cancel_futures=True)
             self.pool = None
 
     def load_state(self, state: dict[str, int]) -> None:
@@ -162,7 +167,8 @@ class GenerationBuffer:
 
     def next_window(self) -> Window:
         prompts = self._take_prompts()
-        policies = self.policies(self.state.windows)
+        index = self.state.windows
+        policies = self.policies(index)
         self.state.windows += 1
         rows = [i for i in prompts for _ in range(self.n)]
         row_policy = [policies[r // self.batch] for r in range(len(rows))]
@@ -172,7 +178,8 @@ class GenerationBuffer:
         for policy, side in ((ON, self.student), (SEQ_KD, self.teacher)):
             picked = [r for r, p in enumerate(row_policy) if p == policy]
             if picked:
-                self._generate(side, policy, rows, picked, samples, metrics)
+                params = self._params(index, policy)
+                self._generate(side, policy, params, rows, picked, samples, metrics)
         metrics["time/generate"] = time.perf_counter() - start
         for r, p in enumerate(row_policy):
             if p == OFF:
@@ -188,10 +195,16 @@ class GenerationBuffer:
         metrics["completion/mean_tokens"] = sum(len(s.completion_ids) for s in samples) / len(rows)
         return Window(batches, policies, metrics)
 
+    def _params(self, window: int, policy: str) -> SamplingParams:
+        if not self.seeded:
+            return self.params
+        return replace(self.params, seed=sampling_seed(self.seed, self.rank, window, policy))
+
     def _generate(
         self,
         side: PromptSide | None,
         policy: str,
+        params: SamplingParams,
         rows: list[int],
         picked: list[int],
         samples: list[Sample | None],
@@ -201,7 +214,7 @@ class GenerationBuffer:
         # so every n-th picked row is a distinct prompt.
         assert side is not None and side.generator is not None
         unique = [rows[r] for r in picked[:: self.n]]
-        rollout = side.generator.generate([side.prompt_ids[i] for i in unique], self.params)
+        rollout = side.generator.generate([side.prompt_ids[i] for i in unique], params)
         ids_lists = rollout.completion_lists()
         logprobs = rollout.logprobs_B_C
         ended = 0

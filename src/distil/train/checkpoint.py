@@ -8,6 +8,7 @@ loading one never unpickles anything:
     optimizer.json             the rest of the optimizer state: param groups, hyperparameters
     rng_state_<rank>.safetensors  torch CPU/CUDA, numpy and python `random` states of each rank
     trainer_state.json         step, buffer position, counters, training clock
+    sampler.safetensors        generation.async only: the weights sampling the window in flight
     config.yaml                the resolved config the run had when it wrote the checkpoint
     manifest.json              size and sha256 of every file above; written last
 
@@ -78,8 +79,13 @@ def save_checkpoint(
     model,
     optimizer,
     config_text: str,
+    extra_tensors: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
-    """Write checkpoint `step` atomically (every rank calls this); returns its directory."""
+    """Write checkpoint `step` atomically (every rank calls this); returns its directory.
+
+    `extra_tensors` ({file name: tensors}, e.g. generation.async's sampler weights) are saved
+    by the main process as more safetensors files of the checkpoint, covered by the manifest.
+    """
     root = checkpoint_dir(run_dir)
     final = root / f"step-{step:08d}"
     tmp = root / f"step-{step:08d}.tmp"
@@ -93,6 +99,8 @@ def save_checkpoint(
     if main:
         _save_model(accelerator.unwrap_model(model), model_state, tmp / MODEL_FILE)
         _save_optimizer(optimizer, tmp)
+        for name, tensors in (extra_tensors or {}).items():
+            _save_tensors(tensors, tmp / name)
     _save_rng(tmp / rng_file(accelerator.process_index))
     accelerator.wait_for_everyone()
     if main:
@@ -129,6 +137,13 @@ def _save_model(unwrapped: torch.nn.Module, state: dict[str, torch.Tensor], path
         seen.add(key)
         flat[name] = t.detach().to("cpu").contiguous()
     save_file(flat, str(path), metadata={"format": "pt"})
+    _fsync_file(path)
+
+
+def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"format": "pt"})
     _fsync_file(path)
 
 

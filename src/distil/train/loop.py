@@ -27,6 +27,7 @@ import torch
 
 from distil.config import DistilConfig, to_yaml
 from distil.errors import DistilError
+from distil.train.async_gen import AsyncWindows
 from distil.train.checkpoint import save_checkpoint, save_final_model
 from distil.train.cost import CostMeter
 from distil.train.logging import MetricsLog, ProgressLine, print_sample
@@ -49,16 +50,23 @@ def train(cfg: DistilConfig) -> dict[str, Any]:
     """
     with RunLock(cfg.train.output_dir, enabled=int(os.environ.get("RANK", "0")) == 0):
         c = build(cfg)
+        if cfg.generation.async_:
+            c.buffer = AsyncWindows(c.buffer, c.unwrapped, max_steps=cfg.train.max_steps)
+        ok = False
         try:
             with StopRequest() as stop:
-                return _run(c, cfg, stop)
-        finally:
-            c.buffer.close()
+                metrics = _run(c, cfg, stop)
+            ok = True
+            return metrics
+        finally:  # on an error or a signal, do not wait for a window being sampled
+            c.buffer.close(wait=ok)
 
 
 def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
     acc, out = c.accelerator, Path(cfg.train.output_dir)
     step, state, last_good = resume(c, cfg, out)
+    if state and isinstance(c.buffer, AsyncWindows):
+        c.buffer.load_sampler(last_good)  # the window in flight is sampled again
     if acc.is_main_process:
         record_config(cfg, out, step if state else None)
     skips, clock = state.get("consecutive_skips", 0), state.get("train_seconds", 0.0)
@@ -87,6 +95,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
         return save_checkpoint(
             acc, out, step, trainer_state, cfg.train.keep_last,
             model=c.model, optimizer=c.optimizer, config_text=to_yaml(cfg),
+            extra_tensors=_sampler_tensors(c),
         )  # fmt: skip
 
     with progress:
@@ -157,6 +166,12 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
     if cfg.logging.trackers:
         acc.end_training()
     return metrics
+
+
+def _sampler_tensors(c: Components) -> dict | None:
+    """generation.async: the weights that sample the window in flight (a resume samples it
+    again); nothing otherwise."""
+    return c.buffer.checkpoint_tensors() if isinstance(c.buffer, AsyncWindows) else None
 
 
 def _agree(acc, signum: int, time_due: bool, local_ok: torch.Tensor) -> dict[str, Any]:

@@ -1,0 +1,207 @@
+"""`generation.async`: the next window is sampled while the current one trains.
+
+    step k:  window_k = in_flight.result()           # sampled from the weights of step k-1
+             snapshot <- student's weights (step k)  # trainable parameters only
+             in_flight = background(buffer.next_window())   # window k+1, from the snapshot
+             train on window_k                       # the student moves on to step k+1
+
+The sampler reads a snapshot of the student (trainable parameters copied, frozen ones and
+buffers shared), so an optimizer step never changes weights under a running `generate`; the
+on-policy samples a step trains on are one optimizer step stale, logged as `policy/staleness`
+(0 for the first window, and for windows without on-policy slices). Each generate call draws
+from its own seed (`SamplingParams.seed`, distil.generation.seeded), so the samples do not
+depend on thread timing, and every rank's in-flight window is the one the synchronous buffer
+would give it: the buffer itself runs in the background thread, one window ahead.
+
+Checkpoints: the window in flight is not saved. A checkpoint holds the buffer state before it
+and the snapshot's trainable weights (`sampler.safetensors`); a resumed run samples that window
+again from them, with the same prompts, weights and seed, so it trains on exactly what the
+uninterrupted run trained on.
+
+On CPU the background thread overlaps because torch releases the GIL inside its ops; on CUDA
+it runs on its own stream. An error in the background is raised again in the training thread
+(with its traceback) when the window is collected, at the latest at the next step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from distil.train.buffer import ON, BufferState, GenerationBuffer, Window
+
+SAMPLER_FILE = "sampler.safetensors"
+
+
+def weight_snapshot(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` for the sampler: trainable parameters copied, everything else shared.
+
+    Frozen parameters (a LoRA base) and buffers (rotary tables) never change in training, so
+    sharing them costs no memory; the snapshot only holds what the optimizer moves.
+    """
+    memo: dict[int, Any] = {id(p): p for p in model.parameters() if not p.requires_grad}
+    memo.update({id(b): b for b in model.buffers()})
+    snapshot = copy.deepcopy(model, memo)
+    for m in snapshot.modules():  # accelerate's autocast wraps forward as a bound method
+        bound = m.__dict__.get("forward")
+        if bound is not None and getattr(bound, "__self__", m) is not m:
+            raise RuntimeError("the sampler snapshot's forward is bound to another module")
+    snapshot.requires_grad_(False)
+    return snapshot.eval()
+
+
+def trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+class _Background:
+    """One call of `fn` in a daemon thread; `result()` joins and re-raises its error."""
+
+    def __init__(self, fn: Callable[[], Any], stream=None):
+        self._value: Any = None
+        self._error: BaseException | None = None
+        threads = torch.get_num_threads()  # intra-op threads are set per OS thread
+
+        def run() -> None:
+            torch.set_num_threads(threads)
+            try:
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    self._value = fn()
+                    if stream is not None:
+                        stream.synchronize()
+            except BaseException as e:  # handed to the training thread
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="distil-async-generation", daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+class AsyncWindows:
+    """Drop-in for the buffer in the loop (`next_window`, `state`, `load_state`, `close`), one
+    window ahead of it. `state` is the buffer state before the window in flight: what a
+    checkpoint saves."""
+
+    def __init__(self, buffer: GenerationBuffer, student: torch.nn.Module, *, max_steps: int):
+        self.buffer, self.live, self.max_steps = buffer, student, max_steps
+        self.snapshot = weight_snapshot(student)
+        buffer.seeded = True  # each generate call draws from its own seed, not the global RNG
+        gen = buffer.student.generator
+        if gen is not None:  # a copy of the generator samples from the snapshot
+            buffer.student.generator = copy.copy(gen)
+            buffer.student.generator.sync_weights(self.snapshot)
+        self.state: BufferState = replace(buffer.state)
+        self.version = 0  # optimizer steps the snapshot's weights have had
+        self._in_flight: _Background | None = None
+        self._version_in_flight = 0
+        self._restored = False
+        device = next(student.parameters()).device
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def next_window(self) -> Window:
+        """The window to train now; starts sampling the next one from the current weights."""
+        if self._in_flight is None:  # the first step, or the first after a resume
+            if not self._restored:
+                self._refresh(self.buffer.state.windows)
+            self._restored = False
+            self._launch()
+        step = self.state.windows  # window k is trained at step k (k optimizer steps done)
+        t0 = time.perf_counter()
+        assert self._in_flight is not None
+        window: Window = self._in_flight.result()  # a background error is raised here
+        waited = time.perf_counter() - t0
+        version, self._in_flight = self._version_in_flight, None
+        if step + 1 < self.max_steps:
+            self._refresh(step)
+            self._launch()
+        else:  # the last step: nothing more to sample
+            self.state = replace(self.buffer.state)
+        sampled = ON in window.policies
+        window.metrics["policy/staleness"] = float(step - version) if sampled else 0.0
+        window.metrics["time/generate_wait"] = waited
+        return window
+
+    def _refresh(self, step: int) -> None:
+        """snapshot <- the student's current weights."""
+        with torch.no_grad():
+            live = trainable(self.live)
+            for name, p in trainable_names(self.snapshot, live):
+                p.copy_(live[name])
+        self.version = step
+
+    def _launch(self) -> None:
+        self.state = replace(self.buffer.state)  # what a checkpoint taken meanwhile resumes at
+        self._version_in_flight = self.version
+        if self._stream is not None:  # the snapshot copy happens before the sampler reads it
+            self._stream.wait_stream(torch.cuda.current_stream(self._stream.device))
+        self._in_flight = _Background(self.buffer.next_window, self._stream)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        """{file name: tensors} to save with a checkpoint: the in-flight window's weights
+        (none after the last step: nothing is in flight, a resume samples from its weights)."""
+        if self._in_flight is None:
+            return {}
+        tensors = {n: p.detach().to("cpu").contiguous() for n, p in self._snapshot_params()}
+        tensors["__version__"] = torch.tensor([self._version_in_flight], dtype=torch.int64)
+        return {SAMPLER_FILE: tensors}
+
+    def _snapshot_params(self):
+        return trainable_names(self.snapshot, trainable(self.live))
+
+    def load_state(self, state: dict[str, int]) -> None:
+        self.buffer.load_state(state)
+        self.state = replace(self.buffer.state)
+
+    def load_sampler(self, checkpoint: Path) -> None:
+        """Resume: the window in flight at the checkpoint is sampled again from its weights."""
+        path = Path(checkpoint) / SAMPLER_FILE
+        if not path.exists():  # nothing was in flight (or a synchronous run wrote it)
+            print(
+                f"note: {checkpoint} has no {SAMPLER_FILE} (no window was in flight: it was the "
+                "run's last step, or generation.async was off); the first window is sampled "
+                "from the resumed weights",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        from safetensors.torch import load_file
+
+        saved = load_file(str(path))
+        with torch.no_grad():
+            for name, p in self._snapshot_params():
+                p.copy_(saved[name].to(p.device, p.dtype))
+        self.version = int(saved["__version__"][0])
+        self._restored = True
+
+    def close(self, wait: bool = True) -> None:
+        """Stop: join the window in flight (`wait`), or leave it to its daemon thread (an
+        error or a signal is on its way out and must not wait for a generate call)."""
+        if self._in_flight is not None and wait:
+            self._in_flight.join()
+        self._in_flight = None
+        self.buffer.close()
+
+
+def trainable_names(snapshot: torch.nn.Module, live: dict[str, torch.Tensor]):
+    """(name, snapshot parameter) for the student's trainable parameters, in the same order."""
+    params = dict(snapshot.named_parameters())
+    return [(name, params[name]) for name in live]
