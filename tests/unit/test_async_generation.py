@@ -252,6 +252,19 @@ def test_async_off_logs_no_staleness_and_async_on_logs_it(tmp_path, make_train_c
     assert all(x["loss"] > 0 for x in m)
 
 
+def test_async_run_evaluates_without_disturbing_training(tmp_path, make_train_config):
+    """eval_every under async: the eval samples the live weights with its own generator after
+    the window in flight is done, and the losses are those of the same run without evals."""
+    train = {"max_steps": 4, "lambda": 1.0}
+    raw = make_train_config(train=train, generation={"async": True})
+    loop.train(build_config(raw))
+    raw["train"].update(output_dir=str(tmp_path / "eval"), eval_every=2)
+    loop.train(build_config(raw))
+    plain, evaluated = read_metrics(tmp_path / "run"), read_metrics(tmp_path / "eval")
+    assert [m["loss"] for m in plain] == [m["loss"] for m in evaluated]
+    assert [m["step"] for m in evaluated if any(k.startswith("eval/") for k in m)] == [2, 4]
+
+
 def test_async_resumed_run_matches_uninterrupted_async_run(
     tmp_path, make_train_config, monkeypatch
 ):

@@ -192,6 +192,17 @@ class AsyncWindows:
         self.version = int(saved["__version__"][0])
         self._restored = True
 
+    @property
+    def teacher(self):
+        """The buffer's teacher side (its seq-KD writer), as on the buffer."""
+        return self.buffer.teacher
+
+    def settle(self) -> None:
+        """Wait until nothing samples in the background (the window in flight is kept for
+        `next_window`): an evaluation then has the student and the generator to itself."""
+        if self._in_flight is not None:
+            self._in_flight.join()
+
     def close(self, wait: bool = True) -> None:
         """Stop: join the window in flight (`wait`), or leave it to its daemon thread (an
         error or a signal is on its way out and must not wait for a generate call)."""

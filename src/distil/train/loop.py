@@ -404,8 +404,14 @@ def _evaluate(c: Components, cfg: DistilConfig, problems) -> dict[str, Any]:
     if acc.is_main_process:
         eval_cfg = cfg.eval.model_copy(update={"template": cfg.eval.template or cfg.data.template})
         devices = [acc.device] if acc.device.type == "cuda" else []
-        generator = c.buffer.student.generator  # the training run's backend samples the eval
-        generator.sync_weights(c.unwrapped)
+        if isinstance(c.buffer, AsyncWindows):
+            # its generator samples from the weight snapshot: the eval builds its own generator
+            # for the live weights, once nothing samples in the background
+            c.buffer.settle()
+            generator = None
+        else:
+            generator = c.buffer.student.generator  # the run's backend samples the eval
+            generator.sync_weights(c.unwrapped)
         with torch.random.fork_rng(devices=devices):
             r = evaluate_model(
                 cfg.train.output_dir,
