@@ -233,8 +233,16 @@ def load_run(root: Path, name: str) -> dict[str, Any]:
     }
 
 
+def matched_steps(root: Path, name: str, reference: str) -> int:
+    """Steps of a run like `reference` (its mean student cost per step) that cost what `name`
+    cost: the equal-cost control's budget."""
+    run, ref = load_run(root, name), load_run(root, reference)
+    per_step = ref["student_flops"] / max(ref["steps"], 1)
+    return round(run["student_flops"] / per_step)
+
+
 def table(root: Path, names: list[str]) -> str:
-    head = "| run | config | steps | min | student PF | teacher PF | evals (step: acc) | final |"
+    head = "| run | config | steps | min | student TF | teacher TF | evals (step: acc) | final |"
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for name in names:
         r = load_run(root, name)
@@ -243,8 +251,8 @@ def table(root: Path, names: list[str]) -> str:
         fin_s = f"{100 * fin['accuracy']:.1f}% (n={fin['n']})" if fin else ""
         lines.append(
             f"| {name} | {r['config']} {' '.join(r['overrides'])} | {r['steps']} | "
-            f"{r['minutes']:.2f} | {r['student_flops'] / 1e15:.3f} | "
-            f"{r['teacher_flops'] / 1e15:.3f} | {ev} | {fin_s} |"
+            f"{r['minutes']:.2f} | {r['student_flops'] / 1e12:.2f} | "
+            f"{r['teacher_flops'] / 1e12:.2f} | {ev} | {fin_s} |"
         )
     return "\n".join(lines)
 
@@ -262,9 +270,9 @@ def plot(root: Path, names: list[str], png: Path, title: str) -> None:
             continue
         steps, cost, acc = zip(*r["evals"], strict=True)
         a.plot(steps, [100 * x for x in acc], marker=".", label=name)
-        b.plot([c / 1e15 for c in cost], [100 * x for x in acc], marker=".", label=name)
+        b.plot([c / 1e12 for c in cost], [100 * x for x in acc], marker=".", label=name)
     a.set(xlabel="step", ylabel="accuracy (%)", title=title)
-    b.set(xlabel="student PFLOPs", ylabel="accuracy (%)")
+    b.set(xlabel="student TFLOPs", ylabel="accuracy (%)")
     a.legend(fontsize=7)
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -291,6 +299,9 @@ def main(argv: list[str] | None = None) -> None:
     e = sub.add_parser("eval")
     e.add_argument("names", nargs="+")
     e.add_argument("--n", type=int, default=500)
+    m = sub.add_parser("match", help="equal-cost steps of a run like REFERENCE")
+    m.add_argument("name")
+    m.add_argument("reference")
     t = sub.add_parser("table")
     t.add_argument("names", nargs="*")
     p = sub.add_parser("plot")
@@ -308,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     elif a.cmd == "eval":
         for name in a.names:
             final_eval(a.root, name, a.n)
+    elif a.cmd == "match":
+        print(matched_steps(a.root, a.name, a.reference))
     elif a.cmd == "table":
         names = a.names or sorted(
             d.name for d in _paths(a.root)["runs"].iterdir() if (d / "metrics.jsonl").exists()
