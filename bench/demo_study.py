@@ -6,7 +6,7 @@ training API, then tabulates accuracy against steps and against student cost.
     python bench/demo_study.py table [NAME ...]        # one row per run
     python bench/demo_study.py plot --png docs/img/study.png NAME ...
 
-CONFIG is a stage under configs/demo/ (e.g. distill_same_tokenizer); the run's student,
+CONFIG is a stage under src/distil/demo/configs/ (e.g. distill_same_tokenizer); the run's student,
 teacher and data paths point at the artefacts under --root unless overridden.
 
 Cost (shared with the demo): student cost = 2 * N_student * (3 * T_train + T_prefill + T_gen),
@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "configs" / "demo"
 ROOT = Path("/work/study-runs")
 DISTILL_LOSSES = {"sft"}  # losses that need no teacher scores
 
@@ -39,9 +38,11 @@ def _paths(root: Path) -> dict[str, Path]:
 
 
 def _demo_run(root: Path, threads: int):
-    from distil.demo import PRESETS, DemoRun
+    from distil.demo.presets import manifest
+    from distil.demo.run import DemoRun
 
-    return DemoRun(root, "full", PRESETS["full"], threads, root / "cache")
+    m = manifest()
+    return DemoRun(root, "full", m.presets["full"], m, threads, root / "cache")
 
 
 # ----------------------------------------------------------------------------- setup
@@ -51,7 +52,7 @@ def setup(root: Path, teacher_steps: int, start_steps: int, threads: int) -> Non
     """Data, tokenizers, a teacher trained for `teacher_steps` (WSD), both student starts."""
     import torch
 
-    from distil.demo_stages import _init, make_data, make_tokenizers
+    from distil.demo.stages import _init, make_data, make_tokenizers
 
     torch.set_num_threads(threads)
     run = _demo_run(root, threads)
@@ -129,7 +130,9 @@ def train_run(root: Path, name: str, config: str, overrides: list[str], threads:
     items += [f"train.num_threads={threads}", "train.resume=never"]
     out = _paths(root)["runs"] / name
     shutil.rmtree(out, ignore_errors=True)
-    cfg = load_config(CONFIGS / f"{config}.yaml", items)
+    from distil.demo.presets import CONFIG_DIR
+
+    cfg = load_config(CONFIG_DIR / f"{config}.yaml", items)
     t0 = time.perf_counter()
     train(cfg)
     seconds = time.perf_counter() - t0

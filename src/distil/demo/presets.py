@@ -52,6 +52,11 @@ class Run:
     steps: str | None = None
     cost_of: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None  # its run directory and `cost_of` key (default: the config's name)
+
+    @property
+    def key(self) -> str:
+        return self.name or self.config
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,7 @@ def _section(raw: Any, key: str, problems: list[str]) -> dict[str, Any]:
     return value
 
 
-_RUN_KEYS = {"config", "student", "label", "steps", "cost_of", "overrides"}
+_RUN_KEYS = {"config", "student", "label", "steps", "cost_of", "overrides", "name"}
 
 
 def _run(i: int, raw: Any, problems: list[str]) -> Run:
@@ -124,8 +129,10 @@ def _preset(name: str, raw: Any, problems: list[str]) -> Preset:
 
 
 def _cross_check(students, runs, presets, problems: list[str]) -> None:
-    names = [r.config for r in runs]
+    names = [r.key for r in runs]
     for i, r in enumerate(runs):
+        if r.key in names[:i]:
+            problems.append(f"runs[{i}]: a second run named {r.key!r}; give it its own `name:`")
         if r.student not in students:
             problems.append(f"runs[{i}]: student {r.student!r} is not one of {sorted(students)}")
         if r.cost_of is not None and r.cost_of not in names[:i]:

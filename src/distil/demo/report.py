@@ -43,7 +43,7 @@ def rows(run: DemoRun) -> list[Row]:
         for r in run.manifest.runs:
             if r.student == name:
                 label = f"{name} student: {r.label}"
-                out.append(Row(label, f"runs/{r.config}/final", f"runs/{r.config}", start, True))
+                out.append(Row(label, f"runs/{r.key}/final", f"runs/{r.key}", start, True))
     return out
 
 
@@ -195,7 +195,7 @@ def _print_summary(run: DemoRun, plot: Path | None) -> None:
     )
     lines.append("\nreproduce any step:")
     lines += [f"  {cmd}" for cmd in run.commands]
-    first = run.manifest.runs[0].config
+    first = run.manifest.runs[0].key
     lines.append(
         f"  distil eval --model {run.paths['runs']}/{first}/final "
         f"--data {run.paths['data']}/test.jsonl --n {run.preset.n_test}"

@@ -251,7 +251,7 @@ def _run_overrides(run: DemoRun, r: Run) -> dict[str, Any]:
     p = run.preset
     out: dict[str, Any] = {
         "student.path": run.paths["models"] / f"student_{r.student}_start",
-        "train.output_dir": run.paths["runs"] / r.config,
+        "train.output_dir": run.paths["runs"] / r.key,
         "eval.n": p.eval_n,
     }
     if p.eval_every is not None:
