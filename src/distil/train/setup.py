@@ -19,6 +19,15 @@ from distil.generation.hf import HFGenerator
 from distil.models.load import load_model, load_tokenizer
 from distil.models.tokenizers import encode_prompts, stop_token_ids
 from distil.train.buffer import GenerationBuffer, PromptSide
+from distil.train.fsdp import (
+    GatheringGenerator,
+    check_fsdp_version,
+    count_units,
+    enable_fsdp_on_cpu,
+    fsdp_requested,
+    is_sharded,
+    shard_teacher,
+)
 
 TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
 # the teacher scorer, by what the config gives: a model (`teacher.path`) or `teacher.cache`
@@ -68,14 +77,42 @@ def build_accelerator(cfg: DistilConfig):
 
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
+    check_launch(cfg)
     # cpu=True on a machine without CUDA: under torchrun, accelerate then sets up gloo across
     # the processes (without it every process trains alone on its shard)
-    return Accelerator(
+    accelerator = Accelerator(
         mixed_precision=precision,
         log_with=list(cfg.logging.trackers) or None,
         project_dir=cfg.train.output_dir,
         cpu=not torch.cuda.is_available(),
     )
+    if fsdp_requested():
+        enable_fsdp_on_cpu(accelerator, precision)
+    return accelerator
+
+
+def check_launch(cfg: DistilConfig) -> None:
+    """What an FSDP or DeepSpeed launch (the accelerate config's environment) cannot do."""
+    check_fsdp_version()
+    if cfg.teacher.placement == "shard" and not fsdp_requested():
+        raise ConfigError(
+            "teacher.placement = 'shard' shards the teacher with FSDP, but this run was not "
+            "launched with FSDP. Fix: launch with accelerate launch --config_file "
+            "configs/accelerate/fsdp_8gpu.yaml (or another FSDP config), or set "
+            "teacher.placement=replicate"
+        )
+    if fsdp_requested() and cfg.student.lora.enabled:
+        raise ConfigError(
+            "student.lora.enabled = true under FSDP: distil merges LoRA adapters into the final "
+            "model on one process, which a sharded model does not allow yet. Fix: train LoRA "
+            "with DDP (configs/accelerate/ddp_8gpu.yaml), or train all weights under FSDP"
+        )
+    if cfg.teacher.placement == "shard" and cfg.teacher.device:
+        raise ConfigError(
+            f"teacher.device = {cfg.teacher.device!r} with teacher.placement = 'shard': a "
+            "sharded teacher lives on every rank's own device. Fix: unset teacher.device, or "
+            "set teacher.placement=replicate to keep a whole teacher on that device"
+        )
 
 
 def _load(section, name: str, device=None):
@@ -123,7 +160,31 @@ def enable_activation_checkpointing(model) -> None:
 
 
 def load_teacher(cfg: DistilConfig, accelerator):
+    """The live teacher: whole on `teacher.device` (default: the rank's device), or sharded
+    over the ranks with `teacher.placement=shard` under FSDP."""
+    if cfg.teacher.placement == "shard":
+        model, tok = _load(cfg.teacher, "teacher")
+        shard_teacher(model, accelerator)
+        return model, tok
     return _load(cfg.teacher, "teacher", device=cfg.teacher.device or accelerator.device)
+
+
+def report_sharding(accelerator, student, teacher) -> None:
+    """One line on the main process saying what FSDP sharded (nothing under DDP)."""
+    if not accelerator.is_main_process or not is_sharded(student):
+        return
+    n = accelerator.num_processes
+    parts = [f"FSDP2: student sharded over {n} processes ({count_units(student)} units)"]
+    if teacher is not None and is_sharded(teacher):
+        parts.append(f"teacher sharded ({count_units(teacher)} units)")
+    elif teacher is not None:
+        parts.append("teacher replicated on every rank")
+    print("; ".join(parts), flush=True)
+
+
+def gathering(generator, model):
+    """`generator` as is, or, for a sharded model, one that generates on gathered weights."""
+    return GatheringGenerator(generator, model) if is_sharded(model) else generator
 
 
 def _chunk_size(cfg: DistilConfig, vocab_size: int | None, student) -> int | None:
@@ -196,6 +257,7 @@ def build_buffer(
             pad_id=teacher_tok.pad_token_id,
             stop_ids=stop_token_ids(teacher_tok, teacher_model),
         )
+        t_gen = gathering(t_gen, teacher_model)  # a sharded teacher: gathered too
         if cross is None:  # same tokenizer: the same prompt ids and completion ids
             teacher_side = PromptSide(prompt_ids, t_gen)
         else:  # the teacher writes in its own template and tokens; the student gets the text
@@ -357,9 +419,11 @@ def build(cfg: DistilConfig) -> Components:
     optimizer = build_optimizer(model, cfg.train)
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
+    report_sharding(accelerator, unwrapped, teacher_model)
     generator = HFGenerator(
         unwrapped, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, unwrapped)
     )
+    generator = gathering(generator, unwrapped)
     buffer = build_buffer(
         cfg,
         examples,
