@@ -89,59 +89,79 @@ def assert_same_run(a_dir: Path, b_dir: Path, steps: int) -> None:
         torch.testing.assert_close(wb[name], wa[name], atol=1e-6, rtol=1e-5)
 
 
-@pytest.fixture
-def raw(make_train_config):
-    # on-policy and off-policy slices (lambda 0.5): generation runs on the gathered student
-    return make_train_config(train={"max_steps": 3, "lambda": 0.5, "save_every": 1})
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, countdown_dir, pair_dirs):
+    """Five launches shared by the tests below (each costs ~20 s of process start-up here):
+    DDP; FSDP; FSDP with a sharded teacher; the same killed in step 3 and resumed."""
+    from conftest import _train_config
+
+    root = tmp_path_factory.mktemp("fsdp")
+    # on-policy and off-policy slices (lambda 0.5): generation runs on the gathered student;
+    # an evaluation at the last step generates on rank 0 while the other rank waits
+    raw = _train_config(
+        root,
+        countdown_dir,
+        pair_dirs,
+        train={"max_steps": 4, "lambda": 0.5, "save_every": 1, "keep_last": 5, "eval_every": 4},
+    )
+    out = {"root": root, "raw": raw}
+    out["ddp"] = launch(root, "ddp_cpu_2proc.yaml", write_config(root, raw, "ddp"))
+    out["fsdp"] = launch(root, "fsdp_cpu_2proc.yaml", write_config(root, raw, "fsdp"))
+    shard = ["teacher.placement=shard"]
+    out["shard"] = launch(root, "fsdp_cpu_2proc.yaml", write_config(root, raw, "shard"), *shard)
+    killed_cfg = write_config(root, raw, "killed")
+    # 2 micro-batches a step: the 6th is in step 3, after checkpoint step-2
+    out["killed"] = launch(root, "fsdp_cpu_2proc.yaml", killed_cfg, *shard, kill_at_micro=6)
+    out["ckpts"] = sorted(p.name for p in (root / "killed" / "checkpoints").iterdir())
+    out["resumed"] = launch(root, "fsdp_cpu_2proc.yaml", killed_cfg, *shard)
+    return out
 
 
-def test_fsdp_equals_ddp_on_two_processes(tmp_path, raw):
-    ddp = launch(tmp_path, "ddp_cpu_2proc.yaml", write_config(tmp_path, raw, "ddp"))
-    assert ddp.returncode == 0, ddp.stderr[-3000:]
-    fsdp = launch(tmp_path, "fsdp_cpu_2proc.yaml", write_config(tmp_path, raw, "fsdp"))
-    assert fsdp.returncode == 0, fsdp.stderr[-3000:]
-    assert "FSDP2: student sharded over 2 processes" in fsdp.stdout  # not a DDP fallback
-    assert "sharded" not in ddp.stdout
-    assert_same_run(tmp_path / "ddp", tmp_path / "fsdp", 3)
+def ok(result) -> None:
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_fsdp_equals_ddp_on_two_processes(runs):
+    root = runs["root"]
+    ok(runs["ddp"])
+    ok(runs["fsdp"])
+    assert "FSDP2: student sharded over 2 processes" in runs["fsdp"].stdout  # no DDP fallback
+    assert "teacher replicated" in runs["fsdp"].stdout
+    assert "sharded" not in runs["ddp"].stdout
+    assert_same_run(root / "ddp", root / "fsdp", 4)
+    fsdp = metrics(root / "fsdp")
+    # on-policy windows were drawn: the student generated on gathered weights
+    assert any(m["policy/on_policy_share"] > 0 for m in fsdp)
+    ddp_last = metrics(root / "ddp")[-1]
+    for key in ("eval/accuracy", "eval/total"):  # same verdicts from the gathered student
+        assert fsdp[-1][key] == ddp_last[key]
     # the final model is a plain transformers directory, whole (not a shard)
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp" / "final")
-    student = AutoModelForCausalLM.from_pretrained(raw["student"]["path"])
+    model = AutoModelForCausalLM.from_pretrained(root / "fsdp" / "final")
+    student = AutoModelForCausalLM.from_pretrained(runs["raw"]["student"]["path"])
     assert model.num_parameters() == student.num_parameters()
-    # the FSDP checkpoint holds the full optimizer state, indexed like the DDP one
-    ck = "checkpoints/step-00000003"
-    for name in ("optimizer.safetensors", "model.safetensors"):
-        from safetensors.torch import load_file
+    # the FSDP checkpoint holds the full model and optimizer state, indexed like DDP's
+    from safetensors.torch import load_file
 
-        a, b = load_file(tmp_path / "ddp" / ck / name), load_file(tmp_path / "fsdp" / ck / name)
+    ck = "checkpoints/step-00000004"
+    for name in ("optimizer.safetensors", "model.safetensors"):
+        a, b = load_file(root / "ddp" / ck / name), load_file(root / "fsdp" / ck / name)
         assert set(a) == set(b)
         for key in a:
             torch.testing.assert_close(b[key], a[key], atol=1e-6, rtol=1e-5)
 
 
-def test_fsdp_killed_mid_run_resumes_exactly(tmp_path, raw):
-    raw = {**raw, "train": {**raw["train"], "max_steps": 4, "keep_last": 5}}
-    full = launch(tmp_path, "fsdp_cpu_2proc.yaml", write_config(tmp_path, raw, "full"))
-    assert full.returncode == 0, full.stderr[-3000:]
-    killed_cfg = write_config(tmp_path, raw, "killed")
-    # 2 micro-batches a step: the 6th is in step 3, after checkpoint step-2
-    killed = launch(tmp_path, "fsdp_cpu_2proc.yaml", killed_cfg, kill_at_micro=6)
-    assert killed.returncode != 0
-    ckpts = sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir())
-    assert ckpts[-1] == "step-00000002", ckpts
-    resumed = launch(tmp_path, "fsdp_cpu_2proc.yaml", killed_cfg)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout and "step-00000002" in resumed.stdout
-    assert_same_run(tmp_path / "full", tmp_path / "killed", 4)
+def test_sharded_teacher_scores_like_a_replicated_one(runs):
+    ok(runs["shard"])
+    assert "teacher sharded" in runs["shard"].stdout
+    assert_same_run(runs["root"] / "fsdp", runs["root"] / "shard", 4)
 
 
-def test_sharded_teacher_scores_like_a_replicated_one(tmp_path, raw):
-    raw = {**raw, "train": {**raw["train"], "max_steps": 2, "save_every": 0}}
-    rep = launch(tmp_path, "fsdp_cpu_2proc.yaml", write_config(tmp_path, raw, "rep"))
-    assert rep.returncode == 0, rep.stderr[-3000:]
-    cfg = write_config(tmp_path, raw, "shard")
-    shard = launch(tmp_path, "fsdp_cpu_2proc.yaml", cfg, "teacher.placement=shard")
-    assert shard.returncode == 0, shard.stderr[-3000:]
-    assert "teacher sharded" in shard.stdout and "teacher sharded" not in rep.stdout
-    assert_same_run(tmp_path / "rep", tmp_path / "shard", 2)
+def test_fsdp_killed_mid_run_resumes_exactly(runs):
+    assert runs["killed"].returncode != 0
+    assert runs["ckpts"][-1] == "step-00000002", runs["ckpts"]
+    ok(runs["resumed"])
+    assert "resumed from" in runs["resumed"].stdout
+    assert "step-00000002" in runs["resumed"].stdout
+    assert_same_run(runs["root"] / "shard", runs["root"] / "killed", 4)

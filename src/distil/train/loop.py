@@ -28,6 +28,7 @@ import torch
 from distil.config import DistilConfig, to_yaml
 from distil.errors import DistilError
 from distil.train.checkpoint import save_checkpoint, save_final_model
+from distil.train.fsdp import full_weights
 from distil.train.logging import MetricsLog, ProgressLine, print_sample
 from distil.train.optim import set_lr
 from distil.train.resume import resume
@@ -375,20 +376,23 @@ def _evaluate(c: Components, cfg: DistilConfig, problems) -> dict[str, Any]:
 
     acc = c.accelerator
     result: dict[str, Any] = {}
-    if acc.is_main_process:
-        eval_cfg = cfg.eval.model_copy(update={"template": cfg.eval.template or cfg.data.template})
-        devices = [acc.device] if acc.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            r = evaluate_model(
-                cfg.train.output_dir,
-                eval_cfg,
-                name="student",
-                problems=problems,
-                progress=False,
-                model=c.unwrapped,
-                tokenizer=c.tokenizer,
+    with full_weights(c.unwrapped):  # FSDP: every rank gathers, the main process generates
+        if acc.is_main_process:
+            eval_cfg = cfg.eval.model_copy(
+                update={"template": cfg.eval.template or cfg.data.template}
             )
-        result = eval_metrics(r.summary)
+            devices = [acc.device] if acc.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                r = evaluate_model(
+                    cfg.train.output_dir,
+                    eval_cfg,
+                    name="student",
+                    problems=problems,
+                    progress=False,
+                    model=c.unwrapped,
+                    tokenizer=c.tokenizer,
+                )
+            result = eval_metrics(r.summary)
     acc.wait_for_everyone()
     return result
 

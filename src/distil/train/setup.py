@@ -5,6 +5,7 @@ Kept apart from `loop.py` so the loop reads top to bottom without construction d
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,16 @@ def build_accelerator(cfg: DistilConfig):
 def check_launch(cfg: DistilConfig) -> None:
     """What an FSDP or DeepSpeed launch (the accelerate config's environment) cannot do."""
     check_fsdp_version()
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        raise ConfigError(
+            "this run was launched with DeepSpeed (distributed_type: DEEPSPEED in the "
+            "accelerate config). distil's loop accumulates gradients over a window and steps "
+            "the optimizer itself, which the DeepSpeed engine does on its own; it is not "
+            "supported. Fix: launch with FSDP2, which shards the same way: "
+            "configs/accelerate/fsdp_8gpu.yaml (ZeRO-3: parameters, gradients, optimizer "
+            "states) or configs/accelerate/fsdp_zero2_8gpu.yaml (ZeRO-2: gradients and "
+            "optimizer states); docs/scaling-out.md"
+        )
     if cfg.teacher.placement == "shard" and not fsdp_requested():
         raise ConfigError(
             "teacher.placement = 'shard' shards the teacher with FSDP, but this run was not "
