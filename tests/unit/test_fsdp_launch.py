@@ -9,7 +9,7 @@ import yaml
 
 from distil.config import build_config
 from distil.errors import ConfigError
-from distil.train.setup import check_launch
+from distil.train.fsdp import check_launch
 
 CONFIGS = Path(__file__).parents[2] / "configs" / "accelerate"
 

@@ -20,11 +20,14 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from distil.errors import ConfigError
+
+if TYPE_CHECKING:
+    from distil.config import DistilConfig
 
 
 def fsdp_requested() -> bool:
@@ -61,6 +64,53 @@ def enable_fsdp_on_cpu(accelerator, precision: str) -> None:
     state.fsdp_plugin = plugin
     state.distributed_type = DistributedType.FSDP
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+
+def check_launch(cfg: DistilConfig) -> None:
+    """What an FSDP or DeepSpeed launch (the accelerate config's environment) cannot do."""
+    check_fsdp_version()
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        raise ConfigError(
+            "this run was launched with DeepSpeed (distributed_type: DEEPSPEED in the "
+            "accelerate config). distil's loop accumulates gradients over a window and steps "
+            "the optimizer itself, which the DeepSpeed engine does on its own; it is not "
+            "supported. Fix: launch with FSDP2, which shards the same way: "
+            "configs/accelerate/fsdp_8gpu.yaml (ZeRO-3: parameters, gradients, optimizer "
+            "states) or configs/accelerate/fsdp_zero2_8gpu.yaml (ZeRO-2: gradients and "
+            "optimizer states); docs/scaling-out.md"
+        )
+    if cfg.teacher.placement == "shard" and not fsdp_requested():
+        raise ConfigError(
+            "teacher.placement = 'shard' shards the teacher with FSDP, but this run was not "
+            "launched with FSDP. Fix: launch with accelerate launch --config_file "
+            "configs/accelerate/fsdp_8gpu.yaml (or another FSDP config), or set "
+            "teacher.placement=replicate"
+        )
+    if fsdp_requested() and cfg.student.lora.enabled:
+        raise ConfigError(
+            "student.lora.enabled = true under FSDP: distil merges LoRA adapters into the final "
+            "model on one process, which a sharded model does not allow yet. Fix: train LoRA "
+            "with DDP (configs/accelerate/ddp_8gpu.yaml), or train all weights under FSDP"
+        )
+    if cfg.teacher.placement == "shard" and cfg.teacher.device:
+        raise ConfigError(
+            f"teacher.device = {cfg.teacher.device!r} with teacher.placement = 'shard': a "
+            "sharded teacher lives on every rank's own device. Fix: unset teacher.device, or "
+            "set teacher.placement=replicate to keep a whole teacher on that device"
+        )
+
+
+def report_sharding(accelerator, student, teacher) -> None:
+    """One line on the main process saying what FSDP sharded (nothing under DDP)."""
+    if not accelerator.is_main_process or not is_sharded(student):
+        return
+    n = accelerator.num_processes
+    parts = [f"FSDP2: student sharded over {n} processes ({count_units(student)} units)"]
+    if teacher is not None and is_sharded(teacher):
+        parts.append(f"teacher sharded ({count_units(teacher)} units)")
+    elif teacher is not None:
+        parts.append("teacher replicated on every rank")
+    print("; ".join(parts), flush=True)
 
 
 def is_sharded(model) -> bool:

@@ -5,7 +5,6 @@ Kept apart from `loop.py` so the loop reads top to bottom without construction d
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +21,11 @@ from distil.models.tokenizers import encode_prompts, stop_token_ids
 from distil.train.buffer import GenerationBuffer, PromptSide
 from distil.train.fsdp import (
     GatheringGenerator,
-    check_fsdp_version,
-    count_units,
+    check_launch,
     enable_fsdp_on_cpu,
     fsdp_requested,
     is_sharded,
+    report_sharding,
     shard_teacher,
 )
 
@@ -92,40 +91,6 @@ def build_accelerator(cfg: DistilConfig):
     return accelerator
 
 
-def check_launch(cfg: DistilConfig) -> None:
-    """What an FSDP or DeepSpeed launch (the accelerate config's environment) cannot do."""
-    check_fsdp_version()
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
-        raise ConfigError(
-            "this run was launched with DeepSpeed (distributed_type: DEEPSPEED in the "
-            "accelerate config). distil's loop accumulates gradients over a window and steps "
-            "the optimizer itself, which the DeepSpeed engine does on its own; it is not "
-            "supported. Fix: launch with FSDP2, which shards the same way: "
-            "configs/accelerate/fsdp_8gpu.yaml (ZeRO-3: parameters, gradients, optimizer "
-            "states) or configs/accelerate/fsdp_zero2_8gpu.yaml (ZeRO-2: gradients and "
-            "optimizer states); docs/scaling-out.md"
-        )
-    if cfg.teacher.placement == "shard" and not fsdp_requested():
-        raise ConfigError(
-            "teacher.placement = 'shard' shards the teacher with FSDP, but this run was not "
-            "launched with FSDP. Fix: launch with accelerate launch --config_file "
-            "configs/accelerate/fsdp_8gpu.yaml (or another FSDP config), or set "
-            "teacher.placement=replicate"
-        )
-    if fsdp_requested() and cfg.student.lora.enabled:
-        raise ConfigError(
-            "student.lora.enabled = true under FSDP: distil merges LoRA adapters into the final "
-            "model on one process, which a sharded model does not allow yet. Fix: train LoRA "
-            "with DDP (configs/accelerate/ddp_8gpu.yaml), or train all weights under FSDP"
-        )
-    if cfg.teacher.placement == "shard" and cfg.teacher.device:
-        raise ConfigError(
-            f"teacher.device = {cfg.teacher.device!r} with teacher.placement = 'shard': a "
-            "sharded teacher lives on every rank's own device. Fix: unset teacher.device, or "
-            "set teacher.placement=replicate to keep a whole teacher on that device"
-        )
-
-
 def _load(section, name: str, device=None):
     """(model, tokenizer) of the `student` or `teacher` config section."""
     # a tokenizer defaulted from the model path is reported under the key the user set
@@ -178,19 +143,6 @@ def load_teacher(cfg: DistilConfig, accelerator):
         shard_teacher(model, accelerator)
         return model, tok
     return _load(cfg.teacher, "teacher", device=cfg.teacher.device or accelerator.device)
-
-
-def report_sharding(accelerator, student, teacher) -> None:
-    """One line on the main process saying what FSDP sharded (nothing under DDP)."""
-    if not accelerator.is_main_process or not is_sharded(student):
-        return
-    n = accelerator.num_processes
-    parts = [f"FSDP2: student sharded over {n} processes ({count_units(student)} units)"]
-    if teacher is not None and is_sharded(teacher):
-        parts.append(f"teacher sharded ({count_units(teacher)} units)")
-    elif teacher is not None:
-        parts.append("teacher replicated on every rank")
-    print("; ".join(parts), flush=True)
 
 
 def gathering(generator, model):
