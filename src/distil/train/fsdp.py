@@ -153,8 +153,14 @@ def full_weights(model) -> Iterator[None]:
             m.unshard()
         yield
     finally:
-        for m in modules:
-            m.reshard()
+        if is_sharded(model):
+            # reshards every unit and drops the forward order these forwards recorded (the
+            # next backward's prefetch reads it; after a rank-0-only evaluation the ranks'
+            # orders would differ). Nothing is in flight: generation runs between steps.
+            model.reset_iter_state()
+        else:
+            for m in modules:
+                m.reshard()
         for (state, groups), a in zip(saved, auto, strict=True):
             state._auto_reshard_after_forward = a
             for g, info in groups:
