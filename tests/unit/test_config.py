@@ -16,7 +16,12 @@ from distil.config import (
 )
 from distil.errors import ConfigError
 
-CONFIGS = sorted((Path(__file__).parents[2] / "configs").rglob("*.yaml"))
+# distil presets (configs/accelerate/ holds accelerate launcher configs, tested in test_fsdp_launch)
+CONFIGS = sorted(
+    p
+    for p in (Path(__file__).parents[2] / "configs").rglob("*.yaml")
+    if "accelerate" not in p.parts
+)
 
 
 def write(tmp_path, data, name="cfg.yaml"):

@@ -65,6 +65,7 @@ def test_a_variant_is_a_data_change(tmp_path):
         raw["runs"].append(
             {
                 "config": "distill_same_tokenizer",
+                "name": "char_same_recipe",
                 "student": "char",
                 "label": "mixed",
                 "steps": "same",
@@ -73,6 +74,17 @@ def test_a_variant_is_a_data_change(tmp_path):
 
     m = manifest(_write(tmp_path, add))
     assert m.runs[-1].label == "mixed" and m.runs[-1].student == "char"
+    assert m.runs[-1].key == "char_same_recipe"  # its own run directory
+
+
+def test_two_runs_of_one_config_need_their_own_names(tmp_path):
+    def add(raw):
+        raw["runs"].append(
+            {"config": raw["runs"][0]["config"], "student": "bpe", "label": "x", "steps": "same"}
+        )
+
+    with pytest.raises(ConfigError, match="a second run named"):
+        manifest(_write(tmp_path, add))
 
 
 def test_cli_rejects_an_unknown_preset_and_a_bad_scale(capsys):

@@ -76,6 +76,11 @@ class TeacherConfig(Section):
     dtype: Dtype = Field("float32", description="weights dtype")
     attn_implementation: str = Field("sdpa", description="sdpa, eager, flash_attention_2, ...")
     device: str | None = Field(None, description="device of the teacher (default: the student's)")
+    placement: Literal["replicate", "shard"] = Field(
+        "replicate",
+        description="under FSDP: a whole teacher on every rank (replicate) or sharded over the "
+        "ranks like the student (shard; docs/scaling-out.md)",
+    )
     trust_remote_code: bool = Field(False, description="allow model code from the checkpoint")
     top_k: int | None = Field(
         None, gt=0, description="keep the teacher's top-k log-probs + a rest bucket (null: full)"

@@ -119,6 +119,9 @@ class HFGenerator:
                 eos_token_id=self.stop_ids,
                 pad_token_id=self.pad_id,
                 use_cache=True,
+                # transformers turns this on for FSDP modules (an all-reduce per token); distil
+                # gathers the weights before generating (train/fsdp.py), so ranks run alone
+                synced_gpus=False,
             )
         finally:
             self.model.train(was_training)

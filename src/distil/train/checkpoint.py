@@ -34,6 +34,12 @@ import numpy as np
 import torch
 
 from distil.errors import DistilError
+from distil.train.fsdp import (
+    full_model_state,
+    full_optimizer_state,
+    is_sharded,
+    load_full_state,
+)
 
 STATE_FILE = "trainer_state.json"
 MODEL_FILE = "model.safetensors"
@@ -95,10 +101,13 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     accelerator.wait_for_everyone()
-    model_state = accelerator.get_state_dict(model)  # a collective under sharded training
+    model_state = full_model_state(accelerator, model)  # a collective under sharded training
+    unwrapped = accelerator.unwrap_model(model)
+    # FSDP: the whole optimizer state gathered to rank 0, indexed like an unsharded run's
+    optim_state = full_optimizer_state(unwrapped, optimizer) if is_sharded(unwrapped) else None
     if main:
-        _save_model(accelerator.unwrap_model(model), model_state, tmp / MODEL_FILE)
-        _save_optimizer(optimizer, tmp)
+        _save_model(unwrapped, model_state, tmp / MODEL_FILE)
+        _save_optimizer(optimizer, tmp, optim_state)
         for name, tensors in (extra_tensors or {}).items():
             _save_tensors(tensors, tmp / name)
     _save_rng(tmp / rng_file(accelerator.process_index))
@@ -147,10 +156,10 @@ def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     _fsync_file(path)
 
 
-def _save_optimizer(optimizer, out: Path) -> None:
+def _save_optimizer(optimizer, out: Path, sd: dict | None = None) -> None:
     from safetensors.torch import save_file
 
-    sd = optimizer.state_dict()
+    sd = optimizer.state_dict() if sd is None else sd
     tensors, plain = {}, {}
     for pid, entry in sd["state"].items():
         plain[str(pid)] = {}
@@ -262,13 +271,20 @@ def load_checkpoint(accelerator, path: str | Path, *, model, optimizer) -> dict[
     from safetensors.torch import load_file
 
     path = Path(path)
+    unwrapped = accelerator.unwrap_model(model)
     try:
         current = path / MODEL_FILE
-        _load_model(accelerator.unwrap_model(model), load_file(str(current)))
+        weights = load_file(str(current))
+        _check_names(unwrapped, weights)
         current = path / OPTIM_TENSORS
         tensors = load_file(str(current))
         current = path / OPTIM_META
-        _load_optimizer(optimizer, tensors, json.loads(current.read_text()))
+        meta = json.loads(current.read_text())
+        if is_sharded(unwrapped):  # every rank keeps its shard of the full tensors
+            load_full_state(unwrapped, optimizer, weights, _optimizer_dict(tensors, meta))
+        else:
+            _load_model(unwrapped, weights)
+            _load_optimizer(optimizer, tensors, meta)
         current = path / rng_file(accelerator.process_index)
         _load_rng(current)
         current = path / STATE_FILE
@@ -283,7 +299,7 @@ def load_checkpoint(accelerator, path: str | Path, *, model, optimizer) -> dict[
         ) from exc
 
 
-def _load_model(unwrapped: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+def _check_names(unwrapped: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
     own = unwrapped.state_dict()
     missing = set(own) - set(saved)
     # names dropped as duplicates on save: the tied twin restores them
@@ -294,21 +310,35 @@ def _load_model(unwrapped: torch.nn.Module, saved: dict[str, torch.Tensor]) -> N
             f"the weights do not fit the student (missing {sorted(missing - tied)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]})"
         )
+
+
+def _load_model(unwrapped: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    own = unwrapped.state_dict()
     with torch.no_grad():
         for name, t in saved.items():
             own[name].copy_(t)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = _local(a), _local(b)  # an FSDP shard: the same local storage means the same weight
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.shape == b.shape
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _load_optimizer(optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    optimizer.load_state_dict(_optimizer_dict(tensors, meta))
+
+
+def _optimizer_dict(tensors: dict[str, torch.Tensor], meta: dict) -> dict[str, Any]:
+    """The saved state in `torch.optim.Optimizer.state_dict()` form (indexed parameters)."""
     state: dict[int, dict[str, Any]] = {int(pid): _decode(e) for pid, e in meta["state"].items()}
     for key, t in tensors.items():
         _, pid, name = key.split("/", 2)
         state.setdefault(int(pid), {})[name] = t
-    optimizer.load_state_dict({"state": state, "param_groups": _decode(meta["param_groups"])})
+    return {"state": state, "param_groups": _decode(meta["param_groups"])}
 
 
 def _load_rng(path: Path) -> None:
@@ -406,7 +436,7 @@ def save_final_model(accelerator, model, tokenizer, out_dir: str | Path, **meta:
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     unwrapped = accelerator.unwrap_model(model)
-    state_dict = accelerator.get_state_dict(model)
+    state_dict = full_model_state(accelerator, model)
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         if hasattr(unwrapped, "merge_and_unload"):  # peft: save a plain model

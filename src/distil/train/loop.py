@@ -30,6 +30,7 @@ from distil.errors import DistilError
 from distil.train.async_gen import AsyncWindows
 from distil.train.checkpoint import save_checkpoint, save_final_model
 from distil.train.cost import CostMeter
+from distil.train.fsdp import full_weights, is_sharded
 from distil.train.logging import MetricsLog, ProgressLine, print_sample
 from distil.train.optim import set_lr
 from distil.train.resume import resume
@@ -397,35 +398,42 @@ def _eval_problems(cfg: DistilConfig):
 
 def _evaluate(c: Components, cfg: DistilConfig, problems) -> dict[str, Any]:
     """The eval.task verdicts of the current student (main process; RNG left untouched)."""
-    from distil.eval.runner import eval_metrics, evaluate_model
-
     acc = c.accelerator
     result: dict[str, Any] = {}
-    if acc.is_main_process:
-        eval_cfg = cfg.eval.model_copy(update={"template": cfg.eval.template or cfg.data.template})
-        devices = [acc.device] if acc.device.type == "cuda" else []
-        if isinstance(c.buffer, AsyncWindows):
-            # its generator samples from the weight snapshot: the eval builds its own generator
-            # for the live weights, once nothing samples in the background
-            c.buffer.settle()
-            generator = None
-        else:
-            generator = c.buffer.student.generator  # the run's backend samples the eval
-            generator.sync_weights(c.unwrapped)
-        with torch.random.fork_rng(devices=devices):
-            r = evaluate_model(
-                cfg.train.output_dir,
-                eval_cfg,
-                name="student",
-                problems=problems,
-                progress=False,
-                model=c.unwrapped,
-                tokenizer=c.tokenizer,
-                generator=generator,
-            )
-        result = eval_metrics(r.summary)
+    with full_weights(c.unwrapped):  # FSDP: every rank gathers, the main process generates
+        if acc.is_main_process:
+            result = _evaluate_main(c, cfg, problems)
     acc.wait_for_everyone()
     return result
+
+
+def _evaluate_main(c: Components, cfg: DistilConfig, problems) -> dict[str, Any]:
+    from distil.eval.runner import eval_metrics, evaluate_model
+
+    eval_cfg = cfg.eval.model_copy(update={"template": cfg.eval.template or cfg.data.template})
+    devices = [c.accelerator.device] if c.accelerator.device.type == "cuda" else []
+    if isinstance(c.buffer, AsyncWindows) or is_sharded(c.unwrapped):
+        # async: its generator samples from the weight snapshot; FSDP: the weights are gathered
+        # above. The eval builds its own generator for the live weights (once nothing samples
+        # in the background).
+        if isinstance(c.buffer, AsyncWindows):
+            c.buffer.settle()
+        generator = None
+    else:
+        generator = c.buffer.student.generator  # the run's backend samples the eval
+        generator.sync_weights(c.unwrapped)
+    with torch.random.fork_rng(devices=devices):
+        r = evaluate_model(
+            cfg.train.output_dir,
+            eval_cfg,
+            name="student",
+            problems=problems,
+            progress=False,
+            model=c.unwrapped,
+            tokenizer=c.tokenizer,
+            generator=generator,
+        )
+    return eval_metrics(r.summary)
 
 
 def _flat_config(cfg: DistilConfig) -> dict[str, Any]:

@@ -19,6 +19,15 @@ from distil.generation.select import build_generator, teacher_backend
 from distil.models.load import load_model, load_tokenizer
 from distil.models.tokenizers import encode_prompts, stop_token_ids
 from distil.train.buffer import GenerationBuffer, PromptSide
+from distil.train.fsdp import (
+    GatheringGenerator,
+    check_launch,
+    enable_fsdp_on_cpu,
+    fsdp_requested,
+    is_sharded,
+    report_sharding,
+    shard_teacher,
+)
 
 TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
 # the teacher scorer, by what the config gives: a model (`teacher.path`), `teacher.cache` or a
@@ -70,14 +79,18 @@ def build_accelerator(cfg: DistilConfig):
 
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
+    check_launch(cfg)
     # cpu=True on a machine without CUDA: under torchrun, accelerate then sets up gloo across
     # the processes (without it every process trains alone on its shard)
-    return Accelerator(
+    accelerator = Accelerator(
         mixed_precision=precision,
         log_with=list(cfg.logging.trackers) or None,
         project_dir=cfg.train.output_dir,
         cpu=not torch.cuda.is_available(),
     )
+    if fsdp_requested():
+        enable_fsdp_on_cpu(accelerator, precision)
+    return accelerator
 
 
 def _load(section, name: str, device=None):
@@ -125,7 +138,18 @@ def enable_activation_checkpointing(model) -> None:
 
 
 def load_teacher(cfg: DistilConfig, accelerator):
+    """The live teacher: whole on `teacher.device` (default: the rank's device), or sharded
+    over the ranks with `teacher.placement=shard` under FSDP."""
+    if cfg.teacher.placement == "shard":
+        model, tok = _load(cfg.teacher, "teacher")
+        shard_teacher(model, accelerator)
+        return model, tok
     return _load(cfg.teacher, "teacher", device=cfg.teacher.device or accelerator.device)
+
+
+def gathering(generator, model):
+    """`generator` as is, or, for a sharded model, one that generates on gathered weights."""
+    return GatheringGenerator(generator, model) if is_sharded(model) else generator
 
 
 def _chunk_size(cfg: DistilConfig, vocab_size: int | None, student) -> int | None:
@@ -200,6 +224,7 @@ def build_buffer(
             stop_ids=stop_token_ids(teacher_tok, teacher_model),
             backend=teacher_backend(cfg),
         )
+        t_gen = gathering(t_gen, teacher_model)  # a sharded teacher: gathered too
         if cross is None:  # same tokenizer: the same prompt ids and completion ids
             teacher_side = PromptSide(prompt_ids, t_gen)
         else:  # the teacher writes in its own template and tokens; the student gets the text
@@ -366,9 +391,11 @@ def build(cfg: DistilConfig) -> Components:
     optimizer = build_optimizer(model, cfg.train)
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
+    report_sharding(accelerator, unwrapped, teacher_model)
     generator = build_generator(
         cfg, unwrapped, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, unwrapped)
     )
+    generator = gathering(generator, unwrapped)
     buffer = build_buffer(
         cfg,
         examples,

@@ -1,0 +1,77 @@
+"""What an FSDP or DeepSpeed launch cannot do is refused before any weights load, with the
+value seen and the fix (the launcher's choice reaches distil as ACCELERATE_* / FSDP_*
+environment variables)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distil.config import build_config
+from distil.errors import ConfigError
+from distil.train.fsdp import check_launch
+
+CONFIGS = Path(__file__).parents[2] / "configs" / "accelerate"
+
+
+def cfg(**sections):
+    raw = {"student": {"path": "s"}, "teacher": {"path": "t"}}
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    return build_config(raw)
+
+
+@pytest.fixture
+def fsdp(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+
+
+def test_plain_and_fsdp2_launches_pass(monkeypatch, fsdp):
+    check_launch(cfg())
+    check_launch(cfg(teacher={"placement": "shard"}))
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    check_launch(cfg())
+
+
+@pytest.mark.parametrize(
+    ("env", "sections", "words"),
+    [
+        ({"FSDP_VERSION": "1"}, {}, ["FSDP version 1", "fsdp_version: 2"]),
+        ({}, {"student": {"lora": {"enabled": True}}}, ["student.lora.enabled", "DDP"]),
+        ({}, {"generation": {"async": True}}, ["generation.async = true", "DDP"]),
+        (
+            {},
+            {"teacher": {"placement": "shard", "device": "cpu"}},
+            ["teacher.device = 'cpu'", "teacher.placement=replicate"],
+        ),
+        ({"ACCELERATE_USE_DEEPSPEED": "true"}, {}, ["DeepSpeed", "fsdp_zero2_8gpu.yaml"]),
+    ],
+)
+def test_unsupported_fsdp_launches_are_refused(monkeypatch, fsdp, env, sections, words):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError) as err:
+        check_launch(cfg(**sections))
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_sharded_teacher_without_fsdp_is_refused(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    with pytest.raises(ConfigError, match=r"teacher\.placement = 'shard'"):
+        check_launch(cfg(teacher={"placement": "shard"}))
+
+
+def test_the_accelerate_configs_are_fsdp2_and_name_the_files_they_mention():
+    """Every FSDP config asks for FSDP2 (FSDP1 is refused); every config file a message or
+    config names exists."""
+    files = {p.name: yaml.safe_load(p.read_text()) for p in CONFIGS.glob("*.yaml")}
+    fsdp_files = [n for n, c in files.items() if c["distributed_type"] == "FSDP"]
+    assert len(fsdp_files) >= 4
+    for name in fsdp_files:
+        assert files[name]["fsdp_config"]["fsdp_version"] == 2, name
+        assert files[name]["fsdp_config"]["fsdp_cpu_ram_efficient_loading"] is False, name
+    for name in ("fsdp_8gpu.yaml", "fsdp_zero2_8gpu.yaml", "ddp_8gpu.yaml"):
+        assert name in files
+    assert (CONFIGS / "slurm_multinode.sh").exists()
