@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--steps", type=int, default=12, help="optimizer steps per run")
     p.add_argument("--warmup", type=int, default=3, help="first steps of a run not timed (>= 1)")
-    p.add_argument("--rounds", type=int, default=2, help="rounds of [TRL, distil] per mode")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of [TRL, distil] per mode")
     p.add_argument("--batch", type=int, default=16, help="per-device micro-batch")
     p.add_argument("--ga", type=int, default=4, help="gradient accumulation steps")
     p.add_argument("--new-tokens", type=int, default=32, help="max new tokens per completion")
@@ -129,9 +129,9 @@ def distil_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return {"generation": generation, "loss": {"temperature": 1.0}, "data": {"shuffle": True}}
 
 
-def run_pair(setup, mode: str, args: argparse.Namespace) -> tuple[dict, list[dict], dict]:
-    """One TRL run then one distil run of `mode`: TRL's result, distil's metrics and its
-    resolved config."""
+def run_pair(setup, mode: str, rnd: int, args: argparse.Namespace) -> tuple[dict, list[dict], dict]:
+    """One TRL run then one distil run of `mode` (round `rnd`): TRL's result, distil's metrics
+    and its resolved config."""
     import yaml
 
     from align import run_distil, run_trl
@@ -139,10 +139,10 @@ def run_pair(setup, mode: str, args: argparse.Namespace) -> tuple[dict, list[dic
     lmbda = MODES[mode]
     trl = run_trl(setup, args, trl_flags(lmbda, args))
     ours = run_distil(
-        setup, LOSS, args, beta=1.0, lmbda=lmbda, lr=args.lr, tag=f"-{mode}",
+        setup, LOSS, args, beta=1.0, lmbda=lmbda, lr=args.lr, tag=f"-{mode}-{rnd}",
         overrides=distil_overrides(args),
     )  # fmt: skip
-    cfg = yaml.safe_load((setup.root / f"distil-{LOSS}-{mode}" / "config.yaml").read_text())
+    cfg = yaml.safe_load((setup.root / f"distil-{LOSS}-{mode}-{rnd}" / "config.yaml").read_text())
     return trl, ours, cfg
 
 
@@ -315,9 +315,9 @@ def main(argv: list[str] | None = None) -> None:
         setup, params = build_setup(Path(tmp), args.prompts)
         print(f"models: teacher {params['teacher'] / 1e6:.2f}M, student "
               f"{params['student'] / 1e6:.2f}M parameters, vocabulary {setup.matched}")  # fmt: skip
-        for _ in range(args.rounds):
+        for rnd in range(args.rounds):
             for mode in args.modes:
-                trl, metrics, cfg = run_pair(setup, mode, args)
+                trl, metrics, cfg = run_pair(setup, mode, rnd, args)
                 check_same_run(setup, trl, cfg)
                 trl_runs[mode].append(trl)
                 ours[mode].append(metrics)
