@@ -6,7 +6,10 @@ the given student against the given teacher, with `--lmbda` the share of on-poli
 cross-tokenizer with extended ULD + hybrid loss ("bayesian" merge); with `--same-tokenizer`
 GOLD's plain GKD path (`use_uld_loss=False`: the generalized JSD of Agarwal et al. over the
 full shared vocabulary, `--beta` 1 = reverse KL), which is also what TRL's GKDTrainer computes,
-with the rollouts buffered per optimizer window. Every optimizer step is timed with a
+with the rollouts buffered per optimizer window (without vLLM, `generate` once per
+micro-batch). `--trainer distillation`: TRL's stable DistillationTrainer instead (on-policy,
+one tokenizer; one `generate` per window; the teacher's head runs in its chunked loss, so
+"teacher" times the teacher's backbone). Every optimizer step is timed with a
 TrainerCallback: from `on_step_begin` to `on_step_end` (the step's generation, teacher forward,
 loss, backward and AdamW step) and from one `on_step_end` to the next (adds the dataloader's
 collation), and the time spent in on-policy generation and in teacher forwards within each
@@ -86,8 +89,11 @@ def record_lengths(trainer, lengths: list[float]):
     compute_loss = trainer.compute_loss
 
     def recorded(model, inputs, *args, **kwargs):
-        labels = inputs["labels"]  # completion tokens up to the first EOS; the rest is -100
-        lengths.append(float((labels != -100).sum(dim=1).float().mean()))
+        if "labels" in inputs:  # GOLD: completion tokens up to the first EOS; the rest is -100
+            trained = (inputs["labels"] != -100).sum(dim=1)
+        else:  # DistillationTrainer: the completion mask
+            trained = inputs["completion_mask"].sum(dim=1)
+        lengths.append(float(trained.float().mean()))
         return compute_loss(model, inputs, *args, **kwargs)
 
     return recorded
@@ -145,6 +151,73 @@ def gold_config(args: argparse.Namespace, out_dir: str):
     )
 
 
+def distillation_config(args: argparse.Namespace, out_dir: str):
+    """TRL's stable DistillationTrainer (on-policy only, one tokenizer): the same settings."""
+    from trl import DistillationConfig
+
+    if not args.same_tokenizer or args.lmbda != 1.0:
+        raise SystemExit("--trainer distillation: on-policy (--lmbda 1) and --same-tokenizer only")
+    return DistillationConfig(
+        output_dir=out_dir,
+        per_device_train_batch_size=args.batch,
+        gradient_accumulation_steps=args.ga,
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        max_completion_length=args.new_tokens,
+        beta=args.beta,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=args.device == "cpu",
+        bf16=False,
+        gradient_checkpointing=False,
+        dataloader_drop_last=True,
+        seed=0,
+    )
+
+
+def build_trainer(args: argparse.Namespace, out_dir: str, rows: list[dict], clock: StepClock):
+    """The trainer of `--trainer`, its generation and teacher forwards timed by `clock`."""
+    from datasets import Dataset
+
+    common = {
+        "model": AutoModelForCausalLM.from_pretrained(args.student),
+        "teacher_model": AutoModelForCausalLM.from_pretrained(args.teacher),
+        "processing_class": AutoTokenizer.from_pretrained(args.student_tokenizer),
+        "callbacks": [clock],
+    }
+    if args.trainer == "distillation":
+        from trl import DistillationTrainer
+
+        prompts = [{"prompt": r["messages"][:-1]} for r in rows]
+        trainer = DistillationTrainer(
+            args=distillation_config(args, out_dir),
+            train_dataset=Dataset.from_list(prompts),
+            **common,
+        )
+        trainer._generate = clock.wrap("generate", trainer._generate)  # once per window
+        # the teacher's backbone (its head runs inside TRL's chunked loss, timed as train)
+        backbone = trainer.accelerator.unwrap_model(trainer.teacher_model).base_model
+        backbone.forward = clock.wrap("teacher", backbone.forward)
+        return trainer
+    from trl.experimental.gold import GOLDTrainer
+
+    trainer = GOLDTrainer(
+        args=gold_config(args, out_dir), train_dataset=Dataset.from_list(rows), **common
+    )
+    trainer.generate_on_policy_outputs = clock.wrap("generate", trainer.generate_on_policy_outputs)
+    teacher = trainer.teacher_model
+    teacher.forward = clock.wrap("teacher", teacher.forward)
+    return trainer
+
+
 def settings(trainer) -> dict:
     """What TRL will run with, for the caller to compare with distil's config."""
     a, g = trainer.args, trainer.generation_config
@@ -155,7 +228,7 @@ def settings(trainer) -> dict:
         "schedule": str(getattr(a.lr_scheduler_type, "value", a.lr_scheduler_type)),
         "weight_decay": a.weight_decay,
         "max_grad_norm": a.max_grad_norm,
-        "lambda": trainer.lmbda,
+        "lambda": getattr(trainer, "lmbda", 1.0),  # DistillationTrainer: on-policy only
         "beta": trainer.beta,
         "loss_temperature": trainer.temperature,
         "max_new_tokens": g.max_new_tokens,
@@ -163,7 +236,7 @@ def settings(trainer) -> dict:
         "top_p": g.top_p,
         "top_k": g.top_k,
         "eos_token_id": g.eos_token_id,
-        "use_uld_loss": trainer.use_uld_loss,
+        "use_uld_loss": getattr(trainer, "use_uld_loss", False),
         "device": str(trainer.accelerator.device),
     }
 
@@ -184,6 +257,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--student-tokenizer", required=True, help="a directory with no config.json")
     p.add_argument("--teacher-tokenizer", required=True, help="a directory with no config.json")
     p.add_argument("--data", required=True)
+    p.add_argument("--trainer", choices=("gold", "distillation"), default="gold")
     p.add_argument("--same-tokenizer", action="store_true", help="GKD path (no ULD)")
     p.add_argument("--lmbda", type=float, default=1.0, help="share of on-policy micro-batches")
     p.add_argument("--beta", type=float, default=0.5, help="JSD mix: 0 forward, 1 reverse KL")
@@ -204,36 +278,22 @@ def main() -> None:
 
     import transformers
     import trl
-    from datasets import Dataset
-    from trl.experimental.gold import GOLDTrainer
 
     clock, lengths = StepClock(args.device), []
     rows = messages(args.data)
     teacher_tok = AutoTokenizer.from_pretrained(args.teacher_tokenizer)
     with tempfile.TemporaryDirectory() as out_dir:
-        trainer = GOLDTrainer(
-            model=AutoModelForCausalLM.from_pretrained(args.student),
-            teacher_model=AutoModelForCausalLM.from_pretrained(args.teacher),
-            args=gold_config(args, out_dir),
-            train_dataset=Dataset.from_list(rows),
-            processing_class=AutoTokenizer.from_pretrained(args.student_tokenizer),
-            callbacks=[clock],
-        )
+        trainer = build_trainer(args, out_dir, rows, clock)
         if args.same_tokenizer and trainer.processing_class.get_vocab() != teacher_tok.get_vocab():
             raise SystemExit("--same-tokenizer: the student and teacher vocabularies differ")
         trainer.compute_loss = record_lengths(trainer, lengths)
-        trainer.generate_on_policy_outputs = clock.wrap(
-            "generate", trainer.generate_on_policy_outputs
-        )
-        teacher = trainer.teacher_model
-        teacher.forward = clock.wrap("teacher", teacher.forward)
         trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     probe = {  # the ids TRL's tokenizers give, for the caller to compare with distil's
         "student": trainer.processing_class(PROBE, add_special_tokens=False)["input_ids"],
         "teacher": teacher_tok(PROBE, add_special_tokens=False)["input_ids"],
     }
-    matched = getattr(trainer.uld_loss_fn, "_teacher_matched_ids", None)
+    matched = getattr(getattr(trainer, "uld_loss_fn", None), "_teacher_matched_ids", None)
     result = {
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__},
         "threads": torch.get_num_threads(),

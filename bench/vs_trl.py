@@ -9,17 +9,20 @@ completions), 64 sequences per optimizer step as 16 x 4 (micro-batch x gradient 
 with beta 1, which TRL computes as KL(student || teacher); distil: `reverse_kl`), loss
 temperature 1, AdamW lr 1e-4 constant, clip 1.0, fp32, one thread each.
 
-TRL side: GOLDTrainer 1.16 with `use_uld_loss=False`, its same-tokenizer (GKD) path, which
-buffers one window of rollouts per optimizer step like distil but, without vLLM, calls
-`generate` once per micro-batch (bench/trl_gold_step.py, run in bench/.venv-trl, created on
-first use by bench/align.py's `ensure_trl_venv`). distil side: `distil.train.loop.train`.
-`--rounds` rounds of [TRL on, distil on, TRL off, distil off] in one run; the first `--warmup`
-steps of every run are dropped and the rest pooled per side (median). Before timing, the
+TRL side (bench/trl_gold_step.py, run in bench/.venv-trl, created on first use by
+bench/align.py's `ensure_trl_venv`): GOLDTrainer 1.16 with `use_uld_loss=False`, its
+same-tokenizer path (the generalized JSD of TRL's GKDTrainer, with GKD's lambda mix of on- and
+off-policy micro-batches), which buffers one window of rollouts per optimizer step like distil
+but, without vLLM, calls `generate` once per micro-batch; and, on-policy, TRL 1.16's stable
+`DistillationTrainer` (on-policy only, one `generate` per window). distil side:
+`distil.train.loop.train`. `--rounds` rounds of [GOLD on, DistillationTrainer on, distil on,
+GOLD off, distil off] in one run; the first `--warmup` steps of every run are dropped and the
+rest pooled per side (median). Before timing, the
 settings TRL reports (batch, GA, lr, schedule, lambda, beta, sampling, EOS) are checked against
 distil's resolved config, and TRL's tokenizer against distil's on a probe text and on the
 first prompt.
 
-    OMP_NUM_THREADS=1 python bench/vs_trl.py                  # CPU, about 6 min (+ the venv, once)
+    OMP_NUM_THREADS=1 python bench/vs_trl.py                  # CPU, ~8 min on a quiet 2-core VM
     python bench/vs_trl.py --device cuda --threads 4          # on a GPU
     OMP_NUM_THREADS=1 python bench/vs_trl.py --modes on --rounds 1 --steps 6 --warmup 2  # quick
 """
@@ -41,11 +44,17 @@ sys.path.insert(0, str(HERE))  # bench/ is not a package: align.py and step_brea
 MODES = {"on": 1.0, "off": 0.0}  # mode -> lambda (share of on-policy micro-batches)
 PHASES = ("step", "generate", "teacher", "train")
 LOSS = "reverse_kl"  # distil's loss; TRL: generalized JSD at beta = 1
+# TRL trainer -> (name in the tables, the modes it runs): DistillationTrainer is on-policy only
+TRAINERS = {
+    "gold": ("TRL GOLDTrainer (GKD path)", ("on", "off")),
+    "distillation": ("TRL DistillationTrainer", ("on",)),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", default="on,off", help="comma-separated: on (lambda 1), off (0)")
+    p.add_argument("--trl", default="gold,distillation", help="TRL trainers: gold, distillation")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--steps", type=int, default=12, help="optimizer steps per run")
     p.add_argument("--warmup", type=int, default=3, help="first steps of a run not timed (>= 1)")
@@ -62,6 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [m for m in args.modes if m not in MODES]
     if bad or not args.modes:
         p.error(f"--modes {','.join(bad) or '(empty)'}: each must be one of {', '.join(MODES)}")
+    args.trl = [t.strip() for t in args.trl.split(",") if t.strip()]
+    bad = [t for t in args.trl if t not in TRAINERS]
+    if bad or "gold" not in args.trl:
+        p.error(f"--trl {','.join(args.trl)}: gold and optionally distillation")
     if not 1 <= args.warmup < args.steps:
         p.error(f"--warmup {args.warmup} must be at least 1 and below --steps {args.steps}")
     return args
@@ -110,9 +123,10 @@ def build_setup(root: Path, n_prompts: int):
 # ---------------------------------------------------------------------- the two sides
 
 
-def trl_flags(lmbda: float, args: argparse.Namespace) -> list[str]:
+def trl_flags(lmbda: float, args: argparse.Namespace, trainer: str = "gold") -> list[str]:
     """bench/trl_gold_step.py's flags beyond align.run_trl's for this comparison."""
     return [
+        "--trainer", trainer,
         "--same-tokenizer",
         "--lmbda", str(lmbda),
         "--beta", "1.0",
@@ -129,15 +143,21 @@ def distil_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return {"generation": generation, "loss": {"temperature": 1.0}, "data": {"shuffle": True}}
 
 
-def run_pair(setup, mode: str, rnd: int, args: argparse.Namespace) -> tuple[dict, list[dict], dict]:
-    """One TRL run then one distil run of `mode` (round `rnd`): TRL's result, distil's metrics
-    and its resolved config."""
+def run_mode(
+    setup, mode: str, rnd: int, args: argparse.Namespace
+) -> tuple[dict[str, dict], list[dict], dict]:
+    """The TRL runs of `mode` (one per trainer of `--trl` that runs it), then one distil run
+    (round `rnd`): TRL's results, distil's metrics and its resolved config."""
     import yaml
 
     from align import run_distil, run_trl
 
     lmbda = MODES[mode]
-    trl = run_trl(setup, args, trl_flags(lmbda, args))
+    trl = {
+        t: run_trl(setup, args, trl_flags(lmbda, args, t))
+        for t in args.trl
+        if mode in TRAINERS[t][1]
+    }
     ours = run_distil(
         setup, LOSS, args, beta=1.0, lmbda=lmbda, lr=args.lr, tag=f"-{mode}-{rnd}",
         overrides=distil_overrides(args),
@@ -241,10 +261,11 @@ def fmt_ratio(r: float | None) -> str:
     return "-" if r is None else f"{r:.2f}"
 
 
-def print_mode(mode: str, trl: dict, ours: dict, args: argparse.Namespace) -> dict:
-    """One table; returns the ratios."""
-    t, o = side_phases(trl, "trl"), side_phases(ours, "distil")
-    r = ratios(o, t)
+def print_mode(mode: str, trl: dict[str, dict], ours: dict, args: argparse.Namespace) -> dict:
+    """One table; returns the ratios distil / TRL per TRL trainer."""
+    o = side_phases(ours, "distil")
+    t = {name: side_phases(s, "trl") for name, s in trl.items()}
+    r = {name: ratios(o, ph) for name, ph in t.items()}
     print(
         f"\n## same tokenizer, {mode}-policy (lambda {MODES[mode]:g}): {args.batch} x GA "
         f"{args.ga}, <= {args.new_tokens} new tokens, reverse KL, {args.rounds} round(s) of "
@@ -253,29 +274,41 @@ def print_mode(mode: str, trl: dict, ours: dict, args: argparse.Namespace) -> di
     )
     print("| side | s/step | generate | teacher | train | tokens | loss first -> last |")
     print("|---" * 7 + "|")
-    for name, s, ph in (("TRL GOLDTrainer (GKD path)", trl, t), ("distil", ours, o)):
+    sides = [(TRAINERS[n][0], trl[n], t[n]) for n in trl] + [("distil", ours, o)]
+    for name, s, ph in sides:
         cells = " | ".join(f"{ph[k]:.4f}" for k in PHASES)
         loss = f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"
         print(f"| {name} | {cells} | {s['tokens']:.1f} | {loss} |")
-    print("| distil / TRL | " + " | ".join(fmt_ratio(r[k]) for k in PHASES) + " | | |")
-    ga = args.ga
+    for n in trl:
+        label = f"distil / {TRAINERS[n][0].removeprefix('TRL ').split(' ')[0]}"
+        print(f"| {label} | " + " | ".join(fmt_ratio(r[n][k]) for k in PHASES) + " | | |")
+    ga, gold = args.ga, trl["gold"]
     print(
-        f"\nTRL's logged loss x GA {ga}: {ga * trl['loss_first']:.4f} -> {ga * trl['loss_last']:.4f}"
+        f"\nGOLDTrainer's logged loss x GA {ga}: {ga * gold['loss_first']:.4f} -> "
+        f"{ga * gold['loss_last']:.4f}"
     )
     return r
 
 
-def result_line(all_ratios: dict[str, dict], args: argparse.Namespace) -> str:
-    """The headline: distil / TRL seconds per step per mode, with the phases in brackets."""
+def result_line(all_ratios: dict[str, dict[str, dict]], args: argparse.Namespace) -> str:
+    """The headline: distil / GOLDTrainer seconds per step per mode, with the phases in
+    brackets; then distil / DistillationTrainer (on-policy) where it ran."""
     parts = []
-    for mode, r in all_ratios.items():
+    for mode, by_trainer in all_ratios.items():
+        r = by_trainer["gold"]
         phases = ", ".join(f"{k} {fmt_ratio(r[k])}" for k in PHASES[1:] if r[k] is not None)
         parts.append(f"{mode}-policy {fmt_ratio(r['step'])} ({phases})")
+    extra = [
+        f"{mode}-policy {fmt_ratio(by_trainer['distillation']['step'])}"
+        for mode, by_trainer in all_ratios.items()
+        if "distillation" in by_trainer
+    ]
     where = f"{args.device}, {args.threads} thread(s)"
+    tail = f"; vs DistillationTrainer {', '.join(extra)}" if extra else ""
     return (
-        "RESULT vs_trl: distil/TRL s/step " + ", ".join(parts) + f" (same tokenizer, "
-        f"{args.batch * args.ga} seqs as {args.batch} x {args.ga}, <= {args.new_tokens} new "
-        f"tokens, reverse KL, {where})"
+        "RESULT vs_trl: distil/TRL GOLDTrainer s/step " + ", ".join(parts) + tail + " (same "
+        f"tokenizer, {args.batch * args.ga} seqs as {args.batch} x {args.ga}, <= "
+        f"{args.new_tokens} new tokens, reverse KL, {where})"
     )
 
 
@@ -286,14 +319,16 @@ data path is in its step); TRL train: that less the step's generation and teache
 (collation, student forward, loss, backward, AdamW, metrics). tokens: mean completion tokens
 trained on per row (TRL's off-policy rows end with the template's "<|im_end|>\\n", distil's with
 "<|im_end|>"). Settings, tokenizer (probe text) and the first prompt's ids were checked equal on
-both sides. Differs: TRL generates once per micro-batch ({ga} calls of {batch}), distil once per
-window ({window} rows); the two sample different completions (different RNG streams), so losses
-do not compare exactly.
-Loss scale: TRL's logged loss (and gradient) is the per-token loss / GA, and on-policy also x
-(dataset completion tokens / sampled tokens): GOLD's RepeatSampler hands the Trainer GA copies
-of each window, so `num_items_in_batch` counts GA x the window's tokens, taken from the
-dataset's labels, not the rollouts'. Off-policy, TRL's loss x GA is the per-token reverse KL
-distil logs. AdamW is nearly blind to the scale; clipping at 1.0 is not."""
+both sides. Differs: GOLDTrainer generates once per micro-batch ({ga} calls of {batch}),
+DistillationTrainer and distil once per window ({window} rows); DistillationTrainer's teacher
+column is its backbone (its head runs in the chunked loss, in train); the sides sample different
+completions (different RNG streams), so on-policy losses do not compare exactly.
+Loss scale: GOLDTrainer's logged loss (and gradient) is the per-token loss / GA, and
+on-policy also x (dataset completion tokens / sampled tokens): GOLD's RepeatSampler hands the
+Trainer GA copies of each window, so `num_items_in_batch` counts GA x the window's tokens, taken
+from the dataset's labels, not the rollouts'. Off-policy, its loss x GA is the per-token reverse
+KL distil logs; DistillationTrainer counts the rollouts' tokens and logs distil's scale. AdamW is
+nearly blind to the scale; clipping at 1.0 is not."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -309,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     quiet_transformers()
     torch.set_num_threads(args.threads)
     print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
-    trl_runs: dict[str, list[dict]] = {m: [] for m in args.modes}
+    trl_runs: dict[str, dict[str, list[dict]]] = {m: {} for m in args.modes}
     ours: dict[str, list[list[dict]]] = {m: [] for m in args.modes}
     with tempfile.TemporaryDirectory() as tmp:
         setup, params = build_setup(Path(tmp), args.prompts)
@@ -317,18 +352,19 @@ def main(argv: list[str] | None = None) -> None:
               f"{params['student'] / 1e6:.2f}M parameters, vocabulary {setup.matched}")  # fmt: skip
         for rnd in range(args.rounds):
             for mode in args.modes:
-                trl, metrics, cfg = run_pair(setup, mode, rnd, args)
-                check_same_run(setup, trl, cfg)
-                trl_runs[mode].append(trl)
+                trl, metrics, cfg = run_mode(setup, mode, rnd, args)
+                for name, result in trl.items():
+                    check_same_run(setup, result, cfg)
+                    trl_runs[mode].setdefault(name, []).append(result)
                 ours[mode].append(metrics)
     from align import summarize_trl
 
-    versions = trl_runs[args.modes[0]][0]["versions"]
+    versions = trl_runs[args.modes[0]]["gold"][0]["versions"]
     print(f"TRL {versions['trl']}, transformers {versions['transformers']} (TRL's venv)")
     all_ratios = {
         mode: print_mode(
             mode,
-            summarize_trl(trl_runs[mode], args.warmup),
+            {name: summarize_trl(runs, args.warmup) for name, runs in trl_runs[mode].items()},
             distil_summary(ours[mode], args.warmup),
             args,
         )

@@ -135,10 +135,18 @@ def test_ratios_and_the_result_line():
         {"step": 1.0, "generate": 0.0, "teacher": 0.5, "train": 0.5},
     )
     assert off["generate"] is None and off["step"] == pytest.approx(0.9)
-    line = vs_trl.result_line({"on": on, "off": off}, args)
-    assert line.startswith("RESULT vs_trl: distil/TRL s/step on-policy 0.75 (generate 0.50, ")
-    assert "off-policy 0.90 (teacher 0.80, train 1.00)" in line
+    distillation = {"step": 0.8, "generate": 0.9, "teacher": 0.7, "train": 0.8}
+    line = vs_trl.result_line(
+        {"on": {"gold": on, "distillation": distillation}, "off": {"gold": off}}, args
+    )
+    assert line.startswith(
+        "RESULT vs_trl: distil/TRL GOLDTrainer s/step on-policy 0.75 (generate 0.50, "
+    )
+    assert (
+        "off-policy 0.90 (teacher 0.80, train 1.00); vs DistillationTrainer on-policy 0.80" in line
+    )
     assert "64 seqs as 16 x 4, <= 32 new tokens, reverse KL, cpu, 1 thread(s)" in line
+    assert "DistillationTrainer" not in vs_trl.result_line({"on": {"gold": on}}, args)
 
 
 def test_result_line_parsing():
@@ -150,6 +158,30 @@ def test_result_line_parsing():
 def test_trl_flags_select_the_same_tokenizer_path():
     args = vs_trl.parse_args(["--device", "cuda", "--lr", "3e-4"])
     flags = vs_trl.trl_flags(0.0, args)
-    assert flags[0] == "--same-tokenizer"
-    pairs = dict(zip(flags[1::2], flags[2::2], strict=True))
-    assert pairs == {"--lmbda": "0.0", "--beta": "1.0", "--lr": "0.0003", "--device": "cuda"}
+    assert "--same-tokenizer" in flags
+    flags.remove("--same-tokenizer")
+    pairs = dict(zip(flags[::2], flags[1::2], strict=True))
+    assert pairs == {
+        "--trainer": "gold", "--lmbda": "0.0", "--beta": "1.0", "--lr": "0.0003", "--device": "cuda",
+    }  # fmt: skip
+    assert "distillation" in vs_trl.trl_flags(1.0, args, "distillation")
+
+
+def test_trl_trainers_argument():
+    assert vs_trl.parse_args([]).trl == ["gold", "distillation"]
+    assert vs_trl.parse_args(["--trl", "gold"]).trl == ["gold"]
+    for bad in ("distillation", "gold,gkd"):  # GOLD is the reference of every ratio
+        with pytest.raises(SystemExit):
+            vs_trl.parse_args(["--trl", bad])
+
+
+def test_settings_of_a_trainer_without_lambda_read_as_on_policy(tmp_path):
+    args = vs_trl.parse_args([])
+    stand_in = trl_stand_in(args, 1.0)
+    del stand_in.lmbda, stand_in.use_uld_loss  # DistillationTrainer has neither
+    theirs = trl_gold_step.settings(stand_in)
+    assert theirs["lambda"] == 1.0 and theirs["use_uld_loss"] is False
+    ours = vs_trl.distil_settings(distil_resolved(tmp_path, args, "on"), EOS)
+    assert vs_trl.mismatches(ours, theirs) == []
+    off = vs_trl.distil_settings(distil_resolved(tmp_path, args, "off"), EOS)
+    assert vs_trl.mismatches(off, theirs) == ["lambda: distil 0.0, TRL 1.0"]
