@@ -33,13 +33,14 @@ import tempfile
 import time
 import warnings
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-warnings.filterwarnings("ignore")
+if __name__ == "__main__":  # the script: offline and quiet (not when a test imports it)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    warnings.filterwarnings("ignore")
 
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 PROBE = " In 1999 there were 4521 cats, e\u0303 <answer>(12+7)*3</answer>"
 
