@@ -2,7 +2,7 @@
 
 Both sides train the same ~1M-parameter student against the same ~5M-parameter teacher (the
 demo's sizes: Llama h128 L6 and h256 L6, built with distil's scratch builders on one byte-level
-BPE tokenizer of 512 ids with a ChatML template, saved with `save_pretrained`), on the same
+BPE tokenizer of <= 512 ids with a ChatML template, saved with `save_pretrained`), on the same
 Countdown chat prompts (the demo's `countdown_plain` template; off-policy: their reference
 completions), 64 sequences per optimizer step as 16 x 4 (micro-batch x gradient accumulation),
 <= 32 new tokens sampled at temperature 1 (no top-p / top-k), reverse KL (TRL: generalized JSD
@@ -17,12 +17,12 @@ but, without vLLM, calls `generate` once per micro-batch; and, on-policy, TRL 1.
 `DistillationTrainer` (on-policy only, one `generate` per window). distil side:
 `distil.train.loop.train`. `--rounds` rounds of [GOLD on, DistillationTrainer on, distil on,
 GOLD off, distil off] in one run; the first `--warmup` steps of every run are dropped and the
-rest pooled per side (median). Before timing, the
-settings TRL reports (batch, GA, lr, schedule, lambda, beta, sampling, EOS) are checked against
-distil's resolved config, and TRL's tokenizer against distil's on a probe text and on the
-first prompt.
+rest pooled per side (median). After every TRL run, the settings it reports (batch, GA, lr,
+schedule, lambda, beta, sampling, EOS) are checked against distil's resolved config, and TRL's
+tokenizer against distil's on a probe text and on the first prompt; the script stops if any
+differ.
 
-    OMP_NUM_THREADS=1 python bench/vs_trl.py                  # CPU, ~8 min on a quiet 2-core VM
+    OMP_NUM_THREADS=1 python bench/vs_trl.py   # CPU: ~5 min on a quiet 2-core VM (+ the venv, once)
     python bench/vs_trl.py --device cuda --threads 4          # on a GPU
     OMP_NUM_THREADS=1 python bench/vs_trl.py --modes on --rounds 1 --steps 6 --warmup 2  # quick
 """
