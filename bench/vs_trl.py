@@ -33,13 +33,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # bench/ is not a package: align.py and step_breakdown.py
+# align.py and step_breakdown.py are imported from bench/, the script's directory (sys.path[0])
 
 MODES = {"on": 1.0, "off": 0.0}  # mode -> lambda (share of on-policy micro-batches)
 PHASES = ("step", "generate", "teacher", "train")

@@ -4,6 +4,7 @@ summary and the RESULT line. The benchmark itself (TRL in its own venv) is not r
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,11 +13,21 @@ import pytest
 import yaml
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
 
-import align  # noqa: E402
-import trl_gold_step  # noqa: E402  (imports torch and transformers only, not trl)
-import vs_trl  # noqa: E402
+
+def _load(name: str):
+    """bench/<name>.py by path, as module `bench_<name>` (tests/unit/align is a package named
+    `align` too, so a plain `import align` may find the tests instead)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+align = _load("align")
+trl_gold_step = _load("trl_gold_step")  # imports torch and transformers only, not trl
+vs_trl = _load("vs_trl")
 
 EOS = 2
 
