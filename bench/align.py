@@ -46,10 +46,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -387,34 +388,45 @@ def warm_start(model, tok, steps: int, batch: int = 16, length: int = 64) -> Non
     model.eval()
 
 
-def run_distil(setup: GoldSetup, loss: str, args: argparse.Namespace) -> list[dict]:
-    """distil's loop for `args.steps` on-policy steps; the per-step metrics it logged."""
+def distil_sections(
+    setup: GoldSetup, loss: str, args: argparse.Namespace, **opts: Any
+) -> dict[str, dict[str, Any]]:
+    """The config sections of `run_distil`. `opts`: `beta` (0.5), `lmbda` (1.0, on-policy),
+    `lr` (1e-4), `tag` (the run directory's suffix) and `overrides` (sections merged over
+    these)."""
+    sections: dict[str, dict[str, Any]] = {
+        "data": {"train": str(setup.data)},
+        "student": {"path": str(setup.student)},
+        "teacher": {"path": str(setup.teacher)},
+        "generation": {"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_p": 1.0},
+        "loss": {"name": loss, "beta": opts.get("beta", 0.5)},
+        "train": {
+            "output_dir": str(setup.root / f"distil-{loss}{opts.get('tag', '')}"),
+            "max_steps": args.steps,
+            "lr": opts.get("lr", 1e-4),
+            "schedule": "constant",
+            "per_device_batch_size": args.batch,
+            "grad_accum_steps": args.ga,
+            "lambda": opts.get("lmbda", 1.0),
+            "num_threads": args.threads,
+            "resume": "never",
+        },
+        "logging": {"progress": False, "print_example": False},
+    }
+    for section, values in opts.get("overrides", {}).items():
+        sections.setdefault(section, {}).update(values)
+    return sections
+
+
+def run_distil(setup: GoldSetup, loss: str, args: argparse.Namespace, **opts: Any) -> list[dict]:
+    """distil's loop for `args.steps` steps (config: `distil_sections`); the per-step metrics
+    it logged."""
     from distil.config import build_config
     from distil.train.loop import train
 
-    out = setup.root / f"distil-{loss}"
-    cfg = build_config(
-        {
-            "data": {"train": str(setup.data)},
-            "student": {"path": str(setup.student)},
-            "teacher": {"path": str(setup.teacher)},
-            "generation": {"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_p": 1.0},
-            "loss": {"name": loss, "beta": 0.5},
-            "train": {
-                "output_dir": str(out),
-                "max_steps": args.steps,
-                "lr": 1e-4,
-                "schedule": "constant",
-                "per_device_batch_size": args.batch,
-                "grad_accum_steps": args.ga,
-                "lambda": 1.0,
-                "num_threads": args.threads,
-                "resume": "never",
-            },
-            "logging": {"progress": False, "print_example": False},
-        }
-    )
-    train(cfg)
+    sections = distil_sections(setup, loss, args, **opts)
+    train(build_config(sections))
+    out = Path(sections["train"]["output_dir"])
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -435,20 +447,27 @@ def ensure_trl_venv() -> Path:
     return python
 
 
-def run_trl(setup: GoldSetup, args: argparse.Namespace) -> dict:
-    """bench/trl_gold_step.py in the TRL virtualenv; its RESULT line as a dict."""
+def run_trl(setup: GoldSetup, args: argparse.Namespace, extra: Sequence[str] = ()) -> dict:
+    """bench/trl_gold_step.py in the TRL virtualenv (`extra`: more of its flags); its RESULT
+    line as a dict."""
     python = ensure_trl_venv()
     cmd = [str(python), str(HERE / "trl_gold_step.py"), "--data", str(setup.data)]
     for side, path in (("student", setup.student), ("teacher", setup.teacher)):
         cmd += [f"--{side}", str(path), f"--{side}-tokenizer", str(setup.tokenizer_dir(path))]
     cmd += ["--steps", str(args.steps), "--batch", str(args.batch), "--ga", str(args.ga)]
-    cmd += ["--new-tokens", str(args.new_tokens), "--threads", str(args.threads)]
+    cmd += ["--new-tokens", str(args.new_tokens), "--threads", str(args.threads), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TRL_EXPERIMENTAL_SILENCE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
+    result = result_line(proc.stdout)
+    if proc.returncode != 0 or result is None:
         raise RuntimeError(f"TRL run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    return result
+
+
+def result_line(stdout: str) -> dict | None:
+    """The JSON of the last line of `stdout` that starts with "RESULT " (None if none)."""
+    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+    return json.loads(lines[-1][len("RESULT ") :]) if lines else None
 
 
 TIMED_PHASES = ("step", "generate", "teacher", "train")
@@ -476,7 +495,8 @@ def summarize_distil(runs: list[list[dict]], warmup: int) -> dict[str, float]:
 def summarize_trl(runs: list[dict], warmup: int) -> dict[str, float]:
     """Median step (begin -> end), step-to-step interval and phases after warm-up, runs pooled;
     rest = the step less generation and teacher forwards (loss with alignment, backward, AdamW,
-    the teacher's tokenization)."""
+    the teacher's tokenization); rest_interval = the interval less the same (adds the
+    dataloader's collation). `warmup` >= 1."""
     kept = [
         (step, gen, teacher)
         for r in runs
@@ -484,6 +504,17 @@ def summarize_trl(runs: list[dict], warmup: int) -> dict[str, float]:
     ]
     # interval k spans the end of step k to the end of step k + 1 (0-based)
     interval = statistics.median(t for r in runs for t in r["interval_s"][warmup - 1 :])
+    # the same span less step k + 1's generation and teacher forwards
+    rest_interval = statistics.median(
+        t - gen - teacher
+        for r in runs
+        for t, gen, teacher in zip(
+            r["interval_s"][warmup - 1 :],
+            r["generate_s"][warmup:],
+            r["teacher_s"][warmup:],
+            strict=True,
+        )
+    )
     loss = runs[0]["loss"]
     return {
         "interval": interval,
@@ -491,6 +522,7 @@ def summarize_trl(runs: list[dict], warmup: int) -> dict[str, float]:
         "generate": statistics.median(k[1] for k in kept),
         "teacher": statistics.median(k[2] for k in kept),
         "rest": statistics.median(k[0] - k[1] - k[2] for k in kept),
+        "rest_interval": rest_interval,
         "loss_first": loss[0],
         "loss_last": loss[-1],
         "tokens": statistics.mean(r["completion_tokens"] for r in runs),
