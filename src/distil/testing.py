@@ -179,3 +179,19 @@ def build_model_dir(
     path = save_tokenizer(tokenizer, path)
     model.save_pretrained(path)
     return path
+
+
+def run_process_group(cmd: list[str], timeout: float = 600):
+    """Run a multi-process launch (torchrun / accelerate launch) as tests do: one thread per
+    process, output captured, in its own process group so that a kill takes every rank down."""
+    import os
+    import subprocess
+
+    return subprocess.run(
+        cmd,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
+    )

@@ -8,9 +8,7 @@ run's losses and weights.
 """
 
 import json
-import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from distil.testing import run_process_group
 from distil.train import loop
 from distil.train.buffer import GenerationBuffer
 
@@ -61,14 +60,7 @@ def torchrun(tmp_path, cfg_path, out, kill_at_step=0):
     cmd += ["--master_port", str(free_port()), str(script), src, str(cfg_path), str(out)]
     cmd += [str(kill_at_step)] if kill_at_step else []
     out.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(
-        cmd,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        start_new_session=True,
-    )
+    return run_process_group(cmd)
 
 
 def free_port() -> int:

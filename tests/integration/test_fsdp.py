@@ -7,8 +7,6 @@ FSDP run; a sharded teacher scores like a replicated one.
 """
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from distil.testing import run_process_group
 from distil.train import loop
 
 pytestmark = pytest.mark.slow
@@ -49,14 +48,7 @@ def launch(tmp_path, config: str, cfg_path, *overrides, kill_at_micro=0, port=No
     if port is not None:
         cmd += ["--main_process_port", str(port)]
     cmd += [str(script), src, str(kill_at_micro), str(cfg_path), *overrides]
-    return subprocess.run(
-        cmd,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        start_new_session=True,  # its own process group, which the kill takes down
-    )
+    return run_process_group(cmd)
 
 
 def write_config(tmp_path, raw, name, **train):

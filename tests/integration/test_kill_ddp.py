@@ -3,8 +3,6 @@ middle resumes on both ranks from the same verified checkpoint, and finishes exa
 uninterrupted two-rank run."""
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from distil.testing import run_process_group
 from distil.train import loop
 
 pytestmark = pytest.mark.slow
@@ -45,14 +44,7 @@ def torchrun(tmp_path, cfg_path, kill_at_micro=0, port=29531):
     src = str(Path(loop.__file__).parents[2])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     cmd += ["--master_port", str(port), str(script), src, str(kill_at_micro), str(cfg_path)]
-    return subprocess.run(
-        cmd,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        start_new_session=True,  # its own process group, which the kill takes down
-    )
+    return run_process_group(cmd)
 
 
 def test_two_ranks_killed_mid_run_resume_exactly(tmp_path, make_train_config):
