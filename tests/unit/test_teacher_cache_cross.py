@@ -1,0 +1,120 @@
+"""Cross-tokenizer teacher caches: the teacher's own template and tokens are cached with its
+top-k; training from the cache equals training with the live top-k teacher; a cache made for
+another tokenizer pair or template is a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from distil.config import build_config
+from distil.teacher import cache as fmt
+from distil.teacher.base import sparse_topk
+from distil.teacher.cache import CacheError
+from distil.teacher.cached import dense_from_topk
+from distil.teacher.live import LiveTeacher
+from distil.teacher.writer import cache_teacher
+from distil.testing import build_model_dir
+from distil.train import loop, setup
+from distil.types import TeacherTargets
+
+K = 8
+
+
+@pytest.fixture(scope="module")
+def xtok_teacher(tmp_path_factory, unigram_tokenizer):
+    """A tiny teacher of another family (Qwen2 with the unigram tokenizer), peaked outputs."""
+    from transformers import AutoModelForCausalLM
+
+    path = build_model_dir(
+        tmp_path_factory.mktemp("xteacher"),
+        arch="qwen2",
+        tokenizer=unigram_tokenizer,
+        hidden_size=64,
+        seed=5,
+        tie_word_embeddings=False,
+    )
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    model.save_pretrained(path)
+    return path
+
+
+def config(raw, **sections):
+    raw = json.loads(json.dumps(raw))
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    return build_config(raw)
+
+
+@pytest.fixture
+def raw(make_train_config, xtok_teacher):
+    return make_train_config(
+        teacher={"path": str(xtok_teacher)},
+        loss={"name": "aligned_kl", "beta": 0.5},
+        train={"lambda": 0.0, "max_steps": 3, "per_device_batch_size": 4, "grad_accum_steps": 2},
+        generation={"num_generations": 1},
+    )
+
+
+class TopKLive(LiveTeacher):
+    """The reference: the live cross teacher's full log-probs cut to top-K + rest, then spread
+    back over the vocabulary exactly as the cached scorer does."""
+
+    def score(self, batch):
+        full = super().score(batch).logprobs_B_T_V.float()
+        ids, vals, rest = sparse_topk(full, K)
+        return TeacherTargets(logprobs_B_T_V=dense_from_topk(ids, vals, rest, full.shape[-1]))
+
+
+def losses(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines]
+
+
+@pytest.mark.parametrize("loss", ["aligned_kl", "gold"])
+def test_training_from_a_cross_cache_equals_the_live_top_k_teacher(
+    tmp_path, raw, monkeypatch, loss
+):
+    out = tmp_path / "cache"
+    manifest = cache_teacher(
+        config(raw, teacher={"top_k": K}, loss={"name": loss}), out, values="fp32", shard_rows=24
+    )
+    assert manifest["cross_tokenizer"] and (out / fmt.TEACHER_TOKENIZER).is_dir()
+    shard = fmt.read_shard(out, manifest["shards"][0], K, "fp32", None)
+    assert shard.teacher_ids_N is not None and len(shard.teacher_ids_N) == shard.offsets[-1]
+    # the cache needs no teacher.path: the teacher's tokenizer is read from the cache
+    loop.train(
+        config(
+            raw,
+            teacher={"path": None, "cache": str(out)},
+            loss={"name": loss},
+            train={"output_dir": str(tmp_path / "cached")},
+        )
+    )
+    monkeypatch.setitem(setup.SCORERS, "live", f"{__name__}:TopKLive")
+    loop.train(config(raw, loss={"name": loss}, train={"output_dir": str(tmp_path / "live")}))
+    live, cached = losses(tmp_path / "live"), losses(tmp_path / "cached")
+    assert len(live) == len(cached) == 3 and all(x > 0 for x in live)
+    # the same tolerance as the same-tokenizer fp32 test, padding widths change only rounding
+    assert cached == pytest.approx(live, rel=1e-5, abs=1e-6)
+
+
+def test_a_cross_cache_for_another_template_or_loss_is_refused(tmp_path, raw):
+    from distil.models.load import load_tokenizer
+
+    out = tmp_path / "cache"
+    cache_teacher(config(raw, teacher={"top_k": K}), out, values="q8", shard_rows=32)
+    cached = {"cache": str(out)}
+    with pytest.raises(CacheError, match="teacher_template_sha256"):
+        chat = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}"
+        tok_dir = tmp_path / "other_template"
+        tok = load_tokenizer(raw["teacher"]["path"])
+        tok.chat_template = chat
+        tok.save_pretrained(tok_dir)
+        loop.train(config(raw, teacher={**cached, "tokenizer": str(tok_dir)}))
+    with pytest.raises(CacheError, match="cross_tokenizer"):  # a same-tokenizer loss
+        loop.train(config(raw, teacher=cached, loss={"name": "forward_kl"}))
