@@ -111,7 +111,40 @@ def training_part(args) -> dict:
         f"{live_losses[0]:.4f} live, {cached_losses[0]:.4f} cached; last "
         f"{live_losses[-1]:.4f}, {cached_losses[-1]:.4f})"
     )
-    return {"live_s": live_s, "cached_s": cached_s, "build_s": build_s, "loss_gap": gap}
+    return {
+        "live_s": live_s,
+        "cached_s": cached_s,
+        "build_s": build_s,
+        "loss_gap": gap,
+        **writer_part(args, root, live_raw),
+    }
+
+
+def writer_part(args, root: Path, live_raw: dict) -> dict:
+    """Throughput of `cache-teacher`, padded vs packed teacher forwards (`train.packing`),
+    alternated, the faster of each kept; model loading included in both."""
+    import shutil
+
+    from distil.config import build_config
+    from distil.teacher.writer import cache_teacher
+
+    best: dict[bool, float] = {}
+    tokens = 0
+    for _ in range(args.repeats):
+        for packed in (False, True):
+            raw = json.loads(json.dumps(live_raw))
+            raw["train"]["packing"] = packed
+            out = root / f"writer-{packed}"
+            shutil.rmtree(out, ignore_errors=True)
+            start = time.perf_counter()
+            tokens = cache_teacher(build_config(raw), out, values="q8")["tokens"]
+            seconds = time.perf_counter() - start
+            best[packed] = min(best.get(packed, seconds), seconds)
+    print(f"  cache-teacher, {tokens} tokens, best of {args.repeats}, alternated:")
+    for packed, name in ((False, "padded"), (True, "packed")):
+        print(f"    {name:<7} {best[packed]:6.2f} s  {tokens / best[packed]:9,.0f} tokens/s")
+    print(f"    packed vs padded {best[False] / best[True]:.2f}x")
+    return {"writer_packed_speedup": best[False] / best[True]}
 
 
 def synthetic(n: int, v: int, kind: str, seed: int = 0) -> torch.Tensor:
@@ -191,7 +224,8 @@ def main() -> None:
     tr = training_part(args)
     print(
         f"RESULT cached_vs_live_speedup={tr['live_s'] / tr['cached_s']:.2f}x "
-        f"{_format_result(fmt_out)} loss_gap={tr['loss_gap']:.1e}"
+        f"{_format_result(fmt_out)} loss_gap={tr['loss_gap']:.1e} "
+        f"writer_packed_vs_padded={tr['writer_packed_speedup']:.2f}x"
     )
 
 

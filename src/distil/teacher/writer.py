@@ -3,8 +3,11 @@ teacher once and store its top-k targets on disk (format: `cache.py`, docs/teach
 
 Rows are tokenized and collated exactly as the trainer's off-policy slices are (the student's
 tokenizer, `data.*` limits, the same `collate`), scored by `LiveTeacher` (log-softmax at
-`loss.temperature` over the full vocabulary, then top-k), and written shard by shard; a killed
-run continues after the last complete shard.
+`loss.temperature` over the full vocabulary, then top-k; padding-free forwards with
+`train.packing`), and written shard by shard; a killed run continues after the last complete
+shard. A teacher with another tokenizer scores its own rows (its chat template, its tokens of the
+completion's bytes, as `data/crosstok.py` makes them for the live teacher); the cache then also
+holds those tokens and their byte ends, and the teacher's tokenizer.
 """
 
 from __future__ import annotations
@@ -149,7 +152,14 @@ def cache_teacher(
     manifest = _start_or_resume(out, header)
     if cross is not None:
         fmt.save_teacher_tokenizer(out, t_tok)
-    scorer = LiveTeacher(model, temperature=cfg.loss.temperature, top_k=t.top_k, vocab_size=keep)
+    scorer = LiveTeacher(
+        model,
+        temperature=cfg.loss.temperature,
+        top_k=t.top_k,
+        vocab_size=keep,
+        packing=cfg.train.packing,  # padding-free forwards (data/packing.py), same values
+        pack_length=cfg.train.pack_length,
+    )
     batch_size = batch_size or cfg.train.per_device_batch_size
     start = manifest["shards"][-1]["rows"][1] if manifest["shards"] else 0
     rows = _Rows(examples, prompts, completions, tok, cross)
