@@ -111,6 +111,8 @@ def training_part(args) -> dict:
         f"{live_losses[0]:.4f} live, {cached_losses[0]:.4f} cached; last "
         f"{live_losses[-1]:.4f}, {cached_losses[-1]:.4f})"
     )
+    if args.profile:
+        profile_part(cached_raw)
     return {
         "live_s": live_s,
         "cached_s": cached_s,
@@ -118,6 +120,40 @@ def training_part(args) -> dict:
         "loss_gap": gap,
         **writer_part(args, root, live_raw),
     }
+
+
+def profile_part(raw: dict) -> dict[str, float]:
+    """Where the cached run's time goes: one more run under cProfile, seconds per phase (each a
+    function's cumulative time; the loss = micro_step - student forward)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    seconds = timed_train(raw)[0]
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (calls, ncalls, tottime, cumtime, _)}
+
+    def cum(name: str, file_part: str) -> float:
+        def named(fn: str) -> bool:  # torch's C methods are "<method 'name' of ...>"
+            return fn == name or fn.startswith(f"<method '{name}'")
+
+        return sum(v[3] for k, v in stats.items() if file_part in k[0] and named(k[2]))
+
+    forward = cum("student_forward", "train/step.py")
+    phases = {
+        "student forward": forward,
+        "loss": cum("micro_step", "train/step.py") - forward,
+        "backward": cum("run_backward", ""),
+        "optimizer + clip": cum("_update", "train/loop.py"),
+        "cache reads + targets": cum("score", "teacher/cached.py"),
+        "setup (models, data, cache checks)": cum("build", "train/setup.py"),
+    }
+    phases["other"] = seconds - sum(phases.values())
+    print(f"  the cached run under cProfile ({seconds:.1f} s):")
+    for name, s in phases.items():
+        print(f"    {name:<36} {s:6.2f} s  {100 * s / seconds:5.1f}%")
+    return phases
 
 
 def writer_part(args, root: Path, live_raw: dict) -> dict:
@@ -214,6 +250,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="runs of each side, alternated")
     p.add_argument("--skip-training", action="store_true")
+    p.add_argument("--profile", action="store_true", help="phase breakdown of the cached run")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     np.random.seed(0)
