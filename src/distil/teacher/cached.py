@@ -2,12 +2,14 @@
 
 It returns the same `TeacherTargets` (top-k ids and log-probs, rest bucket, realised-token
 log-prob) as `LiveTeacher` with `teacher.top_k`, so every same-tokenizer loss works unchanged.
+A cross-tokenizer cache holds the teacher's own completion tokens: for a cross-tokenizer batch it
+returns targets in the teacher's positions, the top-k spread to full rows (`dense_from_topk`).
 It scores only the dataset's reference completions (off-policy slices): a completion the student
 or the teacher writes during training is new text that no cache holds.
 
 `CachedTeacher.open` checks everything before the first step: the manifest is complete, it was
-made for this config (tokenizers, k, temperature, vocabulary, data rows as tokenized), and every
-shard matches its size and sha256.
+made for this config (tokenizers, the teacher's chat template, k, temperature, vocabulary, data
+rows as tokenized), and every shard matches its size and sha256.
 """
 
 from __future__ import annotations
