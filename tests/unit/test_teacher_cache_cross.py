@@ -103,7 +103,9 @@ def test_training_from_a_cross_cache_equals_the_live_top_k_teacher(
     assert cached == pytest.approx(live, rel=1e-5, abs=1e-6)
 
 
-def test_a_cross_cache_for_another_template_or_loss_is_refused(tmp_path, raw):
+def test_a_cross_cache_for_another_template_student_or_loss_is_refused(
+    tmp_path, raw, char_tokenizer
+):
     from distil.models.load import load_tokenizer
 
     out = tmp_path / "cache"
@@ -118,3 +120,39 @@ def test_a_cross_cache_for_another_template_or_loss_is_refused(tmp_path, raw):
         loop.train(config(raw, teacher={**cached, "tokenizer": str(tok_dir)}))
     with pytest.raises(CacheError, match="cross_tokenizer"):  # a same-tokenizer loss
         loop.train(config(raw, teacher=cached, loss={"name": "forward_kl"}))
+    with pytest.raises(CacheError, match="template: cache 'countdown_plain'"):
+        chat_data = {"template": "countdown_chat", "overlong": "truncate"}
+        loop.train(config(raw, teacher=cached, data=chat_data))
+    student = build_model_dir(tmp_path / "char_student", tokenizer=char_tokenizer)
+    with pytest.raises(CacheError, match="student_tokenizer_sha256"):
+        other = {"path": str(student)}
+        loop.train(config(raw, teacher=cached, student=other, data={"overlong": "truncate"}))
+
+
+def test_a_row_whose_teacher_tokens_differ_from_the_cache_is_named(tmp_path, raw):
+    from distil.data.crosstok import CrossTokenizer
+    from distil.models.load import load_tokenizer
+    from distil.teacher.cached import CachedTeacher
+    from distil.teacher.writer import prepare_rows
+    from distil.types import Sample
+
+    out = tmp_path / "cache"
+    cfg = config(raw, teacher={"top_k": K})
+    manifest = cache_teacher(cfg, out, values="fp32", shard_rows=32)
+    tok = load_tokenizer(raw["student"]["path"])
+    cross = CrossTokenizer(tok, load_tokenizer(raw["teacher"]["path"]))
+    examples, prompts, completions = prepare_rows(cfg, tok)
+    rows = [0, 33]
+    samples = [
+        Sample(i, prompts[i], completions[i], "off_policy", examples[i].prompt) for i in rows
+    ]
+    batch = cross.collate(samples, tok.pad_token_id)
+    cached = CachedTeacher(out, manifest)
+    targets = cached.score(batch)
+    T_t = batch.teacher_input_ids_B_L.shape[1] - 1
+    assert targets.logprobs_B_T_V.shape == (2, T_t, manifest["vocab_size"])
+    assert torch.allclose(targets.logprobs_B_T_V.logsumexp(-1), torch.zeros(2, T_t), atol=1e-4)
+    last = int(batch.teacher_attention_mask_B_L[1].sum()) - 2  # a completion token of row 33
+    batch.teacher_input_ids_B_L[1, last] += 1
+    with pytest.raises(CacheError, match="data row 33: the teacher's tokens"):
+        cached.score(batch)
