@@ -156,3 +156,17 @@ def test_a_row_whose_teacher_tokens_differ_from_the_cache_is_named(tmp_path, raw
     batch.teacher_input_ids_B_L[1, last] += 1
     with pytest.raises(CacheError, match="data row 33: the teacher's tokens"):
         cached.score(batch)
+
+
+def test_sampled_chunk_kl_from_a_cross_cache_equals_the_full_live_teacher(tmp_path, raw):
+    # this loss reads only the teacher's log-probs of its realised tokens, which the cache
+    # stores exactly (fp32 codec): the run equals the live teacher's with its full distribution
+    loss = {"name": "sampled_chunk_reverse_kl"}
+    out = tmp_path / "cache"
+    cache_teacher(config(raw, teacher={"top_k": K}, loss=loss), out, values="fp32")
+    cached = {"path": None, "cache": str(out)}
+    loop.train(config(raw, teacher=cached, loss=loss, train={"output_dir": str(tmp_path / "c")}))
+    loop.train(config(raw, loss=loss, train={"output_dir": str(tmp_path / "live")}))
+    live, from_cache = losses(tmp_path / "live"), losses(tmp_path / "c")
+    assert len(live) == 3 and any(x != 0 for x in live)
+    assert from_cache == pytest.approx(live, rel=1e-5, abs=1e-6)
