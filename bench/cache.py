@@ -111,7 +111,76 @@ def training_part(args) -> dict:
         f"{live_losses[0]:.4f} live, {cached_losses[0]:.4f} cached; last "
         f"{live_losses[-1]:.4f}, {cached_losses[-1]:.4f})"
     )
-    return {"live_s": live_s, "cached_s": cached_s, "build_s": build_s, "loss_gap": gap}
+    if args.profile:
+        profile_part(cached_raw)
+    return {
+        "live_s": live_s,
+        "cached_s": cached_s,
+        "build_s": build_s,
+        "loss_gap": gap,
+        **writer_part(args, root, live_raw),
+    }
+
+
+def profile_part(raw: dict) -> dict[str, float]:
+    """Where the cached run's time goes: one more run under cProfile, seconds per phase (each a
+    function's cumulative time; the loss = micro_step - student forward)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    seconds = timed_train(raw)[0]
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (calls, ncalls, tottime, cumtime, _)}
+
+    def cum(name: str, file_part: str) -> float:
+        def named(fn: str) -> bool:  # torch's C methods are "<method 'name' of ...>"
+            return fn == name or fn.startswith(f"<method '{name}'")
+
+        return sum(v[3] for k, v in stats.items() if file_part in k[0] and named(k[2]))
+
+    forward = cum("student_forward", "train/step.py")
+    phases = {
+        "student forward": forward,
+        "loss": cum("micro_step", "train/step.py") - forward,
+        "backward": cum("run_backward", ""),
+        "optimizer + clip": cum("_update", "train/loop.py"),
+        "cache reads + targets": cum("score", "teacher/cached.py"),
+        "setup (models, data, cache checks)": cum("build", "train/setup.py"),
+    }
+    phases["other"] = seconds - sum(phases.values())
+    print(f"  the cached run under cProfile ({seconds:.1f} s):")
+    for name, s in phases.items():
+        print(f"    {name:<36} {s:6.2f} s  {100 * s / seconds:5.1f}%")
+    return phases
+
+
+def writer_part(args, root: Path, live_raw: dict) -> dict:
+    """Throughput of `cache-teacher`, padded vs packed teacher forwards (`train.packing`),
+    alternated, the faster of each kept; model loading included in both."""
+    import shutil
+
+    from distil.config import build_config
+    from distil.teacher.writer import cache_teacher
+
+    best: dict[bool, float] = {}
+    tokens = 0
+    for _ in range(args.repeats):
+        for packed in (False, True):
+            raw = json.loads(json.dumps(live_raw))
+            raw["train"]["packing"] = packed
+            out = root / f"writer-{packed}"
+            shutil.rmtree(out, ignore_errors=True)
+            start = time.perf_counter()
+            tokens = cache_teacher(build_config(raw), out, values="q8")["tokens"]
+            seconds = time.perf_counter() - start
+            best[packed] = min(best.get(packed, seconds), seconds)
+    print(f"  cache-teacher, {tokens} tokens, best of {args.repeats}, alternated:")
+    for packed, name in ((False, "padded"), (True, "packed")):
+        print(f"    {name:<7} {best[packed]:6.2f} s  {tokens / best[packed]:9,.0f} tokens/s")
+    print(f"    packed vs padded {best[False] / best[True]:.2f}x")
+    return {"writer_packed_speedup": best[False] / best[True]}
 
 
 def synthetic(n: int, v: int, kind: str, seed: int = 0) -> torch.Tensor:
@@ -181,6 +250,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="runs of each side, alternated")
     p.add_argument("--skip-training", action="store_true")
+    p.add_argument("--profile", action="store_true", help="phase breakdown of the cached run")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     np.random.seed(0)
@@ -191,7 +261,8 @@ def main() -> None:
     tr = training_part(args)
     print(
         f"RESULT cached_vs_live_speedup={tr['live_s'] / tr['cached_s']:.2f}x "
-        f"{_format_result(fmt_out)} loss_gap={tr['loss_gap']:.1e}"
+        f"{_format_result(fmt_out)} loss_gap={tr['loss_gap']:.1e} "
+        f"writer_packed_vs_padded={tr['writer_packed_speedup']:.2f}x"
     )
 
 

@@ -384,3 +384,28 @@ def test_cached_targets_give_the_live_teachers_gradients(raw, cache_dir, pair_di
     assert losses["cached"] == pytest.approx(losses["live"], rel=1e-6)
     assert torch.allclose(grads["cached"], grads["live"], rtol=1e-5, atol=1e-8)
     assert grads["live"].abs().sum() > 0
+
+
+def test_a_packed_cache_stores_the_padded_caches_values(tmp_path, raw, cache_dir, monkeypatch):
+    from distil.data import packing
+
+    plans = []
+    real = packing.plan_packing
+    monkeypatch.setattr(packing, "plan_packing", lambda *a: plans.append(a) or real(*a))
+    packed = tmp_path / "packed"
+    cfg = build(raw, train={"packing": True})
+    cache_teacher(cfg, packed, values="fp32", shard_rows=24, batch_size=8)
+    assert len(plans) == 8  # 64 rows, 8 per batch: every teacher forward ran packed
+    want, got = fmt.read_manifest(cache_dir), fmt.read_manifest(packed)
+    assert got["tokens"] == want["tokens"]
+    for a, b in zip(want["shards"], got["shards"], strict=True):
+        x = fmt.read_shard(cache_dir, a, K, "fp32", None)
+        y = fmt.read_shard(packed, b, K, "fp32", None)
+        assert (x.rows == y.rows).all() and (x.offsets == y.offsets).all()
+        assert torch.equal(x.ids_N_K, y.ids_N_K)  # both sorted by id
+        for u, v in (
+            (x.logprobs_N_K, y.logprobs_N_K),
+            (x.rest_N, y.rest_N),
+            (x.token_N, y.token_N),
+        ):
+            assert torch.allclose(u, v, atol=1e-5)

@@ -176,14 +176,6 @@ def _teacher_cache_scores_data_only(cfg: DistilConfig):
             "which the teacher must score live. Fix: train.lambda=0 and train.seq_kd=false, or "
             "drop teacher.cache to use the live teacher"
         )
-    from distil.losses import is_cross_tokenizer
-
-    if is_cross_tokenizer(cfg.loss.name):
-        return ("teacher.cache", "loss.name"), (
-            f"teacher.cache with loss.name = {cfg.loss.name!r}: caches hold same-tokenizer "
-            "top-k targets only for now. Fix: a same-tokenizer loss (forward_kl, reverse_kl, "
-            "jsd, sampled_reverse_kl), or drop teacher.cache"
-        )
     return None
 
 

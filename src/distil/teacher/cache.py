@@ -54,7 +54,10 @@ HEADER_KEYS = (
     "vocab_size",
     "data_fingerprint",
     "template",
+    "cross_tokenizer",
+    "teacher_template_sha256",
 )
+TEACHER_TOKENIZER = "teacher-tokenizer"  # cross caches: the teacher's tokenizer, saved alongside
 
 
 class CacheError(DistilError):
@@ -71,6 +74,7 @@ class Shard:
     logprobs_N_K: torch.Tensor  # float32
     rest_N: torch.Tensor
     token_N: torch.Tensor
+    teacher_ids_N: torch.Tensor | None = None  # cross caches: the teacher's completion tokens
 
 
 # ----------------------------------------------------------------------------- codec
@@ -148,6 +152,19 @@ def tokenizer_sha256(tok) -> str:
         h.update(backend.to_str().encode())
     h.update(json.dumps(sorted(tok.get_vocab().items())).encode())
     return h.hexdigest()
+
+
+def template_sha256(tok) -> str:
+    """A hash of a tokenizer's chat template (the cross teacher renders prompts with it)."""
+    return hashlib.sha256(str(getattr(tok, "chat_template", None)).encode()).hexdigest()
+
+
+def save_teacher_tokenizer(out_dir: Path, tok) -> None:
+    """Cross caches keep the teacher's tokenizer, so training needs no teacher.path."""
+    if not (out_dir / TEACHER_TOKENIZER).is_dir():
+        tmp = out_dir / (TEACHER_TOKENIZER + ".tmp")
+        tok.save_pretrained(str(tmp))
+        os.replace(tmp, out_dir / TEACHER_TOKENIZER)
 
 
 def weights_sha256(path: str | Path) -> str | None:
@@ -286,7 +303,10 @@ def read_shard(cache_dir: Path, entry: dict, k: int, values: str, step: float | 
 
     arrays = load_file(str(cache_dir / entry["file"]))
     ids, lps, rest, token = decode_tokens(arrays, k, values, step or LOGPROB_STEP)
-    return Shard(arrays["rows"], arrays["offsets"], ids, lps, rest, token)
+    teacher_ids = arrays.get("teacher_ids")
+    if teacher_ids is not None:
+        teacher_ids = torch.from_numpy(teacher_ids.astype(np.int64))
+    return Shard(arrays["rows"], arrays["offsets"], ids, lps, rest, token, teacher_ids)
 
 
 def verify_shards(cache_dir: str | Path, manifest: dict[str, Any]) -> None:

@@ -2,17 +2,20 @@
 
 It returns the same `TeacherTargets` (top-k ids and log-probs, rest bucket, realised-token
 log-prob) as `LiveTeacher` with `teacher.top_k`, so every same-tokenizer loss works unchanged.
+A cross-tokenizer cache holds the teacher's own completion tokens: for a cross-tokenizer batch it
+returns targets in the teacher's positions, the top-k spread to full rows (`dense_from_topk`).
 It scores only the dataset's reference completions (off-policy slices): a completion the student
 or the teacher writes during training is new text that no cache holds.
 
 `CachedTeacher.open` checks everything before the first step: the manifest is complete, it was
-made for this config (tokenizers, k, temperature, vocabulary, data rows as tokenized), and every
-shard matches its size and sha256.
+made for this config (tokenizers, the teacher's chat template, k, temperature, vocabulary, data
+rows as tokenized), and every shard matches its size and sha256.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -65,21 +68,25 @@ class CachedTeacher:
         m = self.manifest
         return fmt.read_shard(self.dir, entry, self.top_k, m["values"], m.get("logprob_step"))
 
-    def row(self, example: int):
-        """(ids (C, K), log-probs (C, K), rest (C,), token (C,)) of data row `example`."""
+    def row(self, example: int, *, teacher_ids: bool = False):
+        """(ids (C, K), log-probs (C, K), rest (C,), token (C,)) of data row `example`, and the
+        teacher's own completion ids (C,) of a cross cache when `teacher_ids`."""
         index = bisect.bisect_right(self._starts, example) - 1
         shard = self._shard(index)
         r = example - int(shard.rows[0])
         lo, hi = int(shard.offsets[r]), int(shard.offsets[r + 1])
-        return (
+        out = (
             shard.ids_N_K[lo:hi],
             shard.logprobs_N_K[lo:hi],
             shard.rest_N[lo:hi],
             shard.token_N[lo:hi],
         )
+        return (*out, shard.teacher_ids_N[lo:hi]) if teacher_ids else out
 
     @torch.no_grad()
     def score(self, batch: Batch) -> TeacherTargets:
+        if batch.teacher_input_ids_B_L is not None:
+            return self._score_cross(batch)
         B, T = batch.mask_B_T.shape
         K = self.top_k
         ids = torch.arange(K).expand(B, T, K).clone()
@@ -87,12 +94,7 @@ class CachedTeacher:
         rest = torch.zeros(B, T)
         token = torch.zeros(B, T)
         for b, sample in enumerate(batch.samples):
-            if sample.source != "off_policy":
-                raise CacheError(
-                    f"teacher.cache holds the teacher's targets for the dataset's completions "
-                    f"only, but this micro-batch has a {sample.source} completion. Fix: "
-                    "train.lambda=0 and train.seq_kd=false with teacher.cache"
-                )
+            _check_source(sample)
             r_ids, r_lps, r_rest, r_tok = self.row(sample.example_id)
             c = len(sample.completion_ids)
             if len(r_ids) != c:
@@ -111,6 +113,59 @@ class CachedTeacher:
             token_logprobs_B_T=token,
         )
         return targets.to(batch.input_ids_B_L.device)
+
+    def _score_cross(self, batch: Batch) -> TeacherTargets:
+        """Targets in the teacher's positions of a cross-tokenizer micro-batch (its inputs are
+        the teacher's template + tokens, as the live teacher gets them): the cached top-k + rest
+        spread over a full distribution (`dense_from_topk`) and the realised tokens' log-probs.
+        The cached teacher ids of every row must be the batch's, else the tokenizer, template or
+        data changed since the cache was written."""
+        ids_B_L = batch.teacher_input_ids_B_L
+        B, T = ids_B_L.shape[0], ids_B_L.shape[1] - 1
+        K = self.top_k
+        ids = torch.arange(K).expand(B, T, K).clone()
+        lps = torch.full((B, T, K), PAD_LOGPROB)
+        rest = torch.zeros(B, T)
+        token = torch.zeros(B, T)
+        lengths = batch.teacher_attention_mask_B_L.sum(-1).tolist()
+        for b, sample in enumerate(batch.samples):
+            _check_source(sample)
+            r_ids, r_lps, r_rest, r_tok, r_teacher = self.row(sample.example_id, teacher_ids=True)
+            c = len(r_teacher)
+            p = int(lengths[b]) - c
+            if p < 1 or not torch.equal(ids_B_L[b, p : p + c].cpu(), r_teacher):
+                raise CacheError(
+                    f"data row {sample.example_id}: the teacher's tokens of its completion in "
+                    f"this run differ from those in the teacher cache {self.dir} ({c} cached, "
+                    f"{int(lengths[b])} teacher tokens in the row). The teacher's tokenizer, its "
+                    "chat template or the data changed since the cache was written. Fix: "
+                    "rebuild the cache with this config (`distil cache-teacher`)"
+                )
+            span = slice(p - 1, p - 1 + c)
+            ids[b, span], lps[b, span], rest[b, span], token[b, span] = r_ids, r_lps, r_rest, r_tok
+        full = dense_from_topk(ids, lps, rest, int(self.manifest["vocab_size"]))
+        targets = TeacherTargets(logprobs_B_T_V=full, token_logprobs_B_T=token)
+        return targets.to(batch.input_ids_B_L.device)
+
+
+def dense_from_topk(ids_B_T_K, logprobs_B_T_K, rest_B_T, vocab_size: int) -> torch.Tensor:
+    """Full log-probs (B, T, V) from top-k + rest, the rest mass spread evenly over the V - K
+    other ids: log p(v) = rest - log(V - K) off the top-k. Cross-tokenizer losses merge and
+    project every teacher token, so they need a full row; this is the least-informative one
+    that keeps the top-k exact and the rest's total mass."""
+    K = ids_B_T_K.shape[-1]
+    spread = rest_B_T.float() - math.log(max(vocab_size - K, 1))
+    full = spread[..., None].expand(*rest_B_T.shape, vocab_size).clone()
+    return full.scatter_(-1, ids_B_T_K.long(), logprobs_B_T_K.float())
+
+
+def _check_source(sample) -> None:
+    if sample.source != "off_policy":
+        raise CacheError(
+            f"teacher.cache holds the teacher's targets for the dataset's completions "
+            f"only, but this micro-batch has a {sample.source} completion. Fix: "
+            "train.lambda=0 and train.seq_kd=false with teacher.cache"
+        )
 
 
 def _data_difference(cache_dir: Path, manifest: dict, fps: list[str]) -> str:

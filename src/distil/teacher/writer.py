@@ -3,8 +3,11 @@ teacher once and store its top-k targets on disk (format: `cache.py`, docs/teach
 
 Rows are tokenized and collated exactly as the trainer's off-policy slices are (the student's
 tokenizer, `data.*` limits, the same `collate`), scored by `LiveTeacher` (log-softmax at
-`loss.temperature` over the full vocabulary, then top-k), and written shard by shard; a killed
-run continues after the last complete shard.
+`loss.temperature` over the full vocabulary, then top-k; padding-free forwards with
+`train.packing`), and written shard by shard; a killed run continues after the last complete
+shard. A teacher with another tokenizer scores its own rows (its chat template, its tokens of the
+completion's bytes, as `data/crosstok.py` makes them for the live teacher); the cache then also
+holds those tokens and their byte ends, and the teacher's tokenizer.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from distil.config import DistilConfig
@@ -103,12 +107,11 @@ def cache_teacher(
     s, t = cfg.student, cfg.teacher
     tok = load_tokenizer(s.tokenizer or s.path, key="student.tokenizer")
     t_tok = load_tokenizer(t.tokenizer or t.path, key="teacher.tokenizer")
-    if t_tok.get_vocab() != tok.get_vocab():
-        raise ConfigError(
-            "the teacher's tokenizer differs from the student's; cache-teacher supports "
-            "same-tokenizer pairs only for now (cross-tokenizer caches are not built yet). "
-            "Fix: use a teacher with the student's tokenizer, or train with the live teacher"
-        )
+    cross = None
+    if t_tok.get_vocab() != tok.get_vocab():  # the teacher's own template and tokens
+        from distil.data.crosstok import CrossTokenizer
+
+        cross = CrossTokenizer(tok, t_tok, max_prompt_tokens=cfg.data.max_prompt_tokens)
     examples, prompts, completions = prepare_rows(cfg, tok)
     row_fps = fmt.row_fingerprints(prompts, completions)
     device = t.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -123,6 +126,8 @@ def cache_teacher(
     t_rows = model.get_output_embeddings().weight.shape[0]
     s_rows = student_vocab_rows(cfg)
     keep = min(t_rows, s_rows) if s_rows and s_rows != t_rows else None
+    if cross is not None:  # logits past the teacher's tokenizer are padded embedding rows
+        keep = len(t_tok) if t_rows > len(t_tok) else None
     header = {
         "format": fmt.FORMAT,
         "teacher_path": str(t.path),
@@ -141,11 +146,23 @@ def cache_teacher(
         "rows": len(examples),
         "shard_rows": shard_rows,
     }
+    if cross is not None:  # keys only cross caches have: same-tokenizer manifests are unchanged
+        header["cross_tokenizer"] = True
+        header["teacher_template_sha256"] = fmt.template_sha256(t_tok)
     manifest = _start_or_resume(out, header)
-    scorer = LiveTeacher(model, temperature=cfg.loss.temperature, top_k=t.top_k, vocab_size=keep)
+    if cross is not None:
+        fmt.save_teacher_tokenizer(out, t_tok)
+    scorer = LiveTeacher(
+        model,
+        temperature=cfg.loss.temperature,
+        top_k=t.top_k,
+        vocab_size=keep,
+        packing=cfg.train.packing,  # padding-free forwards (data/packing.py), same values
+        pack_length=cfg.train.pack_length,
+    )
     batch_size = batch_size or cfg.train.per_device_batch_size
     start = manifest["shards"][-1]["rows"][1] if manifest["shards"] else 0
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    rows = _Rows(examples, prompts, completions, tok, cross)
     rate = _Rate()
     with progress_bar("cache-teacher", len(examples), enabled=cfg.logging.progress) as bar:
         bar.advance(start)
@@ -154,14 +171,15 @@ def cache_teacher(
             cols, offsets = [], [0]
             for b in range(lo, hi, batch_size):
                 idx = range(b, min(b + batch_size, hi))
-                cols.append(_score(scorer, [(i, prompts[i], completions[i]) for i in idx], pad))
+                cols.append(_score(scorer, [rows.scored(i) for i in idx], rows.pad))
                 for i in idx:
-                    offsets.append(offsets[-1] + len(completions[i]))
+                    offsets.append(offsets[-1] + len(rows.scored(i)[2]))
                 bar.advance(len(idx))
                 bar.update(info=f"shard {len(manifest['shards'])} | {rate(offsets):,.0f} tok/s")
             arrays = fmt.encode_tokens(
                 *[torch.cat(c) for c in zip(*cols, strict=True)], values=values
             )
+            arrays.update(rows.teacher_arrays(range(lo, hi)))
             entry = fmt.write_shard(out, len(manifest["shards"]), range(lo, hi), offsets, arrays)
             entry["data_sha256"] = fmt.combine(row_fps[lo:hi])
             manifest["shards"].append(entry)
@@ -174,6 +192,45 @@ def cache_teacher(
     manifest["complete"] = True
     fmt.write_manifest(out, manifest)
     return manifest
+
+
+class _Rows:
+    """The token rows the teacher scores: the student's (same tokenizer), or the teacher's own
+    template + tokenization of each row with the byte ends of its completion tokens (cross)."""
+
+    def __init__(self, examples, prompts, completions, tok, cross):
+        self.examples, self.prompts, self.completions = examples, prompts, completions
+        self.cross = cross
+        pad_tok = tok if cross is None else cross.teacher_tok
+        self.pad = pad_tok.pad_token_id if pad_tok.pad_token_id is not None else 0
+        self._teacher: dict[int, tuple[list[int], list[int], list[int]]] = {}
+
+    def scored(self, i: int) -> tuple[int, list[int], list[int]]:
+        if self.cross is None:
+            return i, self.prompts[i], self.completions[i]
+        return (i, *self._teacher_row(i)[:2])
+
+    def _teacher_row(self, i: int):
+        if i not in self._teacher:
+            sample = Sample(
+                i, self.prompts[i], self.completions[i], "off_policy", self.examples[i].prompt
+            )
+            t_prompt, t_ids, t_ends, _ = self.cross.teacher_inputs(sample)
+            self._teacher[i] = (t_prompt, t_ids, t_ends)  # until its shard is written
+        return self._teacher[i]
+
+    def teacher_arrays(self, idx: range) -> dict[str, np.ndarray]:
+        """Cross caches: the teacher's completion ids and byte ends of the rows, flat."""
+        if self.cross is None:
+            return {}
+        done = [self._teacher_row(i) for i in idx]
+        self._teacher.clear()
+        ids = [t for row in done for t in row[1]]
+        ends = [e for row in done for e in row[2]]
+        return {
+            "teacher_ids": np.asarray(ids, dtype=np.int32),
+            "teacher_ends": np.asarray(ends, dtype=np.int32),
+        }
 
 
 def _score(scorer, rows: list[tuple[int, list[int], list[int]]], pad: int):

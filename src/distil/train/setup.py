@@ -262,17 +262,42 @@ def _reference_ids(tok, text: str | None, max_tokens: int, eos: int) -> list[int
     return ids[:max_tokens] if len(ids) >= max_tokens else [*ids, eos]
 
 
-def open_cache(cfg: DistilConfig, tok, model, buffer: GenerationBuffer):
+def cached_cross_setup(cfg: DistilConfig, tok, model):
+    """(CrossTokenizer, student logits to keep) for a cross-tokenizer loss from a cache: the
+    teacher's tokenizer is `teacher.tokenizer` / `teacher.path` when set, else the one the
+    cache saved; its hash is checked against the manifest in `open_cache`."""
+    from pathlib import Path
+
+    from distil.data.crosstok import CrossTokenizer
+    from distil.models.load import load_tokenizer
+    from distil.teacher.cache import TEACHER_TOKENIZER
+
+    t = cfg.teacher
+    source = t.tokenizer or t.path or str(Path(cfg.teacher.cache) / TEACHER_TOKENIZER)
+    teacher_tok = load_tokenizer(source, key="teacher.tokenizer")
+    cross = CrossTokenizer(tok, teacher_tok, max_prompt_tokens=cfg.data.max_prompt_tokens)
+    vs = model.get_output_embeddings().weight.shape[0]
+    return cross, (len(tok) if vs > len(tok) else None)
+
+
+def open_cache(cfg: DistilConfig, tok, model, buffer: GenerationBuffer, cross=None):
     """(CachedTeacher, student logits to keep) for `teacher.cache`, verified against this run:
-    tokenizer, k, temperature, vocabulary and the data rows exactly as the buffer tokenized
-    them; every shard's checksum is checked before the first step."""
-    from distil.teacher.cache import CacheError, read_manifest, row_fingerprints, tokenizer_sha256
+    tokenizers (and the teacher's chat template for a cross cache), k, temperature, vocabulary
+    and the data rows exactly as the buffer tokenized them; every shard's checksum is checked
+    before the first step."""
+    from distil.teacher.cache import (
+        CacheError,
+        read_manifest,
+        row_fingerprints,
+        template_sha256,
+        tokenizer_sha256,
+    )
 
     manifest = read_manifest(cfg.teacher.cache)
     k = cfg.teacher.top_k if cfg.teacher.top_k is not None else manifest.get("k")
     rows = model.get_output_embeddings().weight.shape[0]
     cache_vocab = manifest.get("vocab_size")
-    if isinstance(cache_vocab, int) and rows < cache_vocab:
+    if cross is None and isinstance(cache_vocab, int) and rows < cache_vocab:
         raise CacheError(
             f"the student has {rows} output rows but the teacher cache {cfg.teacher.cache} "
             f"holds ids up to {cache_vocab}; they do not share a vocabulary. Fix: a cache made "
@@ -283,7 +308,11 @@ def open_cache(cfg: DistilConfig, tok, model, buffer: GenerationBuffer):
         "k": k,
         "temperature": cfg.loss.temperature,
         "template": cfg.data.template,
+        "cross_tokenizer": True if cross is not None else None,
     }
+    if cross is not None:
+        expect["teacher_tokenizer_sha256"] = tokenizer_sha256(cross.teacher_tok)
+        expect["teacher_template_sha256"] = template_sha256(cross.teacher_tok)
     teacher = scorer_class("cache").open(
         cfg.teacher.cache,
         expect=expect,
@@ -364,6 +393,9 @@ def build(cfg: DistilConfig) -> Components:
         teacher, teacher_tok, cross, vocab_size = scorer_class("remote").from_config(
             cfg, tok, model
         )
+    elif cached and is_cross_tokenizer(cfg.loss.name):
+        cross, vocab_size = cached_cross_setup(cfg, tok, model)
+        teacher = None  # opened below, once the buffer has tokenized the data
     elif is_cross_tokenizer(cfg.loss.name):
         cross, vocab_size, teacher_vocab = cross_tokenizer_setup(
             cfg, tok, teacher_tok, model, teacher_model
@@ -408,7 +440,8 @@ def build(cfg: DistilConfig) -> Components:
         align=cfg.loss.name != "sft",
     )
     if cached:
-        teacher, vocab_size = open_cache(cfg, tok, unwrapped, buffer)
+        teacher, keep = open_cache(cfg, tok, unwrapped, buffer, cross)
+        vocab_size = vocab_size if cross is not None else keep
     loss_opts = {
         "temperature": cfg.loss.temperature,
         "targets_temperature": cfg.loss.temperature,

@@ -1,0 +1,195 @@
+"""Cross-tokenizer teacher caches: the teacher's own template and tokens are cached with its
+top-k; training from the cache equals training with the live top-k teacher; a cache made for
+another tokenizer pair or template is a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from distil.config import build_config
+from distil.teacher import cache as fmt
+from distil.teacher.base import sparse_topk
+from distil.teacher.cache import CacheError
+from distil.teacher.cached import dense_from_topk
+from distil.teacher.live import LiveTeacher
+from distil.teacher.writer import cache_teacher
+from distil.testing import build_model_dir
+from distil.train import loop, setup
+from distil.types import TeacherTargets
+
+K = 8
+
+
+@pytest.fixture(scope="module")
+def xtok_teacher(tmp_path_factory, unigram_tokenizer):
+    """A tiny teacher of another family (Qwen2 with the unigram tokenizer), peaked outputs."""
+    from transformers import AutoModelForCausalLM
+
+    path = build_model_dir(
+        tmp_path_factory.mktemp("xteacher"),
+        arch="qwen2",
+        tokenizer=unigram_tokenizer,
+        hidden_size=64,
+        seed=5,
+        tie_word_embeddings=False,
+    )
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    model.save_pretrained(path)
+    return path
+
+
+def config(raw, **sections):
+    raw = json.loads(json.dumps(raw))
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    return build_config(raw)
+
+
+@pytest.fixture
+def raw(make_train_config, xtok_teacher):
+    return make_train_config(
+        teacher={"path": str(xtok_teacher)},
+        loss={"name": "aligned_kl", "beta": 0.5},
+        train={"lambda": 0.0, "max_steps": 3, "per_device_batch_size": 4, "grad_accum_steps": 2},
+        generation={"num_generations": 1},
+    )
+
+
+class TopKLive(LiveTeacher):
+    """The reference: the live cross teacher's full log-probs cut to top-K + rest, then spread
+    back over the vocabulary exactly as the cached scorer does."""
+
+    def score(self, batch):
+        full = super().score(batch).logprobs_B_T_V.float()
+        ids, vals, rest = sparse_topk(full, K)
+        return TeacherTargets(logprobs_B_T_V=dense_from_topk(ids, vals, rest, full.shape[-1]))
+
+
+def losses(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines]
+
+
+@pytest.mark.parametrize(
+    "loss, values, tol", [("aligned_kl", "fp32", 1e-5), ("gold", "fp32", 1e-5), ("uld", "q8", 2e-3)]
+)
+def test_training_from_a_cross_cache_equals_the_live_top_k_teacher(
+    tmp_path, raw, monkeypatch, loss, values, tol
+):
+    out = tmp_path / "cache"
+    manifest = cache_teacher(
+        config(raw, teacher={"top_k": K}, loss={"name": loss}), out, values=values, shard_rows=24
+    )
+    assert manifest["cross_tokenizer"] and (out / fmt.TEACHER_TOKENIZER).is_dir()
+    shard = fmt.read_shard(out, manifest["shards"][0], K, values, manifest["logprob_step"])
+    assert shard.teacher_ids_N is not None and len(shard.teacher_ids_N) == shard.offsets[-1]
+    # the cache needs no teacher.path: the teacher's tokenizer is read from the cache
+    loop.train(
+        config(
+            raw,
+            teacher={"path": None, "cache": str(out)},
+            loss={"name": loss},
+            train={"output_dir": str(tmp_path / "cached")},
+        )
+    )
+    monkeypatch.setitem(setup.SCORERS, "live", f"{__name__}:TopKLive")
+    loop.train(config(raw, loss={"name": loss}, train={"output_dir": str(tmp_path / "live")}))
+    live, cached = losses(tmp_path / "live"), losses(tmp_path / "cached")
+    assert len(live) == len(cached) == 3 and all(x > 0 for x in live)
+    # the same-tokenizer test's tolerances: fp32 is exact up to the rounding of other padding
+    # widths, q8 within its quantisation
+    assert cached == pytest.approx(live, rel=tol, abs=tol / 10)
+    if values == "q8":
+        assert cached != live  # the quantisation is visible, and within its tolerance
+
+
+def test_a_cross_cache_for_another_template_student_or_loss_is_refused(
+    tmp_path, raw, char_tokenizer
+):
+    from distil.models.load import load_tokenizer
+
+    out = tmp_path / "cache"
+    cache_teacher(config(raw, teacher={"top_k": K}), out, values="q8", shard_rows=32)
+    cached = {"cache": str(out)}
+    with pytest.raises(CacheError, match="teacher_template_sha256"):
+        chat = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}"
+        tok_dir = tmp_path / "other_template"
+        tok = load_tokenizer(raw["teacher"]["path"])
+        tok.chat_template = chat
+        tok.save_pretrained(tok_dir)
+        loop.train(config(raw, teacher={**cached, "tokenizer": str(tok_dir)}))
+    with pytest.raises(CacheError, match="cross_tokenizer"):  # a same-tokenizer loss
+        loop.train(config(raw, teacher=cached, loss={"name": "forward_kl"}))
+    with pytest.raises(CacheError, match="template: cache 'countdown_plain'"):
+        chat_data = {"template": "countdown_chat", "overlong": "truncate"}
+        loop.train(config(raw, teacher=cached, data=chat_data))
+    student = build_model_dir(tmp_path / "char_student", tokenizer=char_tokenizer)
+    with pytest.raises(CacheError, match="student_tokenizer_sha256"):
+        other = {"path": str(student)}
+        loop.train(config(raw, teacher=cached, student=other, data={"overlong": "truncate"}))
+
+
+def test_a_row_whose_teacher_tokens_differ_from_the_cache_is_named(tmp_path, raw):
+    from distil.data.crosstok import CrossTokenizer
+    from distil.models.load import load_tokenizer
+    from distil.teacher.cached import CachedTeacher
+    from distil.teacher.writer import prepare_rows
+    from distil.types import Sample
+
+    out = tmp_path / "cache"
+    cfg = config(raw, teacher={"top_k": K})
+    manifest = cache_teacher(cfg, out, values="fp32", shard_rows=32)
+    tok = load_tokenizer(raw["student"]["path"])
+    cross = CrossTokenizer(tok, load_tokenizer(raw["teacher"]["path"]))
+    examples, prompts, completions = prepare_rows(cfg, tok)
+    rows = [0, 33]
+    samples = [
+        Sample(i, prompts[i], completions[i], "off_policy", examples[i].prompt) for i in rows
+    ]
+    batch = cross.collate(samples, tok.pad_token_id)
+    cached = CachedTeacher(out, manifest)
+    targets = cached.score(batch)
+    T_t = batch.teacher_input_ids_B_L.shape[1] - 1
+    assert targets.logprobs_B_T_V.shape == (2, T_t, manifest["vocab_size"])
+    assert torch.allclose(targets.logprobs_B_T_V.logsumexp(-1), torch.zeros(2, T_t), atol=1e-4)
+    last = int(batch.teacher_attention_mask_B_L[1].sum()) - 2  # a completion token of row 33
+    batch.teacher_input_ids_B_L[1, last] += 1
+    with pytest.raises(CacheError, match="data row 33: the teacher's tokens"):
+        cached.score(batch)
+
+
+def test_sampled_chunk_kl_from_a_cross_cache_equals_the_full_live_teacher(tmp_path, raw):
+    # this loss reads only the teacher's log-probs of its realised tokens, which the cache
+    # stores exactly (fp32 codec): the run equals the live teacher's with its full distribution
+    loss = {"name": "sampled_chunk_reverse_kl"}
+    out = tmp_path / "cache"
+    cache_teacher(config(raw, teacher={"top_k": K}, loss=loss), out, values="fp32")
+    cached = {"path": None, "cache": str(out)}
+    loop.train(config(raw, teacher=cached, loss=loss, train={"output_dir": str(tmp_path / "c")}))
+    loop.train(config(raw, loss=loss, train={"output_dir": str(tmp_path / "live")}))
+    live, from_cache = losses(tmp_path / "live"), losses(tmp_path / "c")
+    assert len(live) == 3 and any(x != 0 for x in live)
+    assert from_cache == pytest.approx(live, rel=1e-5, abs=1e-6)
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_cross_cache_resumes_with_the_same_shards(tmp_path, raw):
+    cfg = config(raw, teacher={"top_k": K})
+    whole = cache_teacher(cfg, tmp_path / "whole", values="q8", shard_rows=24)
+
+    def kill(index):
+        if index == 0:
+            raise Killed
+
+    with pytest.raises(Killed):
+        cache_teacher(cfg, tmp_path / "cut", values="q8", shard_rows=24, after_shard=kill)
+    resumed = cache_teacher(cfg, tmp_path / "cut", values="q8", shard_rows=24)
+    assert [e["sha256"] for e in resumed["shards"]] == [e["sha256"] for e in whole["shards"]]
