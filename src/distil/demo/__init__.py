@@ -6,10 +6,11 @@
    the cross-tokenizer student (the same-tokenizer student uses the teacher's BPE).
 3. The teacher (~5M parameters) trained on reference solutions, cached by its settings.
 4. Two students (~1M parameters) with a short supervised start on the labelled set only.
-5. The runs of configs/demo.yaml, in order: on-policy distillation from prompts only (the char
-   student across tokenizers, the bpe student with the same tokenizer) and, for the char
-   student at the distillation's student compute (FLOPs), two controls: sequence-level KD and
-   continued supervised training on the labelled set.
+5. The runs of configs/demo.yaml, in order, from prompts only: the char student distilled
+   across tokenizers (half on-policy, half on teacher-written completions, aligned KL), then
+   its controls at the same student compute (FLOPs): sequence-level KD and continued
+   supervised training on the labelled set; the bpe student distilled on-policy with the
+   teacher's tokenizer (forward KL), then its continued-SFT control at equal compute.
 6. Every model evaluated with the Countdown checker: a table (accuracy, share of the
    teacher-student gap recovered, steps, student compute) as Markdown and JSON, and a plot.
 
