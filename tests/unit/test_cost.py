@@ -9,6 +9,7 @@ import torch
 from distil.config import build_config
 from distil.data.collate import collate
 from distil.models.load import load_model
+from distil.models.scratch import count_parameters
 from distil.train import loop
 from distil.train.buffer import Window
 from distil.train.cost import CostMeter, student_flops, teacher_flops
@@ -152,3 +153,16 @@ def test_costs_continue_across_a_resume(tmp_path, make_train_config, monkeypatch
     for key in ("cost/student_train_tokens", "cost/student_generated_tokens"):
         assert [x[key] for x in resumed] == [x[key] for x in full]
     assert torch.tensor([x["cost/student_flops"] for x in full]).diff().min() > 0
+
+
+def test_a_teacher_without_a_local_module_counts_no_teacher_flops(tiny_llama_model):
+    """A remote teacher's `model` is the served model's name, a cached one has none: neither is
+    counted as parameters (the remote-teacher run crashed here before)."""
+    from types import SimpleNamespace
+
+    buffer = SimpleNamespace(teacher=None)
+    for teacher in (SimpleNamespace(model="served-name"), SimpleNamespace()):
+        c = SimpleNamespace(teacher=teacher, buffer=buffer, unwrapped=tiny_llama_model)
+        meter = CostMeter.for_components(c)
+        assert meter.teacher_params == 0 and not meter.teacher_scores
+        assert meter.student_params == count_parameters(tiny_llama_model)

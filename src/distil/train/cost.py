@@ -61,8 +61,9 @@ class CostMeter:
     @classmethod
     def for_components(cls, c: Any, saved: dict[str, float] | None = None) -> CostMeter:
         """A meter for the loop's components, continuing the `saved` totals of a checkpoint."""
-        scorer = getattr(c.teacher, "model", None)  # a live teacher; cached/none: no model
-        writer = getattr(getattr(c.buffer.teacher, "generator", None), "model", None)
+        # a live teacher's module; a cached one has none, a remote one a served model's name
+        scorer = _module(getattr(c.teacher, "model", None))
+        writer = _module(getattr(getattr(c.buffer.teacher, "generator", None), "model", None))
         teacher = scorer if scorer is not None else writer
         n_teacher = 0 if teacher is None else count_parameters(teacher)
         meter = cls(count_parameters(c.unwrapped), n_teacher, teacher_scores=scorer is not None)
@@ -125,3 +126,7 @@ class CostMeter:
         out["cost/student_params"] = self.student_params
         out["cost/teacher_params"] = self.teacher_params
         return out
+
+
+def _module(obj: Any) -> torch.nn.Module | None:
+    return obj if isinstance(obj, torch.nn.Module) else None
