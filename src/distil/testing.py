@@ -195,3 +195,27 @@ def run_process_group(cmd: list[str], timeout: float = 600):
         timeout=timeout,
         start_new_session=True,
     )
+
+
+def build_peaked_teacher(
+    path: str | Path, tokenizer: PreTrainedTokenizerBase, hidden_size: int = 96, seed: int = 5
+) -> Path:
+    """A tiny Qwen2 teacher saved into `path` whose output head is scaled up (x30), so that its
+    distributions are peaked like a trained model's (a near-uniform random teacher gives the
+    sorted-probability losses, uld and gold, almost nothing to learn from)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = build_model_dir(
+        path,
+        arch="qwen2",
+        tokenizer=tokenizer,
+        hidden_size=hidden_size,
+        seed=seed,
+        tie_word_embeddings=False,
+    )
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    model.save_pretrained(path)
+    return path

@@ -5,12 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from distil.config import build_config
 from distil.data.crosstok import CrossTokenizer
 from distil.models.tokenizers import encode_prompts
-from distil.testing import build_model_dir
+from distil.testing import build_peaked_teacher
 from distil.train import loop
 from distil.types import Sample
 
@@ -25,20 +24,9 @@ def xtok_teacher(tmp_path_factory, unigram_tokenizer):
     a near-uniform random teacher gives sorted-probability losses (uld, gold) almost nothing to
     learn from.
     """
-    from transformers import AutoModelForCausalLM
-
-    path = build_model_dir(
-        tmp_path_factory.mktemp("xteacher"),
-        arch="qwen2",
-        tokenizer=unigram_tokenizer,
-        hidden_size=96,
-        seed=5,
-        tie_word_embeddings=False,
+    path = build_peaked_teacher(
+        tmp_path_factory.mktemp("xteacher"), unigram_tokenizer, hidden_size=96
     )
-    model = AutoModelForCausalLM.from_pretrained(path)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30.0)
-    model.save_pretrained(path)
     return path
 
 

@@ -13,7 +13,7 @@ from distil.config import build_config
 from distil.serve.process import teacher_server
 from distil.teacher.remote import connect, probe
 from distil.teacher.remote_client import RemoteTeacherError, RetryPolicy
-from distil.testing import build_model_dir
+from distil.testing import build_peaked_teacher
 from distil.train import loop
 
 KEY_ENV, KEY = "DISTIL_TEST_TEACHER_KEY", "s3cret-key"
@@ -66,21 +66,8 @@ def test_steps_with_teacher_url_equal_the_live_top_k_teacher(
 @pytest.fixture(scope="module")
 def xtok_server(tmp_path_factory, unigram_tokenizer):
     """A teacher of another family (Qwen2 + unigram tokenizer, peaked head) and its server."""
-    from transformers import AutoModelForCausalLM
-
     root = tmp_path_factory.mktemp("xteacher")
-    path = build_model_dir(
-        root / "model",
-        arch="qwen2",
-        tokenizer=unigram_tokenizer,
-        hidden_size=96,
-        seed=5,
-        tie_word_embeddings=False,
-    )
-    model = AutoModelForCausalLM.from_pretrained(path)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30.0)
-    model.save_pretrained(path)
+    path = build_peaked_teacher(root / "model", unigram_tokenizer, hidden_size=96)
     env = {"OMP_NUM_THREADS": "1"}
     with teacher_server(path, env=env, log_path=root / "server.log") as (url, _):
         yield url, path

@@ -16,7 +16,7 @@ from distil.teacher.cache import CacheError
 from distil.teacher.cached import dense_from_topk
 from distil.teacher.live import LiveTeacher
 from distil.teacher.writer import cache_teacher
-from distil.testing import build_model_dir
+from distil.testing import build_model_dir, build_peaked_teacher
 from distil.train import loop, setup
 from distil.types import TeacherTargets
 
@@ -26,20 +26,9 @@ K = 8
 @pytest.fixture(scope="module")
 def xtok_teacher(tmp_path_factory, unigram_tokenizer):
     """A tiny teacher of another family (Qwen2 with the unigram tokenizer), peaked outputs."""
-    from transformers import AutoModelForCausalLM
-
-    path = build_model_dir(
-        tmp_path_factory.mktemp("xteacher"),
-        arch="qwen2",
-        tokenizer=unigram_tokenizer,
-        hidden_size=64,
-        seed=5,
-        tie_word_embeddings=False,
+    path = build_peaked_teacher(
+        tmp_path_factory.mktemp("xteacher"), unigram_tokenizer, hidden_size=64
     )
-    model = AutoModelForCausalLM.from_pretrained(path)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30.0)
-    model.save_pretrained(path)
     return path
 
 
