@@ -181,6 +181,36 @@ def build_model_dir(
     return path
 
 
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of a run's metrics.jsonl, one dict per logged step."""
+    import json
+
+    text = (Path(run_dir) / "metrics.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def train_killed_after_checkpoint(monkeypatch, cfg, step: int) -> None:
+    """Train `cfg`, kill the run (KeyboardInterrupt) right after its step-`step` checkpoint is
+    written, then run the same config again so that it resumes from that checkpoint."""
+    import pytest
+
+    from distil.train import loop
+
+    real_save = loop.save_checkpoint
+
+    def save_then_die(acc, out, at, state, keep, **kw):
+        path = real_save(acc, out, at, state, keep, **kw)
+        if at == step:
+            raise KeyboardInterrupt  # killed right after the checkpoint
+        return path
+
+    monkeypatch.setattr(loop, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        loop.train(cfg)
+    monkeypatch.setattr(loop, "save_checkpoint", real_save)
+    loop.train(cfg)
+
+
 def run_process_group(cmd: list[str], timeout: float = 600):
     """Run a multi-process launch (torchrun / accelerate launch) as tests do: one thread per
     process, output captured, in its own process group so that a kill takes every rank down."""

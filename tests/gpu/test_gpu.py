@@ -3,8 +3,6 @@
 Skipped automatically without a CUDA device (tests/conftest.py).
 """
 
-import json
-
 import pytest
 import torch
 
@@ -19,10 +17,6 @@ from distil.train import loop
 from distil.types import Sample
 
 pytestmark = pytest.mark.gpu
-
-
-def read_metrics(run_dir):
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -1,7 +1,6 @@
 """SIGKILL at the worst moments (mid-step, mid-checkpoint, just before the rename, and at
 random times), then `distil train` again: the finished run equals an uninterrupted one."""
 
-import json
 import os
 import random
 import signal
@@ -16,6 +15,7 @@ import yaml
 
 from distil.config import build_config
 from distil.models.load import load_model
+from distil.testing import read_metrics
 from distil.train import loop
 
 pytestmark = pytest.mark.slow
@@ -61,10 +61,6 @@ def start(cfg_path, kill_at="none", delay=0.0):
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_sigkill_at_any_moment_then_resume_equals_the_uninterrupted_run(

@@ -1,7 +1,6 @@
 """generation.async: seeded sampling, the weight snapshot, the one-ahead window source, and
 whole runs (staleness, resume = uninterrupted, errors from the background thread)."""
 
-import json
 import threading
 
 import pytest
@@ -11,6 +10,7 @@ from distil.config import build_config
 from distil.generation.base import SamplingParams
 from distil.generation.hf import HFGenerator
 from distil.generation.seeded import GumbelMaxSampler, sampling_seed
+from distil.testing import read_metrics, train_killed_after_checkpoint
 from distil.train import loop
 from distil.train.async_gen import SAMPLER_FILE, AsyncWindows, weight_snapshot
 from distil.train.buffer import ON, GenerationBuffer, PromptSide
@@ -240,10 +240,6 @@ def test_a_background_error_is_raised_in_the_training_thread_with_its_traceback(
 # ----------------------------------------------------------------------------- whole runs
 
 
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_async_off_logs_no_staleness_and_async_on_logs_it(tmp_path, make_train_config):
     raw = make_train_config(train={"max_steps": 3, "lambda": 1.0}, generation={"async": True})
     loop.train(build_config(raw))
@@ -277,19 +273,7 @@ def test_async_resumed_run_matches_uninterrupted_async_run(
 
     raw["train"]["output_dir"] = str(tmp_path / "killed")
     cfg = build_config(raw)
-    real_save = loop.save_checkpoint
-
-    def save_then_die(acc, out, step, state, keep, **kw):
-        path = real_save(acc, out, step, state, keep, **kw)
-        if step == 3:
-            raise KeyboardInterrupt  # killed right after the checkpoint, window 4 in flight
-        return path
-
-    monkeypatch.setattr(loop, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        loop.train(cfg)
-    monkeypatch.setattr(loop, "save_checkpoint", real_save)
-    loop.train(cfg)
+    train_killed_after_checkpoint(monkeypatch, cfg, step=3)
     resumed = read_metrics(tmp_path / "killed")
     assert [m["step"] for m in resumed] == [1, 2, 3, 4, 5, 6]
     for a, b in zip(full[3:], resumed[3:], strict=True):

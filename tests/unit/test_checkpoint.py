@@ -20,13 +20,10 @@ from hypothesis import strategies as st
 from distil.config import build_config
 from distil.errors import ConfigError, DistilError
 from distil.models.load import load_model
+from distil.testing import read_metrics
 from distil.train import checkpoint as ck
 from distil.train import loop
 from distil.train.rundir import RunLock, RunLockedError
-
-
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def draws():

@@ -1,8 +1,6 @@
 """Compute counters (train/cost.py): token counts and FLOPs by hand, in a real run, and the
 `train.max_student_flops` stop."""
 
-import json
-
 import pytest
 import torch
 
@@ -10,14 +8,11 @@ from distil.config import build_config
 from distil.data.collate import collate
 from distil.models.load import load_model
 from distil.models.scratch import count_parameters
+from distil.testing import read_metrics, train_killed_after_checkpoint
 from distil.train import loop
 from distil.train.buffer import Window
 from distil.train.cost import CostMeter, student_flops, teacher_flops
 from distil.types import Sample
-
-
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_window_counts_and_flops_by_hand():
@@ -136,19 +131,7 @@ def test_costs_continue_across_a_resume(tmp_path, make_train_config, monkeypatch
     raw = make_train_config(**overrides)
     raw["train"]["output_dir"] = str(tmp_path / "killed")
     cfg = build_config(raw)
-    real_save = loop.save_checkpoint
-
-    def save_then_die(acc, out, step, state, keep, **kw):
-        path = real_save(acc, out, step, state, keep, **kw)
-        if step == 2:
-            raise KeyboardInterrupt
-        return path
-
-    monkeypatch.setattr(loop, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        loop.train(cfg)
-    monkeypatch.setattr(loop, "save_checkpoint", real_save)
-    loop.train(cfg)
+    train_killed_after_checkpoint(monkeypatch, cfg, step=2)
     resumed = read_metrics(tmp_path / "killed")
     for key in ("cost/student_train_tokens", "cost/student_generated_tokens"):
         assert [x[key] for x in resumed] == [x[key] for x in full]

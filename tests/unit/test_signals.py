@@ -1,7 +1,6 @@
 """SIGINT/SIGTERM: the step in progress finishes, a checkpoint is written, the run exits with
 128 + the signal number, and resuming gives exactly the uninterrupted run."""
 
-import json
 import os
 import signal
 import subprocess
@@ -15,12 +14,9 @@ import yaml
 
 from distil.config import build_config
 from distil.models.load import load_model
+from distil.testing import read_metrics
 from distil.train import loop
 from distil.train.signals import TrainingInterrupted
-
-
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def assert_same_run(ref_dir, run_dir, steps):

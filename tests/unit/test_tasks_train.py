@@ -10,16 +10,13 @@ import pytest
 
 from distil.config import build_config
 from distil.preflight import preflight
+from distil.testing import read_metrics
 from distil.train import loop
 
 GSM8K = [
     {"question": f"What is {a} plus {b}?", "answer": f"{a}+{b}=<<{a}+{b}={a + b}>>\n#### {a + b}"}
     for a, b in [(1, 2), (3, 4), (5, 6)]
 ]
-
-
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def _config(make_train_config, tmp_path, **eval_section):

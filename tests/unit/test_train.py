@@ -11,6 +11,7 @@ from distil.errors import ConfigError, DistilError
 from distil.losses import get_loss, list_losses
 from distil.models.load import load_model
 from distil.teacher.live import LiveTeacher
+from distil.testing import read_metrics, train_killed_after_checkpoint
 from distil.train import loop
 from distil.train.setup import enable_activation_checkpointing
 from distil.train.step import micro_step
@@ -104,10 +105,6 @@ def test_chunked_student_head_equals_full_logits_through_the_model(models, bpe_t
     assert isinstance(student.get_output_embeddings(), torch.nn.Linear)
 
 
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_resumed_run_matches_uninterrupted_run(tmp_path, make_train_config, monkeypatch):
     overrides = {"train": {"max_steps": 6, "save_every": 3, "lambda": 0.5}}
     full_cfg = build_config(make_train_config(**overrides))
@@ -117,19 +114,7 @@ def test_resumed_run_matches_uninterrupted_run(tmp_path, make_train_config, monk
     raw = make_train_config(**overrides)
     raw["train"]["output_dir"] = str(tmp_path / "killed")
     cfg = build_config(raw)
-    real_save = loop.save_checkpoint
-
-    def save_then_die(acc, out, step, state, keep, **kw):
-        path = real_save(acc, out, step, state, keep, **kw)
-        if step == 3:
-            raise KeyboardInterrupt  # the process is killed right after the checkpoint
-        return path
-
-    monkeypatch.setattr(loop, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        loop.train(cfg)
-    monkeypatch.setattr(loop, "save_checkpoint", real_save)
-    loop.train(cfg)  # train.resume=auto picks up checkpoints/step-00000003
+    train_killed_after_checkpoint(monkeypatch, cfg, step=3)
     resumed = read_metrics(tmp_path / "killed")
     assert [m["step"] for m in resumed] == [1, 2, 3, 4, 5, 6]
     assert [m["policy/on_policy_share"] for m in resumed] == [
