@@ -110,6 +110,35 @@ def messages(path: str) -> list[dict]:
     ]
 
 
+def shared_settings(args: argparse.Namespace, out_dir: str) -> dict:
+    """The settings both TRL trainers get: batch, steps, constant lr, sampling at T=1, no
+    logging or saving beyond the step records, fp32, seeded."""
+    return {
+        "output_dir": out_dir,
+        "per_device_train_batch_size": args.batch,
+        "gradient_accumulation_steps": args.ga,
+        "max_steps": args.steps,
+        "learning_rate": args.lr,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "weight_decay": 0.0,
+        "max_grad_norm": 1.0,
+        "max_completion_length": args.new_tokens,
+        "beta": args.beta,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "use_cpu": args.device == "cpu",
+        "bf16": False,
+        "gradient_checkpointing": False,
+        "dataloader_drop_last": True,
+        "seed": 0,
+    }
+
+
 def gold_config(args: argparse.Namespace, out_dir: str):
     from trl.experimental.gold import GOLDConfig
 
@@ -124,31 +153,10 @@ def gold_config(args: argparse.Namespace, out_dir: str):
             "teacher_tokenizer_name_or_path": args.teacher_tokenizer,
         }
     return GOLDConfig(
-        output_dir=out_dir,
-        per_device_train_batch_size=args.batch,
-        gradient_accumulation_steps=args.ga,
-        max_steps=args.steps,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
+        **shared_settings(args, out_dir),
         max_length=args.max_length,
-        max_completion_length=args.new_tokens,
         lmbda=args.lmbda,  # share of on-policy micro-batches
-        beta=args.beta,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
         **loss,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=args.device == "cpu",
-        bf16=False,
-        gradient_checkpointing=False,
-        dataloader_drop_last=True,
-        seed=0,
     )
 
 
@@ -158,30 +166,7 @@ def distillation_config(args: argparse.Namespace, out_dir: str):
 
     if not args.same_tokenizer or args.lmbda != 1.0:
         raise SystemExit("--trainer distillation: on-policy (--lmbda 1) and --same-tokenizer only")
-    return DistillationConfig(
-        output_dir=out_dir,
-        per_device_train_batch_size=args.batch,
-        gradient_accumulation_steps=args.ga,
-        max_steps=args.steps,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        max_completion_length=args.new_tokens,
-        beta=args.beta,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=args.device == "cpu",
-        bf16=False,
-        gradient_checkpointing=False,
-        dataloader_drop_last=True,
-        seed=0,
-    )
+    return DistillationConfig(**shared_settings(args, out_dir))
 
 
 def build_trainer(args: argparse.Namespace, out_dir: str, rows: list[dict], clock: StepClock):
