@@ -66,7 +66,7 @@ class CachedTeacher:
     def _load(self, index: int) -> fmt.Shard:
         entry = self.manifest["shards"][index]
         m = self.manifest
-        return fmt.read_shard(self.dir, entry, self.top_k, m["values"], m.get("logprob_step"))
+        return fmt.read_shard(self.dir, entry, self.top_k, m["values"], fmt.value_step(m))
 
     def row(self, example: int, *, teacher_ids: bool = False):
         """(ids (C, K), log-probs (C, K), rest (C,), token (C,)) of data row `example`, and the
