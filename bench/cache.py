@@ -253,6 +253,9 @@ def format_part(args) -> dict:
             for c in ("q8", "sqrt"):
                 vals_[f"{c} zlib"] = len(zlib.compress(payload[c], 6))
                 vals_[f"{c} lzma"] = enc[c]["values_x"].nbytes
+            vals_["sqrt absolute"] = len(
+                lzma.compress(sqrt_levels(payload["sqrt"], n, k).tobytes())
+            )
             vals_["sqrt value order"] = value_order_bytes(payload["sqrt"], n, k)
             v1 = (ids_["zlib"] + vals_["q8 zlib"]) / n + 6  # + fp16 top-1, rest, token
             v2 = sum(a.nbytes for a in enc["sqrt"].values()) / n
@@ -266,13 +269,20 @@ def format_part(args) -> dict:
     print("\neach trick alone, bytes per token (ids: sorted-id gaps; values in id order):")
     print(
         "| logits | k | ids zlib(planes) | ids lzma(planes) | ids Rice | q8 zlib | q8 lzma "
-        "| sqrt zlib | sqrt lzma | sqrt in value order + permutation, lzma |"
+        "| sqrt zlib | sqrt lzma | sqrt lzma, levels not above the token's lowest | sqrt in "
+        "value order + permutation, lzma |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for kind, k, ids_, vals_ in tricks:
         cells = [f"{b:.1f}" for b in ids_.values()] + [f"{b / n:.1f}" for b in vals_.values()]
         print(f"| {kind} | {k} | " + " | ".join(cells) + " |")
     return out
+
+
+def sqrt_levels(sqrt_payload: bytes, n: int, k: int) -> np.ndarray:
+    """(N, K) uint8 sqrt levels in id order from the codec's payload (lowest, then the rest)."""
+    low = np.frombuffer(sqrt_payload, np.uint8, count=n)
+    return np.frombuffer(sqrt_payload, np.uint8, offset=n).reshape(n, k) + low[:, None]
 
 
 def value_order_bytes(sqrt_payload: bytes, n: int, k: int) -> int:
@@ -280,8 +290,7 @@ def value_order_bytes(sqrt_payload: bytes, n: int, k: int) -> int:
     differences (small, lzma), plus the permutation back to id order (uint8 ranks, lzma)."""
     import lzma
 
-    low = np.frombuffer(sqrt_payload, np.uint8, count=n).astype(np.int64)
-    levels = np.frombuffer(sqrt_payload, np.uint8, offset=n).reshape(n, k) + low[:, None]
+    levels = sqrt_levels(sqrt_payload, n, k).astype(np.int64)
     perm = np.argsort(-levels, axis=-1, kind="stable")  # ties keep id order
     desc = np.take_along_axis(levels, perm, -1)
     diffs = np.concatenate([desc[:, :1], -np.diff(desc, axis=-1)], -1).astype(np.uint8)
