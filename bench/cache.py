@@ -109,7 +109,7 @@ def training_part(args) -> dict:
     )
     print(
         f"  building the cache {build_s:.1f} s ({manifest['tokens']} tokens, "
-        f"{manifest['bytes'] / manifest['tokens']:.1f} B/token at a {len(dirs) and 512}-token "
+        f"{manifest['bytes'] / manifest['tokens']:.1f} B/token at a {manifest['vocab_size']}-token "
         "vocabulary, model loading included)"
     )
     print(
