@@ -81,7 +81,7 @@ def training_part(args) -> dict:
     (root / "data" / "rows.jsonl").write_text("\n".join(src[: args.rows]) + "\n")
     live_raw = train_config(root, dirs, preset, args.rows, args.epochs, args.k)
     start = time.perf_counter()
-    manifest = cache_teacher(build_config(live_raw), root / "cache")
+    manifest = cache_teacher(build_config(live_raw), root / "cache", shard_rows=args.shard_rows)
     build_s = time.perf_counter() - start
     cached_raw = train_config(
         root, dirs, preset, args.rows, args.epochs, args.k, cache=str(root / "cache")
@@ -313,6 +313,7 @@ def main() -> None:
     p.add_argument("--k", type=int, default=64)
     p.add_argument("--tokens", type=int, default=512, help="synthetic tokens for the format table")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--shard-rows", type=int, default=1024, help="rows per shard of the cache")
     p.add_argument("--repeats", type=int, default=2, help="runs of each side, alternated")
     p.add_argument("--skip-training", action="store_true")
     p.add_argument("--profile", action="store_true", help="phase breakdown of the cached run")

@@ -426,3 +426,45 @@ def test_a_packed_cache_stores_the_padded_caches_values(tmp_path, raw, cache_dir
             (x.token_N, y.token_N),
         ):
             assert torch.allclose(u, v, atol=1e-5)
+
+
+def test_shuffled_rows_decode_each_shard_once(tmp_path, raw, pair_dirs, monkeypatch):
+    """64 rows in 32 shards, 3 epochs of shuffled batches of 8: every shard is decoded once
+    (a cache of 16 decoded shards decoded them again as rows came back to them)."""
+    import random
+
+    from distil.teacher.cached import CachedTeacher
+
+    cfg = build(raw)
+    out = tmp_path / "small_shards"
+    cache_teacher(cfg, out, shard_rows=2, batch_size=8)
+    teacher = CachedTeacher(out, fmt.read_manifest(out))
+    decoded, read_shard = [], fmt.read_shard
+    monkeypatch.setattr(
+        fmt, "read_shard", lambda *a: decoded.append(a[1]["file"]) or read_shard(*a)
+    )
+    _, prompts, completions = prepare_rows(cfg, load_tokenizer(str(pair_dirs[1])))
+    order = list(range(64))
+    for epoch in range(3):
+        random.Random(epoch).shuffle(order)
+        for b in range(0, 64, 8):
+            rows = order[b : b + 8]
+            teacher.score(
+                collate([Sample(i, prompts[i], completions[i], "off_policy") for i in rows], 0)
+            )
+    assert sorted(decoded) == [fmt.shard_name(i) for i in range(32)]
+
+
+def test_a_shard_cache_over_its_budget_evicts_and_warns_once(capsys):
+    from distil.teacher.cached import ShardCache
+
+    ids, vals, rest, token = synthetic(n=10)
+    shard = fmt.Shard(None, None, ids.int(), vals, rest, token)  # 10 * (8 * 8 + 8) = 720 bytes
+    loads = []
+    cache = ShardCache(lambda i: loads.append(i) or shard, budget=1500)  # two shards fit
+    for i in (0, 1, 0, 2, 0, 1, 1):
+        assert cache(i) is shard
+    assert loads == [0, 1, 2, 1]  # 0 stays (used last before 2 came), 1 is evicted by 2
+    err = capsys.readouterr().err
+    assert err.count("warning: teacher cache shard 1 decoded again") == 1
+    assert "do not all fit the 0.0 GiB kept in memory" in err
