@@ -305,7 +305,9 @@ def _manifest_strategy():
         "k": 8,
         "rows": 64,
         "data_fingerprint": "x" * 64,
-        "values": "q8",
+        "values": "sqrt",
+        "sqrt_step": 0.05,
+        "logprob_step": None,
         "temperature": 1.0,
         "complete": True,
         "shards": [
