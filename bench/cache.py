@@ -50,7 +50,9 @@ def train_config(root: Path, dirs, preset, rows: int, epochs: int, k: int, **tea
 
 
 def timed_train(raw: dict) -> tuple[float, list[float], dict[str, float]]:
-    """(wall seconds, per-step losses, seconds per phase summed over steps) of one run."""
+    """(wall seconds, per-step losses, seconds per phase summed over steps) of one run; the
+    phases also hold "cpu", the process's CPU seconds (on a shared machine, waits for a core
+    inflate the wall time, not this)."""
     import shutil
 
     from distil.config import build_config
@@ -58,12 +60,13 @@ def timed_train(raw: dict) -> tuple[float, list[float], dict[str, float]]:
 
     cfg = build_config(raw)
     shutil.rmtree(cfg.train.output_dir, ignore_errors=True)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     train(cfg)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     lines = (Path(cfg.train.output_dir) / "metrics.jsonl").read_text().splitlines()
     metrics = [json.loads(line) for line in lines]
     phases = {k: sum(m[f"time/{k}"] for m in metrics) for k in ("teacher", "train")}
+    phases["cpu"] = cpu
     return seconds, [m["loss"] for m in metrics], phases
 
 
@@ -78,7 +81,7 @@ def training_part(args) -> dict:
     (root / "data" / "rows.jsonl").write_text("\n".join(src[: args.rows]) + "\n")
     live_raw = train_config(root, dirs, preset, args.rows, args.epochs, args.k)
     start = time.perf_counter()
-    manifest = cache_teacher(build_config(live_raw), root / "cache", values="q8")
+    manifest = cache_teacher(build_config(live_raw), root / "cache", shard_rows=args.shard_rows)
     build_s = time.perf_counter() - start
     cached_raw = train_config(
         root, dirs, preset, args.rows, args.epochs, args.k, cache=str(root / "cache")
@@ -98,16 +101,25 @@ def training_part(args) -> dict:
     )
     for name, s, ph in (("live teacher", live_s, live_ph), ("from the cache", cached_s, cached_ph)):
         print(
-            f"  {name:<15} {s:7.1f} s  (teacher {ph['teacher']:.1f} s, student {ph['train']:.1f} s)"
+            f"  {name:<15} {s:7.1f} s wall, {ph['cpu']:6.1f} s CPU  (teacher {ph['teacher']:.1f} "
+            f"s, student {ph['train']:.1f} s)"
         )
-    print(f"  speedup {live_s / cached_s:.2f}x")
+    ceiling = live_s / live_ph["train"]
+    cpu_live = min(r[2]["cpu"] for r in runs["live"])
+    cpu_cached = min(r[2]["cpu"] for r in runs["cached"])
+    print(f"  speedup {live_s / cached_s:.2f}x wall, {cpu_live / cpu_cached:.2f}x CPU time")
+    print(
+        f"  ceiling {ceiling:.2f}x: the live run's wall time over its own student phase (forward, "
+        "loss, backward, optimizer), the speedup if the cache and everything but the student's "
+        "step cost nothing"
+    )
     print(
         f"  building the cache {build_s:.1f} s ({manifest['tokens']} tokens, "
-        f"{manifest['bytes'] / manifest['tokens']:.1f} B/token at a {len(dirs) and 512}-token "
+        f"{manifest['bytes'] / manifest['tokens']:.1f} B/token at a {manifest['vocab_size']}-token "
         "vocabulary, model loading included)"
     )
     print(
-        f"  largest per-step loss gap {gap:.2e} (q8 log-probs; first losses "
+        f"  largest per-step loss gap {gap:.2e} ({manifest['values']} targets; first losses "
         f"{live_losses[0]:.4f} live, {cached_losses[0]:.4f} cached; last "
         f"{live_losses[-1]:.4f}, {cached_losses[-1]:.4f})"
     )
@@ -116,6 +128,8 @@ def training_part(args) -> dict:
     return {
         "live_s": live_s,
         "cached_s": cached_s,
+        "ceiling": ceiling,
+        "cpu_speedup": cpu_live / cpu_cached,
         "build_s": build_s,
         "loss_gap": gap,
         **writer_part(args, root, live_raw),
@@ -173,7 +187,7 @@ def writer_part(args, root: Path, live_raw: dict) -> dict:
             out = root / f"writer-{packed}"
             shutil.rmtree(out, ignore_errors=True)
             start = time.perf_counter()
-            tokens = cache_teacher(build_config(raw), out, values="q8")["tokens"]
+            tokens = cache_teacher(build_config(raw), out)["tokens"]
             seconds = time.perf_counter() - start
             best[packed] = min(best.get(packed, seconds), seconds)
     print(f"  cache-teacher, {tokens} tokens, best of {args.repeats}, alternated:")
@@ -207,15 +221,20 @@ def kl_buckets(vals, rest, d_vals, d_rest) -> float:
 
 
 def format_part(args) -> dict:
-    from distil.teacher import cache as fmt
+    """Bytes per token and KL of format 1 (zlib'd byte planes of the id gaps + q8 values) and
+    format 2 (Rice-coded gaps + sqrt-quantised probabilities, lzma), and of each trick alone."""
+    import lzma
+    import zlib
+
+    from distil.teacher import cache_codec as codec
     from distil.teacher.base import sparse_topk
 
     n, v = args.tokens, 131072
-    out = {}
+    out, tricks = {}, []
     print(f"format: {n} tokens of a synthetic {v}-token vocabulary, bytes per token on disk")
     print(
-        "| logits | k | top-k mass | ids u32 + fp32 (raw) | ids u32 + fp16 | zlib(sorted-id gaps)"
-        " + fp16 | zlib(gaps) + q8 (default) | KL fp16 | KL q8 |"
+        "| logits | k | top-k mass | u32 ids + fp32 | u32 ids + fp16 | format 1: zlib(gap planes)"
+        " + q8 | format 2: Rice + sqrt (default) | KL q8 | KL sqrt |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for kind in ("random", "zipf"):
@@ -223,21 +242,67 @@ def format_part(args) -> dict:
         token = logprobs[:, 0]
         for k in (16, 64, 256):
             ids, vals, rest = sparse_topk(logprobs, k)
-            sizes, kls = {}, {}
-            for codec in ("fp32", "fp16", "q8"):
-                arrays = fmt.encode_tokens(ids, vals, rest, token, codec)
-                sizes[codec] = sum(a.nbytes for a in arrays.values()) / n
-                d_ids, d_vals, d_rest, _ = fmt.decode_tokens(arrays, k, codec)
-                order = ids.argsort(-1)  # decoded rows are in id order
+            order = ids.argsort(-1)  # decoded rows are in id order
+            enc, kls = {}, {}
+            for name in ("q8", "sqrt"):
+                enc[name] = codec.encode_tokens(ids, vals, rest, token, name)
+                d_ids, d_vals, d_rest, _ = codec.decode_tokens(enc[name], k, name)
                 assert torch.equal(d_ids, ids.gather(-1, order))
-                kls[codec] = kl_buckets(vals.gather(-1, order), rest, d_vals, d_rest)
+                kls[name] = kl_buckets(vals.gather(-1, order), rest, d_vals, d_rest)
+            # format 1: the uint32 gaps (first id, then differences) as 4 byte planes, zlib
+            sid = ids.gather(-1, order).numpy().astype(np.int64)
+            gaps = np.diff(sid, axis=-1, prepend=0).astype("<u4").reshape(-1)
+            planes = gaps.view(np.uint8).reshape(-1, 4).T.tobytes()
+            ids_ = {"zlib": len(zlib.compress(planes, 6)), "lzma": len(lzma.compress(planes))}
+            ids_["rice"] = sum(enc["sqrt"][a].nbytes for a in ("ids_r", "ids_hi", "ids_lo"))
+            payload = {c: lzma.decompress(enc[c]["values_x"].tobytes()) for c in ("q8", "sqrt")}
+            vals_ = {}
+            for c in ("q8", "sqrt"):
+                vals_[f"{c} zlib"] = len(zlib.compress(payload[c], 6))
+                vals_[f"{c} lzma"] = enc[c]["values_x"].nbytes
+            vals_["sqrt absolute"] = len(
+                lzma.compress(sqrt_levels(payload["sqrt"], n, k).tobytes())
+            )
+            vals_["sqrt value order"] = value_order_bytes(payload["sqrt"], n, k)
+            v1 = (ids_["zlib"] + vals_["q8 zlib"]) / n + 6  # + fp16 top-1, rest, token
+            v2 = sum(a.nbytes for a in enc["sqrt"].values()) / n
             mass = float(vals.exp().sum(-1).mean())
             print(
-                f"| {kind} | {k} | {mass:.2f} | {8 * k + 12} | {6 * k + 6} | {sizes['fp16']:.1f} | "
-                f"{sizes['q8']:.1f} | {kls['fp16']:.1e} | {kls['q8']:.1e} |"
+                f"| {kind} | {k} | {mass:.2f} | {8 * k + 12} | {6 * k + 6} | {v1:.1f} | "
+                f"{v2:.1f} | {kls['q8']:.1e} | {kls['sqrt']:.1e} |"
             )
-            out[kind, k] = {"bytes": sizes["q8"], "kl": kls["q8"]}
+            tricks.append((kind, k, {f"ids {a}": b / n for a, b in ids_.items()}, vals_))
+            out[kind, k] = {"bytes": v2, "kl": kls["sqrt"], "bytes_v1": v1}
+    print("\neach trick alone, bytes per token (ids: sorted-id gaps; values in id order):")
+    print(
+        "| logits | k | ids zlib(planes) | ids lzma(planes) | ids Rice | q8 zlib | q8 lzma "
+        "| sqrt zlib | sqrt lzma | sqrt lzma, levels not above the token's lowest | sqrt in "
+        "value order + permutation, lzma |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for kind, k, ids_, vals_ in tricks:
+        cells = [f"{b:.1f}" for b in ids_.values()] + [f"{b / n:.1f}" for b in vals_.values()]
+        print(f"| {kind} | {k} | " + " | ".join(cells) + " |")
     return out
+
+
+def sqrt_levels(sqrt_payload: bytes, n: int, k: int) -> np.ndarray:
+    """(N, K) uint8 sqrt levels in id order from the codec's payload (lowest, then the rest)."""
+    low = np.frombuffer(sqrt_payload, np.uint8, count=n)
+    return np.frombuffer(sqrt_payload, np.uint8, offset=n).reshape(n, k) + low[:, None]
+
+
+def value_order_bytes(sqrt_payload: bytes, n: int, k: int) -> int:
+    """The sqrt levels stored in value order instead: each token's levels sorted descending as
+    differences (small, lzma), plus the permutation back to id order (uint8 ranks, lzma)."""
+    import lzma
+
+    levels = sqrt_levels(sqrt_payload, n, k).astype(np.int64)
+    perm = np.argsort(-levels, axis=-1, kind="stable")  # ties keep id order
+    desc = np.take_along_axis(levels, perm, -1)
+    diffs = np.concatenate([desc[:, :1], -np.diff(desc, axis=-1)], -1).astype(np.uint8)
+    ranks = perm.astype(np.uint16 if k > 256 else np.uint8)
+    return sum(len(lzma.compress(a.tobytes(), check=lzma.CHECK_NONE)) for a in (diffs, ranks))
 
 
 def main() -> None:
@@ -248,6 +313,7 @@ def main() -> None:
     p.add_argument("--k", type=int, default=64)
     p.add_argument("--tokens", type=int, default=512, help="synthetic tokens for the format table")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--shard-rows", type=int, default=1024, help="rows per shard of the cache")
     p.add_argument("--repeats", type=int, default=2, help="runs of each side, alternated")
     p.add_argument("--skip-training", action="store_true")
     p.add_argument("--profile", action="store_true", help="phase breakdown of the cached run")
@@ -261,6 +327,7 @@ def main() -> None:
     tr = training_part(args)
     print(
         f"RESULT cached_vs_live_speedup={tr['live_s'] / tr['cached_s']:.2f}x "
+        f"cpu_time_speedup={tr['cpu_speedup']:.2f}x ceiling={tr['ceiling']:.2f}x "
         f"{_format_result(fmt_out)} loss_gap={tr['loss_gap']:.1e} "
         f"writer_packed_vs_padded={tr['writer_packed_speedup']:.2f}x"
     )
@@ -268,7 +335,8 @@ def main() -> None:
 
 def _format_result(out: dict) -> str:
     return " ".join(
-        f"bytes_per_token_k64_{kind}={out[kind, 64]['bytes']:.1f} kl_k64_{kind}={out[kind, 64]['kl']:.1e}"
+        f"bytes_per_token_k64_{kind}={out[kind, 64]['bytes']:.1f} "
+        f"kl_k64_{kind}={out[kind, 64]['kl']:.1e}"
         for kind in ("random", "zipf")
     )
 

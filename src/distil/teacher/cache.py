@@ -4,18 +4,11 @@ A cache directory holds `manifest.json` and shards `shard-00000.safetensors`, ..
 run of consecutive data rows; per completion token it stores the teacher's top-k (ids sorted
 ascending), and per row the offsets of its tokens. docs/teacher-cache.md describes every field.
 
-Encoding of one shard (N tokens, K entries each), all flat arrays:
-    ids_z      uint8  zlib of the byte planes of the uint32 gaps between sorted ids (lossless)
-    values_z   uint8  zlib of the K values per token in id order, by `values` codec:
-                      q8   uint8 steps of `logprob_step` (1/8) nats below the token's top-1
-                      fp16 / fp32  the log-probs themselves
-    top1       fp16/fp32 (N,)  the top-1 log-prob that q8 values count down from
-    rest       fp16/fp32 (N,)  log(1 - sum top-k)
-    token      fp16/fp32 (N,)  the teacher's log-prob of the realised completion token
+A shard holds, per token, the arrays of `cache_codec.encode_tokens` (Rice-coded sorted-id
+gaps, lzma-compressed values, fp16 rest and realised-token log-probs), and per row
     rows       int64 (R,)      data row index of each row
     offsets    int64 (R+1,)    token offsets of the rows
-Gaps of sorted ids are small (a top-64 out of 128k has gaps of about 2k: 11-12 bits), so the
-high byte planes are nearly all zero and zlib removes them; bench/cache.py measures each trick.
+bench/cache.py measures what each encoding trick saves and what it costs in KL.
 
 Files are written as `<name>.tmp`, fsynced and renamed; the manifest (rewritten after every
 shard, the same way) lists complete shards with their sha256, so a killed writer resumes after
@@ -26,9 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,14 +30,17 @@ import numpy as np
 import torch
 
 from distil.errors import DistilError
+from distil.teacher.cache_codec import (  # noqa: F401 (the codec's names, for callers)
+    LOGPROB_STEP,
+    VALUE_CODECS,
+    decode_tokens,
+    encode_tokens,
+    sqrt_step,
+)
 from distil.train.checkpoint import _fsync_dir, _fsync_file, _sha256
 
-FORMAT = "distil-teacher-cache-1"
+FORMAT = "distil-teacher-cache-2"  # 1: zlib'd byte planes of the id gaps, q8 values
 MANIFEST = "manifest.json"
-# q8: rounding to steps of s nats costs KL ~ m s^2/24 per token, m = the top-k mass (errors
-# uniform in +-s/2 on log-probs): at most 6.5e-4 nats for s = 1/8 (bench/cache.py measures it)
-LOGPROB_STEP = 0.125
-VALUE_CODECS = ("q8", "fp16", "fp32")
 # manifest keys a training config must agree with, and how to say what differs
 HEADER_KEYS = (
     "teacher_tokenizer_sha256",
@@ -75,70 +71,6 @@ class Shard:
     rest_N: torch.Tensor
     token_N: torch.Tensor
     teacher_ids_N: torch.Tensor | None = None  # cross caches: the teacher's completion tokens
-
-
-# ----------------------------------------------------------------------------- codec
-
-
-def encode_tokens(
-    ids_N_K: torch.Tensor,
-    logprobs_N_K: torch.Tensor,
-    rest_N: torch.Tensor,
-    token_N: torch.Tensor,
-    values: str = "q8",
-) -> dict[str, np.ndarray]:
-    """The flat arrays of N tokens' targets (see the module docstring)."""
-    ids = ids_N_K.detach().cpu().numpy().astype(np.int64)
-    lps = logprobs_N_K.detach().cpu().float().numpy()
-    order = np.argsort(ids, axis=-1, kind="stable")
-    sid = np.take_along_axis(ids, order, -1)
-    slp = np.take_along_axis(lps, order, -1)
-    gaps = np.diff(sid, axis=-1, prepend=0).astype("<u4")
-    planes = gaps.reshape(-1).view(np.uint8).reshape(-1, 4).T  # byte plane j = byte j of each gap
-    side = np.float32 if values == "fp32" else np.float16
-    out = {"ids_z": _z(planes.tobytes())}
-    top1 = lps.max(axis=-1, initial=-np.inf) if lps.size else np.zeros(len(lps), np.float32)
-    top1 = top1.astype(side)
-    if values == "q8":
-        steps = np.rint((top1.astype(np.float32)[:, None] - slp) / LOGPROB_STEP)
-        out["values_z"] = _z(np.clip(steps, 0, 255).astype(np.uint8).tobytes())
-    else:
-        out["values_z"] = _z(slp.astype("<f4" if values == "fp32" else "<f2").tobytes())
-    out["top1"] = top1
-    out["rest"] = rest_N.detach().cpu().float().numpy().astype(side)
-    out["token"] = token_N.detach().cpu().float().numpy().astype(side)
-    return out
-
-
-def decode_tokens(arrays: dict[str, np.ndarray], k: int, values: str, step: float = LOGPROB_STEP):
-    """(ids (N, K) int64, log-probs (N, K) fp32, rest (N,), token (N,)) from `encode_tokens`."""
-    n = len(arrays["top1"])
-    planes = np.frombuffer(zlib.decompress(arrays["ids_z"].tobytes()), np.uint8).reshape(4, -1)
-    gaps = np.ascontiguousarray(planes.T).view("<u4").reshape(n, k)
-    ids = np.cumsum(gaps.astype(np.int64), axis=-1)
-    raw = zlib.decompress(arrays["values_z"].tobytes())
-    if values == "q8":
-        steps = np.frombuffer(raw, np.uint8).reshape(n, k).astype(np.float32)
-        lps = arrays["top1"].astype(np.float32)[:, None] - steps * step
-    else:
-        lps = np.frombuffer(raw, "<f4" if values == "fp32" else "<f2").reshape(n, k)
-    lps_N_K = torch.from_numpy(lps.astype(np.float32))
-    rest_N = torch.from_numpy(arrays["rest"].astype(np.float32))
-    if values != "fp32":
-        # rounded values no longer sum to 1 with the rest; a KL against such targets has a
-        # floor above 0, so the K+1 buckets are renormalised (bench/cache.py measures the KL)
-        z_N = torch.logsumexp(torch.cat([lps_N_K, rest_N[:, None]], -1), -1)
-        lps_N_K, rest_N = lps_N_K - z_N[:, None], rest_N - z_N
-    return (
-        torch.from_numpy(ids),
-        lps_N_K,
-        rest_N,
-        torch.from_numpy(arrays["token"].astype(np.float32)),
-    )
-
-
-def _z(data: bytes) -> np.ndarray:
-    return np.frombuffer(zlib.compress(data, 6), np.uint8).copy()
 
 
 # ----------------------------------------------------------------------------- hashes
@@ -250,8 +182,10 @@ def read_manifest(cache_dir: str | Path) -> dict[str, Any]:
         ) from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         seen = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        older = " (an older distil's format, which this version no longer reads)"
         raise CacheError(
-            f"{path} is not a {FORMAT} manifest (format: {seen!r}). Fix: build the cache again "
+            f"{path} is not a {FORMAT} manifest (format: {seen!r}"
+            f"{older if seen == 'distil-teacher-cache-1' else ''}). Fix: build the cache again "
             "with this version's `distil cache-teacher`"
         )
     if problem := _shape_problem(manifest):
@@ -260,6 +194,10 @@ def read_manifest(cache_dir: str | Path) -> dict[str, Any]:
             "cache-teacher` into a new directory"
         )
     return manifest
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 _SHARD_FILE = re.compile(r"^shard-\d{5}\.safetensors$")
@@ -272,8 +210,12 @@ def _shape_problem(m: dict[str, Any]) -> str | None:
             return f"{key!r} should be a {kind.__name__}, got {m.get(key)!r:.60}"
     if m["values"] not in VALUE_CODECS or m["k"] <= 0:
         return f"values {m['values']!r:.40} / k {m['k']} is not a known encoding"
-    if not isinstance(m.get("temperature"), (int, float)) or isinstance(m["temperature"], bool):
+    if not _number(m.get("temperature")):
         return f"'temperature' should be a number, got {m.get('temperature')!r:.60}"
+    for key in STEP_KEYS.values():
+        v = m.get(key)
+        if v is not None and not (_number(v) and 0 < v < math.inf):
+            return f"{key!r} should be a positive number or null, got {v!r:.60}"
     if not isinstance(m.get("shards"), list):
         return "'shards' should be a list"
     end = 0
@@ -298,11 +240,26 @@ def _shape_problem(m: dict[str, Any]) -> str | None:
     return None
 
 
+# the manifest key of each lossy codec's step (absent or null: the codec's default)
+STEP_KEYS = {"q8": "logprob_step", "sqrt": "sqrt_step"}
+
+
+def value_header(values: str, k: int) -> dict[str, Any]:
+    """The manifest's codec keys: `values` and the step of a quantising codec."""
+    steps = {"q8": LOGPROB_STEP, "sqrt": sqrt_step(k)}
+    return {"values": values, **{key: steps.get(values) for key in STEP_KEYS.values()}}
+
+
+def value_step(manifest: dict[str, Any]) -> float | None:
+    key = STEP_KEYS.get(manifest["values"])
+    return manifest.get(key) if key else None
+
+
 def read_shard(cache_dir: Path, entry: dict, k: int, values: str, step: float | None) -> Shard:
     from safetensors.numpy import load_file
 
     arrays = load_file(str(cache_dir / entry["file"]))
-    ids, lps, rest, token = decode_tokens(arrays, k, values, step or LOGPROB_STEP)
+    ids, lps, rest, token = decode_tokens(arrays, k, values, step)
     teacher_ids = arrays.get("teacher_ids")
     if teacher_ids is not None:
         teacher_ids = torch.from_numpy(teacher_ids.astype(np.int64))

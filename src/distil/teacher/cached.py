@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from functools import lru_cache
+import sys
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,10 @@ from distil.teacher import cache as fmt
 from distil.teacher.cache import CacheError
 from distil.types import Batch, TeacherTargets
 
-SHARDS_IN_MEMORY = 16  # decoded shards kept (LRU): ids int64 + fp32 values, 12 bytes per entry
+# decoded shards kept in memory (least recently used out first): int32 ids + fp32 log-probs, 8
+# bytes per top-k entry; 4 GiB holds 8M tokens at k = 64. Rows come in shuffled order, so a
+# shard pushed out is decoded again each time one of its rows comes back.
+DECODED_BYTES_IN_MEMORY = 4 << 30
 PAD_LOGPROB = -30.0  # targets at prompt/padding positions: finite, masked out by every loss
 
 
@@ -37,7 +41,7 @@ class CachedTeacher:
         self.temperature = float(manifest["temperature"])
         self.top_k = int(manifest["k"])
         self._starts = [e["rows"][0] for e in manifest["shards"]]
-        self._shard = lru_cache(maxsize=SHARDS_IN_MEMORY)(self._load)
+        self._shard = ShardCache(self._load, DECODED_BYTES_IN_MEMORY)
 
     @classmethod
     def open(
@@ -66,7 +70,9 @@ class CachedTeacher:
     def _load(self, index: int) -> fmt.Shard:
         entry = self.manifest["shards"][index]
         m = self.manifest
-        return fmt.read_shard(self.dir, entry, self.top_k, m["values"], m.get("logprob_step"))
+        shard = fmt.read_shard(self.dir, entry, self.top_k, m["values"], fmt.value_step(m))
+        shard.ids_N_K = shard.ids_N_K.to(torch.int32)  # ids < 2^31: half the memory
+        return shard
 
     def row(self, example: int, *, teacher_ids: bool = False):
         """(ids (C, K), log-probs (C, K), rest (C,), token (C,)) of data row `example`, and the
@@ -76,7 +82,7 @@ class CachedTeacher:
         r = example - int(shard.rows[0])
         lo, hi = int(shard.offsets[r]), int(shard.offsets[r + 1])
         out = (
-            shard.ids_N_K[lo:hi],
+            shard.ids_N_K[lo:hi].long(),
             shard.logprobs_N_K[lo:hi],
             shard.rest_N[lo:hi],
             shard.token_N[lo:hi],
@@ -146,6 +152,44 @@ class CachedTeacher:
         full = dense_from_topk(ids, lps, rest, int(self.manifest["vocab_size"]))
         targets = TeacherTargets(logprobs_B_T_V=full, token_logprobs_B_T=token)
         return targets.to(batch.input_ids_B_L.device)
+
+
+class ShardCache:
+    """Decoded shards by index, least recently used evicted past `budget` bytes. Decoding a
+    shard a second time means the budget is too small for the shuffled row order: warned once,
+    with the sizes."""
+
+    def __init__(self, load, budget: int):
+        self._load, self._budget = load, budget
+        self._shards: OrderedDict[int, fmt.Shard] = OrderedDict()
+        self._bytes = 0
+        self.decodes: dict[int, int] = {}
+
+    def __call__(self, index: int) -> fmt.Shard:
+        if index in self._shards:
+            self._shards.move_to_end(index)
+            return self._shards[index]
+        shard = self._load(index)
+        size = _nbytes(shard)
+        while self._shards and self._bytes + size > self._budget:
+            self._bytes -= _nbytes(self._shards.popitem(last=False)[1])
+        self._shards[index] = shard
+        self._bytes += size
+        self.decodes[index] = self.decodes.get(index, 0) + 1
+        if self.decodes[index] == 2 and sum(self.decodes.values()) == len(self.decodes) + 1:
+            print(
+                f"warning: teacher cache shard {index} decoded again: its decoded shards "
+                f"({size / 2**20:.0f} MiB each) do not all fit the {self._budget / 2**30:.1f} GiB "
+                "kept in memory (cached.DECODED_BYTES_IN_MEMORY), so shuffled rows decode shards "
+                "again and again, which slows every step",
+                file=sys.stderr,
+            )
+        return shard
+
+
+def _nbytes(shard: fmt.Shard) -> int:
+    tensors = (shard.ids_N_K, shard.logprobs_N_K, shard.rest_N, shard.token_N, shard.teacher_ids_N)
+    return sum(t.nbytes for t in tensors if t is not None)
 
 
 def dense_from_topk(ids_B_T_K, logprobs_B_T_K, rest_B_T, vocab_size: int) -> torch.Tensor:

@@ -13,9 +13,10 @@ def add_cache_teacher(sub, positive_int) -> None:
     p.add_argument("--out", required=True, help="cache directory (resumed if it exists)")
     p.add_argument(
         "--values",
-        choices=["q8", "fp16", "fp32"],
-        default="q8",
-        help="log-prob storage: q8 (1 byte, 1/8-nat steps, default), fp16, fp32 (lossless)",
+        choices=["sqrt", "q8", "fp16", "fp32"],
+        default="sqrt",
+        help="probability storage: sqrt (quantised square roots, KL ~5e-4 nats per token, "
+        "default), q8 (1/8-nat log-prob steps), fp16, fp32 (lossless)",
     )
     p.add_argument("--shard-rows", type=positive_int, default=1024, help="rows per shard")
     p.add_argument("--batch-size", type=positive_int, default=None, help="rows per teacher forward")
