@@ -53,6 +53,25 @@ def _mixed_precision(cfg: DistilConfig):
 
 
 @check
+def _bf16_weights(cfg: DistilConfig):
+    train, dtype = cfg.train, cfg.student.dtype
+    if not train.bf16_weights:
+        return None
+    if train.fp16:
+        return ("train.bf16_weights", "train.fp16"), (
+            "train.bf16_weights=true holds the student in bf16 but train.fp16=true asks for "
+            "fp16 autocast; pick one (train.fp16=false keeps bf16 weights)"
+        )
+    if dtype == "float16":
+        return ("train.bf16_weights", "student.dtype"), (
+            "train.bf16_weights=true keeps fp32 master copies of the student's weights, but "
+            "student.dtype = 'float16' loads them already rounded to fp16. Fix: "
+            "student.dtype=float32 (or bfloat16, or auto for a bf16 checkpoint)"
+        )
+    return None
+
+
+@check
 def _window_invariant(cfg: DistilConfig):
     gen, train = cfg.generation, cfg.train
     window = train.per_device_batch_size * train.grad_accum_steps
