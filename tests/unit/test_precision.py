@@ -231,7 +231,7 @@ def test_bf16_weights_under_fsdp_is_refused(monkeypatch, tmp_path):
     monkeypatch.setattr(setup, "fsdp_requested", lambda: True)
     monkeypatch.setattr(setup, "check_launch", lambda cfg: None)
     cfg = build_config({"train": {"bf16_weights": True, "output_dir": str(tmp_path)}})
-    with pytest.raises(ConfigError, match="train.bf16_weights=true under FSDP"):
+    with pytest.raises(ConfigError, match=r"train\.bf16_weights=true under FSDP"):
         setup.build_accelerator(cfg)
 
 
