@@ -13,6 +13,9 @@ the measured steps), tokens/s of the whole step, MFU = 6·N_student·tokens (tra
 + 2·N_teacher·tokens (whole step) / time / peak FLOP/s (CUDA only). `--device cpu` runs the
 same rows with ~3M/7M-parameter models and an 8k vocabulary (`--size cpu`).
 
+Part `generate`: the student's HF generate calls on fp32 weights under bf16 autocast against
+bf16 weights (what `train.bf16_weights` saves at every decoded token).
+
 Part `memory`: the extra peak memory of one jsd loss forward + backward over N tokens at a V
 vocabulary (hidden H), full teacher targets and top-64 targets, unchunked vs `chunk_size` rows.
 On CUDA `max_memory_allocated` above the inputs; on CPU each case runs in a fresh process and
@@ -20,6 +23,7 @@ reports its peak RSS above the inputs.
 
     python bench/train_throughput.py --part step                 # GPU: the step table
     OMP_NUM_THREADS=1 python bench/train_throughput.py --part step --device cpu --steps 3
+    OMP_NUM_THREADS=1 python bench/train_throughput.py --part generate --device cpu
     python bench/train_throughput.py --part memory --vocab 131072 --tokens 4096 --hidden 2048
     OMP_NUM_THREADS=2 python bench/train_throughput.py --part memory --device cpu \\
         --vocab 32768 --tokens 1024 --hidden 512                  # the CPU-sized table
@@ -214,6 +218,47 @@ def step_headline(args, rows) -> str:
     return text
 
 
+def generate_table(args) -> dict:
+    """Seconds of the student's HF generate calls (8 prompts of 24 tokens, 48 greedy tokens)
+    with fp32 weights under accelerate's bf16 autocast (`train.bf16`: every decoded token
+    re-casts the weights) and with bf16 weights (`train.bf16_weights`); median of 3 calls
+    (CPU: process CPU seconds)."""
+    from accelerate import Accelerator
+
+    from distil.config import TrainConfig
+    from distil.generation.base import SamplingParams
+    from distil.generation.hf import HFGenerator
+    from distil.train.optim import build_optimizer
+
+    s_dims, _, vocab = SIZES[args.size]
+    acc = Accelerator(mixed_precision="bf16", cpu=not cuda(args))
+    now = time.perf_counter if cuda(args) else time.process_time
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, vocab, (24,), generator=g).tolist() for _ in range(8)]
+    params = SamplingParams(48, temperature=0.0)
+    res = {}
+    for mode in ("bf16_autocast", "bf16_weights"):
+        model = llama(*s_dims, vocab, 0)
+        if mode == "bf16_weights":
+            build_optimizer(model, TrainConfig(bf16_weights=True), device=args.device)
+        model = acc.unwrap_model(acc.prepare(model))
+        gen = HFGenerator(model, pad_id=0, stop_ids=[vocab + 1])  # no stop: 48 tokens each
+        gen.generate(prompts, params)
+        times = []
+        for _ in range(3):
+            sync()
+            t0 = now()
+            gen.generate(prompts, params)
+            sync()
+            times.append(now() - t0)
+        res[mode] = statistics.median(times)
+    print(f"student generate, 8 x 48 tokens, {args.device}")
+    print("| weights | s per call | tokens/s |\n|---|---|---|")
+    for mode, t in res.items():
+        print(f"| {mode} | {t:.3f} | {8 * 48 / t:.0f} |")
+    return res
+
+
 def sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -293,7 +338,7 @@ def memory_table(args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--part", choices=["step", "memory", "all"], default="all")
+    ap.add_argument("--part", choices=["step", "generate", "memory", "all"], default="all")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--attn", default=None, help="attention implementation (default: sdpa)")
     ap.add_argument("--steps", type=int, default=5)
@@ -318,6 +363,10 @@ def main() -> None:
     headline = []
     if args.part in ("step", "all"):
         headline.append(step_headline(args, step_table(args)))
+    if args.part in ("generate", "all"):
+        gen = generate_table(args)
+        speed = gen["bf16_autocast"] / gen["bf16_weights"]
+        headline.append(f"generate on bf16 weights {speed:.2f}x fp32 weights under autocast")
     if args.part in ("memory", "all"):
         m = memory_table(args)
         c = args.chunk_size
