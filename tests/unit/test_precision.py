@@ -215,6 +215,11 @@ def test_fused_auto_is_on_for_cuda_only():
     [
         ({"train": {"fp16": True}}, "train.fp16=true", "train.fp16=false"),
         ({"student": {"dtype": "float16"}}, "student.dtype = 'float16'", "student.dtype=float32"),
+        (
+            {"student": {"lora": {"enabled": True}}},
+            "student.lora.enabled=true",
+            "bf16_weights=false",
+        ),
     ],
 )
 def test_bad_combinations_are_config_errors(overrides, keys, fix):

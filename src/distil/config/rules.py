@@ -62,6 +62,13 @@ def _bf16_weights(cfg: DistilConfig):
             "train.bf16_weights=true holds the student in bf16 but train.fp16=true asks for "
             "fp16 autocast; pick one (train.fp16=false keeps bf16 weights)"
         )
+    if cfg.student.lora.enabled:
+        return ("train.bf16_weights", "student.lora.enabled"), (
+            "train.bf16_weights=true with student.lora.enabled=true: LoRA already trains fp32 "
+            "adapters (peft keeps them in fp32) over a frozen base, which bf16_weights would "
+            "round to bf16 for good. Fix: train.bf16_weights=false; for a bf16 base load it "
+            "with student.dtype=bfloat16 and set train.bf16=true"
+        )
     if dtype == "float16":
         return ("train.bf16_weights", "student.dtype"), (
             "train.bf16_weights=true keeps fp32 master copies of the student's weights, but "

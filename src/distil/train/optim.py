@@ -81,7 +81,7 @@ class MasterAdamW(torch.optim.AdamW):
                 self.load_dtypes.append(p.dtype)
             master_groups.append({**group, "params": masters})
         super().__init__(master_groups, **kwargs)
-        with torch.no_grad():  # every parameter (frozen ones too: LoRA's base) in bf16
+        with torch.no_grad():  # every parameter in bf16, frozen ones too
             for p in model.parameters():
                 p.data = p.data.to(device=device, dtype=torch.bfloat16)
 
