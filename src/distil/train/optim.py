@@ -91,14 +91,18 @@ class MasterAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def fold_grads(self) -> None:
         """Add the model's gradients into the fp32 master gradients and free them."""
+        adds, masters = [], []
         for p, m in zip(self.model_params, self.masters(), strict=True):
             if p.grad is None:
                 continue
             if m.grad is None:
                 m.grad = p.grad.to(torch.float32)
             else:
-                m.grad.add_(p.grad)
+                adds.append(p.grad)
+                masters.append(m.grad)
             p.grad = None
+        if adds:
+            torch._foreach_add_(masters, adds)  # fp32 += bf16, exact upcast then fp32 add
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -109,14 +113,13 @@ class MasterAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def copy_to_model(self, dtypes: list[torch.dtype] | None = None) -> None:
-        """model <- masters: rounded to bf16, or to `dtypes` (one per parameter)."""
+        """model <- masters: rounded to the model's bf16, or cast to `dtypes` (one each)."""
         masters = self.masters()
-        dtypes = dtypes or [p.dtype for p in self.model_params]
+        if dtypes is None:
+            torch._foreach_copy_(self.model_params, masters)
+            return
         for p, m, dtype in zip(self.model_params, masters, dtypes, strict=True):
-            if p.dtype == dtype:
-                p.copy_(m)
-            else:
-                p.data = m.to(dtype, copy=True)
+            p.data = m.to(dtype, copy=True)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
