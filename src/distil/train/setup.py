@@ -81,6 +81,12 @@ def build_accelerator(cfg: DistilConfig):
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
     check_launch(cfg)
+    if cfg.train.bf16_weights and fsdp_requested():
+        raise ConfigError(
+            "train.bf16_weights=true under FSDP: FSDP keeps its own sharded parameters and "
+            "mixed-precision policy, which distil's fp32 master copies would bypass. Fix: "
+            "train.bf16_weights=false with train.bf16=true (FSDP casts the shards for compute)"
+        )
     # cpu=True on a machine without CUDA: under torchrun, accelerate then sets up gloo across
     # the processes (without it every process trains alone on its shard)
     accelerator = Accelerator(
@@ -90,12 +96,6 @@ def build_accelerator(cfg: DistilConfig):
         cpu=not torch.cuda.is_available(),
     )
     if fsdp_requested():
-        if cfg.train.bf16_weights:
-            raise ConfigError(
-                "train.bf16_weights=true under FSDP: FSDP keeps its own sharded parameters and "
-                "mixed-precision policy, which distil's fp32 master copies would bypass. Fix: "
-                "train.bf16_weights=false with train.bf16=true (FSDP casts the shards for compute)"
-            )
         enable_fsdp_on_cpu(accelerator, precision)
     return accelerator
 
