@@ -170,6 +170,22 @@ def test_master_state_round_trips_through_the_checkpoint_files(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_a_state_without_masters_takes_them_from_the_loaded_model():
+    """Resuming a checkpoint of a run without bf16 weights: the model's weights were just
+    loaded from it; the masters must follow them, not the weights the run started from."""
+    plain = tiny(seed=3)
+    plain_opt = build_optimizer(plain, TrainConfig())
+    sd = plain_opt.state_dict()
+    model = tiny()
+    opt = build_optimizer(model, TrainConfig(bf16_weights=True))
+    with torch.no_grad():  # what load_checkpoint's model part does before the optimizer's
+        for p, q in zip(opt.model_params, ordered(plain_opt), strict=True):
+            p.copy_(q)
+    opt.load_state_dict(sd)
+    for p, m, q in zip(opt.model_params, opt.masters(), ordered(plain_opt), strict=True):
+        assert torch.equal(m, q.bfloat16().float()) and torch.equal(p, q.bfloat16())
+
+
 def test_final_weights_are_the_masters_in_the_loaded_dtype():
     model = tiny()
     opt = build_optimizer(model, TrainConfig(bf16_weights=True, lr=1e-4))

@@ -137,10 +137,9 @@ class MasterAdamW(torch.optim.AdamW):
         state = {i: dict(e) for i, e in state_dict["state"].items()}
         saved = {i: e.pop("master") for i, e in state.items() if "master" in e}
         super().load_state_dict({**state_dict, "state": {i: e for i, e in state.items() if e}})
-        with torch.no_grad():
-            for i, m in enumerate(self.masters()):
-                if i in saved:
-                    m.copy_(saved[i])
+        with torch.no_grad():  # no saved master (a checkpoint of a run without bf16 weights):
+            for i, (p, m) in enumerate(zip(self.model_params, self.masters(), strict=True)):
+                m.copy_(saved.get(i, p))  # else: the weights just loaded into the model
         self.copy_to_model()
 
 
