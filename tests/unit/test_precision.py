@@ -186,6 +186,23 @@ def test_a_state_without_masters_takes_them_from_the_loaded_model():
         assert torch.equal(m, q.bfloat16().float()) and torch.equal(p, q.bfloat16())
 
 
+def test_a_plain_adamw_resuming_a_bf16_weights_state_takes_the_masters(tmp_path):
+    model = tiny()
+    opt = build_optimizer(model, TrainConfig(bf16_weights=True, lr=1e-4))
+    feed(((p, None) for p in opt.model_params), torch.Generator().manual_seed(7))
+    opt.step()
+    ck._save_optimizer(opt, tmp_path)
+    from safetensors.torch import load_file
+
+    plain = tiny(seed=4)
+    plain_opt = build_optimizer(plain, TrainConfig(lr=1e-4))
+    meta = json.loads((tmp_path / ck.OPTIM_META).read_text())
+    ck._load_optimizer(plain_opt, load_file(str(tmp_path / ck.OPTIM_TENSORS)), meta)
+    for m, p in zip(opt.masters(), ordered(plain_opt), strict=True):
+        assert p.dtype == torch.float32 and torch.equal(p, m)  # exact, not the bf16 weights
+        assert "master" not in plain_opt.state[p] and "exp_avg" in plain_opt.state[p]
+
+
 def test_final_weights_are_the_masters_in_the_loaded_dtype():
     model = tiny()
     opt = build_optimizer(model, TrainConfig(bf16_weights=True, lr=1e-4))

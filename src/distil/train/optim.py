@@ -165,6 +165,22 @@ def grad_params(optimizer, model: torch.nn.Module) -> Iterable[torch.Tensor]:
     return model.parameters()
 
 
+def drop_masters(optimizer, state_dict: dict) -> dict:
+    """A saved state for a plain AdamW: the master copies a bf16-weights run saved (a run
+    resumed with train.bf16_weights turned off) become the parameters' values, exactly, and
+    leave the state."""
+    inner = _inner(optimizer)
+    if isinstance(inner, MasterAdamW):
+        return state_dict
+    params = [p for g in inner.param_groups for p in g["params"]]
+    state = {i: dict(e) for i, e in state_dict["state"].items()}
+    with torch.no_grad():
+        for i, entry in state.items():
+            if "master" in entry:
+                params[i].copy_(entry.pop("master"))
+    return {**state_dict, "state": {i: e for i, e in state.items() if e}}
+
+
 def final_weights(optimizer) -> None:
     """Before saving the final model: the model's parameters become the fp32 masters, in the
     dtype each was loaded in (student.dtype), so bf16 training saves what fp32 training would."""
