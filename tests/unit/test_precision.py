@@ -350,12 +350,15 @@ class WeightCasts:
         self.mode.__exit__(*exc)
 
 
-@pytest.mark.parametrize("mode", ["bf16", "bf16_weights"])
-def test_generation_on_bf16_weights_recasts_nothing(make_train_config, mode):
+@pytest.mark.parametrize(
+    ("mode", "backend"), [("bf16", "hf"), ("bf16_weights", "hf"), ("bf16_weights", "hf_static")]
+)
+def test_generation_on_bf16_weights_recasts_nothing(make_train_config, mode, backend):
     from distil.generation.base import SamplingParams
     from distil.train.setup import build
 
-    c = build(build_config(make_train_config(train={mode: True})))
+    raw = make_train_config(train={mode: True}, generation={"backend": backend})
+    c = build(build_config(raw))
     generator = c.buffer.student.generator
     prompts = [c.tokenizer("nums: 3 5 target: 8")["input_ids"]] * 2
     with WeightCasts(c.unwrapped) as casts:
@@ -365,3 +368,26 @@ def test_generation_on_bf16_weights_recasts_nothing(make_train_config, mode):
     else:
         assert casts.count == 0
         assert all(p.dtype == torch.bfloat16 for p in c.unwrapped.parameters())
+
+
+def test_static_cache_under_autocast_on_fp32_weights_is_a_config_error(make_train_config):
+    from distil.train.setup import build
+
+    raw = make_train_config(train={"bf16": True}, generation={"backend": "hf_static"})
+    with pytest.raises(ConfigError, match=r"Fix: train\.bf16_weights=true"):
+        build_config(raw)
+    # what it prevents: the first generate call fails inside the cache
+    from distil.config.rules import _CHECKS, _static_cache_under_autocast
+
+    _CHECKS.remove(_static_cache_under_autocast)
+    try:
+        c = build(build_config(raw))
+    finally:
+        _CHECKS.append(_static_cache_under_autocast)
+    from distil.generation.base import SamplingParams
+
+    prompts = [c.tokenizer("nums: 3 5 target: 8")["input_ids"]]
+    with pytest.raises(RuntimeError, match="same dtype"):
+        c.buffer.student.generator.generate(prompts, SamplingParams(4, 1.0, 1.0, 0, 1))
+    raw["student"]["dtype"] = "bfloat16"  # bf16 weights under autocast are fine
+    build_config(raw)

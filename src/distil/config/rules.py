@@ -79,6 +79,23 @@ def _bf16_weights(cfg: DistilConfig):
 
 
 @check
+def _static_cache_under_autocast(cfg: DistilConfig):
+    train = cfg.train
+    if not (cfg.generation.backend == "hf_static" and train.bf16 and not train.bf16_weights):
+        return None
+    if cfg.student.dtype != "float32":
+        return None
+    # fp32 weights under autocast: RoPE keeps the keys in fp32 while the values come out of
+    # v_proj in bf16, and the static cache holds one dtype for both
+    return ("generation.backend", "train.bf16"), (
+        "generation.backend = 'hf_static' with train.bf16=true on fp32 weights: under autocast "
+        "the keys and values of the student's KV cache come out in different dtypes (fp32 and "
+        "bf16), which a static cache cannot hold. Fix: train.bf16_weights=true (bf16 weights, "
+        "fp32 master copies; also no weight casts per decoded token), or generation.backend=hf"
+    )
+
+
+@check
 def _window_invariant(cfg: DistilConfig):
     gen, train = cfg.generation, cfg.train
     window = train.per_device_batch_size * train.grad_accum_steps
