@@ -83,7 +83,7 @@ def ragged_batches(n_micro, batch, vocab, seed, device):
 SIZES = {
     "gpu": ((1024, 24, 16, 4096), (2048, 16, 16, 8192), 32768),  # ~0.50B / ~1.30B
     "cpu": ((256, 4, 4, 1024), (384, 4, 6, 1536), 8192),  # ~3M / ~7M: minutes on 2 CPU cores
-    "tiny": ((64, 2, 4, 128), (96, 2, 4, 192), 32768),  # a smoke test of the code path
+    "tiny": ((64, 2, 4, 128), (96, 2, 4, 192), 2048),  # a smoke test of the code path
 }
 # (precision, fused AdamW, loss.chunk_size, packing): the first row, then every mix
 ROWS = [
