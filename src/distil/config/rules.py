@@ -53,6 +53,49 @@ def _mixed_precision(cfg: DistilConfig):
 
 
 @check
+def _bf16_weights(cfg: DistilConfig):
+    train, dtype = cfg.train, cfg.student.dtype
+    if not train.bf16_weights:
+        return None
+    if train.fp16:
+        return ("train.bf16_weights", "train.fp16"), (
+            "train.bf16_weights=true holds the student in bf16 but train.fp16=true asks for "
+            "fp16 autocast; pick one (train.fp16=false keeps bf16 weights)"
+        )
+    if cfg.student.lora.enabled:
+        return ("train.bf16_weights", "student.lora.enabled"), (
+            "train.bf16_weights=true with student.lora.enabled=true: LoRA already trains fp32 "
+            "adapters (peft keeps them in fp32) over a frozen base, which bf16_weights would "
+            "round to bf16 for good. Fix: train.bf16_weights=false; for a bf16 base load it "
+            "with student.dtype=bfloat16 and set train.bf16=true"
+        )
+    if dtype == "float16":
+        return ("train.bf16_weights", "student.dtype"), (
+            "train.bf16_weights=true keeps fp32 master copies of the student's weights, but "
+            "student.dtype = 'float16' loads them already rounded to fp16. Fix: "
+            "student.dtype=float32 (or bfloat16, or auto for a bf16 checkpoint)"
+        )
+    return None
+
+
+@check
+def _static_cache_under_autocast(cfg: DistilConfig):
+    train = cfg.train
+    if not (cfg.generation.backend == "hf_static" and train.bf16 and not train.bf16_weights):
+        return None
+    if cfg.student.dtype != "float32":
+        return None
+    # fp32 weights under autocast: RoPE keeps the keys in fp32 while the values come out of
+    # v_proj in bf16, and the static cache holds one dtype for both
+    return ("generation.backend", "train.bf16"), (
+        "generation.backend = 'hf_static' with train.bf16=true on fp32 weights: under autocast "
+        "the keys and values of the student's KV cache come out in different dtypes (fp32 and "
+        "bf16), which a static cache cannot hold. Fix: train.bf16_weights=true (bf16 weights, "
+        "fp32 master copies; also no weight casts per decoded token), or generation.backend=hf"
+    )
+
+
+@check
 def _window_invariant(cfg: DistilConfig):
     gen, train = cfg.generation, cfg.train
     window = train.per_device_batch_size * train.grad_accum_steps

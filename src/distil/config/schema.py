@@ -65,7 +65,17 @@ class ModelConfig(Section):
     tokenizer: str | None = Field(None, description="tokenizer path (default: student.path)")
     dtype: Dtype = Field("float32", description="weights dtype")
     attn_implementation: str = Field("sdpa", description="sdpa, eager, flash_attention_2, ...")
-    gradient_checkpointing: bool = Field(False, description="trade compute for activation memory")
+    gradient_checkpointing: bool = Field(
+        False,
+        description="recompute activations in backward: about 1/3 more student compute for much "
+        "less activation memory; pays only when it lets a larger micro-batch or pack_length fit "
+        "(docs/training.md, precision and speed)",
+    )
+    liger: bool = Field(
+        False,
+        description="patch the student with Liger kernels (RMSNorm, SwiGLU, RoPE; the liger "
+        "extra, CUDA) where its model type has them",
+    )
     trust_remote_code: bool = Field(False, description="allow model code from the checkpoint")
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
@@ -231,7 +241,21 @@ class TrainConfig(Section):
     )
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="final lr / peak lr")
     max_grad_norm: float | None = Field(1.0, gt=0.0, description="clip norm (null: no clipping)")
-    bf16: bool = Field(False, description="bf16 mixed precision")
+    bf16: bool = Field(
+        False, description="bf16 autocast over fp32 weights (fp32 weights, gradients and AdamW)"
+    )
+    bf16_weights: bool = Field(
+        False,
+        description="student weights held in bf16 on the device, AdamW keeping fp32 master "
+        "copies and moments; gradients add up in fp32, clipping on the fp32 gradients, bf16 "
+        "autocast on (implies train.bf16); the final model is saved from the master copies in "
+        "student.dtype (docs/training.md)",
+    )
+    fused_adamw: bool | Literal["auto"] = Field(
+        "auto",
+        description="torch's fused AdamW kernel (auto: on CUDA; off on CPU, where it is faster "
+        "but rounds differently from the default implementation the demo's numbers come from)",
+    )
     fp16: bool = Field(False, description="fp16 mixed precision")
     lambda_: float = Field(
         1.0, alias="lambda", ge=0.0, le=1.0, description="share of on-policy slices"

@@ -329,7 +329,9 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _load_optimizer(optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    optimizer.load_state_dict(_optimizer_dict(tensors, meta))
+    from distil.train.optim import drop_masters
+
+    optimizer.load_state_dict(drop_masters(optimizer, _optimizer_dict(tensors, meta)))
 
 
 def _optimizer_dict(tensors: dict[str, torch.Tensor], meta: dict) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from distil.train.checkpoint import save_checkpoint, save_final_model
 from distil.train.cost import CostMeter
 from distil.train.fsdp import full_weights, is_sharded
 from distil.train.logging import MetricsLog, ProgressLine, print_sample
-from distil.train.optim import set_lr
+from distil.train.optim import final_weights, fold_grads, grad_params, set_lr
 from distil.train.resume import resume
 from distil.train.rundir import RunLock, record_config
 from distil.train.setup import Components, build
@@ -154,6 +154,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
             f"checkpoint written for it (the last good one: {last_good or 'none'})",
             file=sys.stderr,
         )
+    final_weights(c.optimizer)  # bf16 weights: the fp32 masters, in student.dtype
     save_final_model(
         acc,
         c.model,
@@ -247,6 +248,8 @@ def _accumulate(c: Components, cfg: DistilConfig, window) -> tuple[dict, Any, fl
                     loss_opts=_loss_opts(c, cfg, window.policies[i]),
                 )
             acc.backward(result.loss)
+        if acc.num_processes == 1:  # bf16 weights: add up in fp32 (DDP: after its all-reduce)
+            fold_grads(c.optimizer)
         _add_metrics(sums, result.metrics, window.policies[i])
         if micro.alignment is not None:  # cross-tokenizer: groups, bytes, unalignable tokens
             for k, v in micro.alignment.metrics.items():
@@ -267,7 +270,7 @@ def _clock_now(device: torch.device) -> float:
 def _update(c: Components, cfg: DistilConfig, sums: dict) -> tuple[torch.Tensor, bool]:
     """Clip and step, unless the loss or the gradient is not finite (then skip the step)."""
     max_norm = cfg.train.max_grad_norm or float("inf")
-    grad_norm = c.accelerator.clip_grad_norm_(c.model.parameters(), max_norm)
+    grad_norm = c.accelerator.clip_grad_norm_(grad_params(c.optimizer, c.model), max_norm)
     finite = bool(torch.isfinite(grad_norm)) and all(bool(torch.isfinite(v)) for v in sums.values())
     if finite:
         c.optimizer.step()

@@ -68,7 +68,8 @@ def build_accelerator(cfg: DistilConfig):
 
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
-    precision = "bf16" if cfg.train.bf16 else "fp16" if cfg.train.fp16 else "no"
+    bf16 = cfg.train.bf16 or cfg.train.bf16_weights  # bf16 weights run under bf16 autocast too
+    precision = "bf16" if bf16 else "fp16" if cfg.train.fp16 else "no"
     if precision == "fp16" and not torch.cuda.is_available():
         raise ConfigError("train.fp16=true needs a CUDA GPU. Fix: use train.bf16=true on CPU")
     for name in cfg.logging.trackers:
@@ -80,6 +81,12 @@ def build_accelerator(cfg: DistilConfig):
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
     check_launch(cfg)
+    if cfg.train.bf16_weights and fsdp_requested():
+        raise ConfigError(
+            "train.bf16_weights=true under FSDP: FSDP keeps its own sharded parameters and "
+            "mixed-precision policy, which distil's fp32 master copies would bypass. Fix: "
+            "train.bf16_weights=false with train.bf16=true (FSDP casts the shards for compute)"
+        )
     # cpu=True on a machine without CUDA: under torchrun, accelerate then sets up gloo across
     # the processes (without it every process trains alone on its shard)
     accelerator = Accelerator(
@@ -113,6 +120,10 @@ def load_student(cfg: DistilConfig, accelerator):
     s = cfg.student
     model, tok = _load(s, "student")
     model.config.use_cache = False  # packed/training forwards must not build a KV cache
+    if s.liger:
+        from distil.models.liger import apply_liger
+
+        apply_liger(model, accelerator.device)
     if s.gradient_checkpointing:
         enable_activation_checkpointing(model)
     if s.lora.enabled:
@@ -420,7 +431,7 @@ def build(cfg: DistilConfig) -> Components:
             packing=cfg.train.packing,
             pack_length=cfg.train.pack_length,
         )
-    optimizer = build_optimizer(model, cfg.train)
+    optimizer = build_optimizer(model, cfg.train, device=accelerator.device)
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
     report_sharding(accelerator, unwrapped, teacher_model)
