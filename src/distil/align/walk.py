@@ -11,8 +11,8 @@ gives each group its match-table key and each student token of a plain group its
 entry (teacher position and remainder key) as (offset, length) slices of the student bytes;
 `keys.KeyIndex` looks the keys of cached tables up in one pass and `keys.first_seen` finds the
 distinct missing ones, so that Python runs once per new table, not per group or token
-(`token_align` and `batch` have the rules in words); `projection_entries`, `padded` and
-`covered_local` shape the outputs.
+(`token_align` and `batch` have the rules in words); `projection_entries` and
+`outputs.group_tensors` shape the outputs.
 """
 
 from __future__ import annotations
@@ -62,8 +62,10 @@ class FlatRows:
 
 
 def _flat(parts: Sequence[Sequence[int] | np.ndarray], n: int) -> np.ndarray:
-    if parts and isinstance(parts[0], np.ndarray) and all(isinstance(p, np.ndarray) for p in parts):
-        return np.concatenate(parts).astype(np.int64, copy=False).reshape(-1)
+    if all(hasattr(p, "__array__") for p in parts):  # numpy arrays or tensors: no Python ints
+        if not parts:
+            return np.zeros(0, np.int64)
+        return np.concatenate([np.asarray(p).reshape(-1) for p in parts]).astype(np.int64)
     # one pass over all rows (a numpy call per row costs as much as the row's data)
     return np.fromiter(chain.from_iterable(parts), dtype=np.int64, count=n)
 
@@ -362,38 +364,6 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
             e_plain[e] = True
             e += 1
     return kind, flag, m_off, m_len, e_group, e_s, e_t, e_off, e_len, e_fits, e_plain
-
-
-@numba.njit(cache=True)
-def padded(rows, start, stop, flat_ids, row_off, offsets):  # pragma: no cover - compiled
-    """(pos (G, W), tok (G, W)): predicting positions offsets[row] - 1 + i and ids of the
-    token ranges [start, stop) of each group, -1 padded; W = the widest range (at least 1)."""
-    width = 1
-    for q in range(rows.shape[0]):
-        width = max(width, stop[q] - start[q])
-    pos = np.full((rows.shape[0], width), -1, np.int64)
-    tok = np.full((rows.shape[0], width), -1, np.int64)
-    for q in range(rows.shape[0]):
-        b = rows[q]
-        for i in range(start[q], stop[q]):
-            pos[q, i - start[q]] = offsets[b] - 1 + i
-            tok[q, i - start[q]] = flat_ids[row_off[b] + i]
-    return pos, tok
-
-
-@numba.njit(cache=True)
-def covered_local(covered, row_off):  # pragma: no cover - compiled
-    """(local indices of the covered tokens, concatenated; their row offsets (B + 1,))."""
-    out = np.empty(covered.shape[0], np.int64)
-    cum = np.zeros(row_off.shape[0], np.int64)
-    n = 0
-    for b in range(row_off.shape[0] - 1):
-        for k in range(row_off[b], row_off[b + 1]):
-            if covered[k]:
-                out[n] = k - row_off[b]
-                n += 1
-        cum[b + 1] = n
-    return out[:n], cum
 
 
 @numba.njit(cache=True)

@@ -1,4 +1,4 @@
-"""build_alignment: predicting positions, padding, table ids and the per-row in-group indices."""
+"""build_alignment: predicting positions, padding, table ids and the per-row in-group mask."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_hand_computed_batch():
     assert table0[2] == 4  # teacher 'abc' -> student 'ab' (nothing longer starts with 'abc')
     assert table0[3] == 1  # teacher 'a' -> 'a': the student's 'ab' is a teacher token too
     assert table0[4] == 2 and table0[5] == 3
-    assert in_group == [[0, 1, 2], [0, 1, 2], [0]]
+    assert in_group.tolist() == [[True, True, True], [True, True, True], [True, False, False]]
     assert ag.exact_G.tolist() == [True] * 5
     assert ag.metrics["groups"] == 5 and ag.metrics["student_tokens_in_groups"] == 7
     assert ag.metrics["unalignable_tokens"] == 1 and ag.metrics["bytes"] == 7
@@ -89,10 +89,14 @@ def test_table_ids_are_renumbered_per_batch():
 def test_empty_batch_and_row_without_groups():
     mt, pt = MatchTables(S, T), ProjectionTables(S, T)
     ag, in_group = build_alignment([], S, T, mt, pt)
-    assert ag.num_groups == 0 and ag.proj_row_N.numel() == 0 and in_group == []
+    assert ag.num_groups == 0 and ag.proj_row_N.numel() == 0 and in_group.shape == (0, 0)
     row = RowInputs(s_ids=[1], s_offset=1, t_ids=[], t_offset=1, t_ends=[], t_bytes=b"")
     ag, in_group = build_alignment([row], S, T, mt, pt)
-    assert ag.num_groups == 0 and in_group == [[]] and ag.metrics["unalignable_tokens"] == 1
+    assert (
+        ag.num_groups == 0
+        and in_group.tolist() == [[False]]
+        and ag.metrics["unalignable_tokens"] == 1
+    )
     assert ag.student_pos_G_S.shape == (0, 1) and len(ag.match_tables) == 1
 
 
@@ -118,7 +122,7 @@ def test_identical_tokenizers_one_projection_entry_per_token(bpe_tokenizer):
     assert torch.equal(ag.proj_teacher_pos_N, ag.proj_student_pos_N)
     assert ag.proj_table_N.eq(0).all() and ag.match_table_G.eq(0).all()
     assert torch.equal(ag.student_tok_G_S, ag.teacher_tok_G_T)
-    assert in_group == [list(range(len(r.s_ids))) for r in rows]
+    assert in_group.sum(1).tolist() == [len(r.s_ids) for r in rows]
     first = len(rows[0].s_ids)
     assert ag.proj_student_pos_N[:first].tolist() == list(range(4, 4 + first))
     assert ag.proj_student_pos_N[first:].tolist() == list(range(11, 11 + len(rows[1].s_ids)))
