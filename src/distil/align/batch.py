@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from distil.align.keys import first_seen
+from distil.align.outputs import group_tensors, renumber
 from distil.align.token_align import BatchAlignment, align_flat
 from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes
-from distil.align.outputs import group_tensors, renumber
 from distil.align.walk import FlatRows, group_keys, projection_entries
 from distil.types import AlignmentGroups
 
@@ -111,26 +112,21 @@ def _match_ids(kind, flag, off, length, rows, data, match: MatchTables) -> np.nd
     """Global match-table id per group. Keys already in the cache are looked up in one compiled
     pass; missing tables are built in the order the per-row build asked for them (a row's
     empty table before its deltas)."""
-    out = match.keys.lookup(data, off, length, flag, kind == 2)
-    miss = (kind == 2) & (out < 0)
-    no_map = np.flatnonzero(kind == 1)
-    if not miss.any():  # a warm batch: every key cached
-        out[kind < 2] = 0
-        if len(no_map):
-            out[no_map] = match.empty_id()
-        return out
-    reps, key = first_seen(data, off, length, flag, miss)
-    # the empty table comes before the deltas of the first row that has a no-map group
-    empty_at = int(np.searchsorted(rows, rows[no_map[0]])) if len(no_map) else len(kind) + 1
+    out, n_miss = match.keys.lookup(data, off, length, flag, kind == 2, default=0)
+    no_map = np.flatnonzero(kind == 1)  # only in DP rows
     empty_id = -1
-    ids = np.empty(len(reps), dtype=np.int64)
-    new = zip(reps.tolist(), off[reps].tolist(), length[reps].tolist(), flag[reps].tolist())
-    for u, (group, a, n, longer) in enumerate(new):
-        if empty_id < 0 and group >= empty_at:
-            empty_id = match.empty_id()
-        ids[u] = match.delta_id(data[a : a + n].tobytes(), student_longer=longer)
-    out[miss] = ids[key[miss]]
-    out[kind < 2] = 0
+    if n_miss:
+        miss = out < 0
+        reps, key = first_seen(data, off, length, flag, miss)
+        # the empty table comes before the deltas of the first row that has a no-map group
+        empty_at = int(np.searchsorted(rows, rows[no_map[0]])) if len(no_map) else len(kind) + 1
+        ids = np.empty(len(reps), dtype=np.int64)
+        new = zip(reps.tolist(), off[reps].tolist(), length[reps].tolist(), flag[reps].tolist())
+        for u, (group, a, n, longer) in enumerate(new):
+            if empty_id < 0 and group >= empty_at:
+                empty_id = match.empty_id()
+            ids[u] = match.delta_id(data[a : a + n].tobytes(), student_longer=longer)
+        out[miss] = ids[key[miss]]
     if len(no_map):
         out[no_map] = match.empty_id() if empty_id < 0 else empty_id
     return out
@@ -139,20 +135,16 @@ def _match_ids(kind, flag, off, length, rows, data, match: MatchTables) -> np.nd
 def _proj_ids(off, length, plain, data, proj: ProjectionTables) -> np.ndarray:
     """Global projection-table id per entry (0 where the teacher is not behind); like
     `_match_ids`, cached keys in one compiled pass, missing tables in order of appearance."""
-    need = plain & (length > 0)
     no_flag = np.zeros(len(off), np.bool_)
-    out = proj.keys.lookup(data, off, length, no_flag, need)
-    miss = need & (out < 0)
-    if not miss.any():
-        out[~need] = 0
-        return out
-    reps, key = first_seen(data, off, length, no_flag, miss)
-    ids = [
-        proj.table_id(data[a : a + n].tobytes())
-        for a, n in zip(off[reps].tolist(), length[reps].tolist(), strict=True)
-    ]
-    out[miss] = np.asarray(ids, dtype=np.int64)[key[miss]]
-    out[~need] = 0
+    out, n_miss = proj.keys.lookup(data, off, length, no_flag, plain, default=0)
+    if n_miss:
+        miss = out < 0
+        reps, key = first_seen(data, off, length, no_flag, miss)
+        ids = [
+            proj.table_id(data[a : a + n].tobytes())
+            for a, n in zip(off[reps].tolist(), length[reps].tolist(), strict=True)
+        ]
+        out[miss] = np.asarray(ids, dtype=np.int64)[key[miss]]
     return out
 
 

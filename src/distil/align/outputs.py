@@ -20,19 +20,6 @@ def _width(start, stop):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _fill(pos, tok, q, start, stop, flat_ids, base, offset):  # pragma: no cover - compiled
-    # group q's range [start, stop) of a row: predicting positions offset - 1 + i, ids; -1 after
-    n = stop - start
-    for i in range(pos.shape[1]):
-        if i < n:
-            pos[q, i] = offset - 1 + start + i
-            tok[q, i] = flat_ids[base + start + i]
-        else:
-            pos[q, i] = -1
-            tok[q, i] = -1
-
-
-@numba.njit(cache=True)
 def group_tensors(g, s_ids, s_off, s_offset, t_ids, t_off, t_offset, covered):
     # pragma: no cover - compiled
     """From `walk.align_rows`' groups g (G, 5) (row, s0, s1, t0, t1): (row (G,), s_pos, s_tok
@@ -48,8 +35,13 @@ def group_tensors(g, s_ids, s_off, s_offset, t_ids, t_off, t_offset, covered):
     for q in range(n_g):
         b = g[q, 0]
         row[q] = b
-        _fill(s_pos, s_tok, q, g[q, 1], g[q, 2], s_ids, s_off[b], s_offset[b])
-        _fill(t_pos, t_tok, q, g[q, 3], g[q, 4], t_ids, t_off[b], t_offset[b])
+        s0, n_s, t0, n_t = g[q, 1], g[q, 2] - g[q, 1], g[q, 3], g[q, 4] - g[q, 3]
+        for i in range(s_pos.shape[1]):  # predicting positions offset - 1 + index, ids; -1 after
+            s_pos[q, i] = s_offset[b] - 1 + s0 + i if i < n_s else -1
+            s_tok[q, i] = s_ids[s_off[b] + s0 + i] if i < n_s else -1
+        for i in range(t_pos.shape[1]):
+            t_pos[q, i] = t_offset[b] - 1 + t0 + i if i < n_t else -1
+            t_tok[q, i] = t_ids[t_off[b] + t0 + i] if i < n_t else -1
     width = 0
     for b in range(n_rows):
         width = max(width, s_off[b + 1] - s_off[b])

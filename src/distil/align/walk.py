@@ -62,10 +62,14 @@ class FlatRows:
 
 
 def _flat(parts: Sequence[Sequence[int] | np.ndarray], n: int) -> np.ndarray:
-    if all(hasattr(p, "__array__") for p in parts):  # numpy arrays or tensors: no Python ints
-        if not parts:
-            return np.zeros(0, np.int64)
-        return np.concatenate([np.asarray(p).reshape(-1) for p in parts]).astype(np.int64)
+    if not parts:
+        return np.zeros(0, np.int64)
+    if all(isinstance(p, np.ndarray) for p in parts):  # views of the collator's arrays
+        return np.concatenate(parts, axis=None).astype(np.int64, copy=False)
+    if all(hasattr(p, "__array__") for p in parts):  # tensors
+        return np.concatenate([np.asarray(p) for p in parts], axis=None).astype(
+            np.int64, copy=False
+        )
     # one pass over all rows (a numpy call per row costs as much as the row's data)
     return np.fromiter(chain.from_iterable(parts), dtype=np.int64, count=n)
 
@@ -77,40 +81,34 @@ def _offsets(lengths, n: int) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def student_spans(s_ids, s_off, v_data, v_start, t_bytes, tb_off):  # pragma: no cover
+def student_spans(s_ids, s_off, v_data, v_start, max_len, t_bytes, tb_off):  # pragma: no cover
     """(s_ends (N_s,) per-row byte ends, s_bytes flat, sb_off (B + 1,), prefix bool (B,):
     the row's teacher bytes are a prefix of its student bytes). Ids outside the table spell
-    nothing."""
+    nothing. One pass over the ids (each id's table entry is read once)."""
     n_rows = s_off.shape[0] - 1
     size = v_start.shape[0] - 1
     s_ends = np.empty(s_ids.shape[0], np.int64)
     sb_off = np.zeros(n_rows + 1, np.int64)
-    for b in range(n_rows):
-        pos = 0
-        for k in range(s_off[b], s_off[b + 1]):
-            i = s_ids[k]
-            if 0 <= i < size:
-                pos += v_start[i + 1] - v_start[i]
-            s_ends[k] = pos
-        sb_off[b + 1] = sb_off[b] + pos
-    s_bytes = np.empty(sb_off[n_rows], np.uint8)
+    s_bytes = np.empty(s_ids.shape[0] * max_len, np.uint8)  # pages are touched only if written
     prefix = np.zeros(n_rows, np.bool_)
+    w = 0
     for b in range(n_rows):
-        w = sb_off[b]
         for k in range(s_off[b], s_off[b + 1]):
             i = s_ids[k]
             if 0 <= i < size:
                 for a in range(v_start[i], v_start[i + 1]):
                     s_bytes[w] = v_data[a]
                     w += 1
+            s_ends[k] = w - sb_off[b]
+        sb_off[b + 1] = w
         n_t = tb_off[b + 1] - tb_off[b]
-        ok = n_t <= sb_off[b + 1] - sb_off[b]
+        ok = n_t <= w - sb_off[b]
         for a in range(n_t if ok else 0):
             if s_bytes[sb_off[b] + a] != t_bytes[tb_off[b] + a]:
                 ok = False
                 break
         prefix[b] = ok
-    return s_ends, s_bytes, sb_off, prefix
+    return s_ends, s_bytes[:w], sb_off, prefix
 
 
 @numba.njit(cache=True)
@@ -182,7 +180,9 @@ def _kept_student(ids, ends, special, n_t_bytes, use_dp):  # pragma: no cover - 
     kept = np.empty(ids.shape[0], np.int64)
     n = 0
     for k in range(ids.shape[0]):
-        zero[k] = 0 <= ids[k] < special.shape[0] and special[ids[k]]
+        # specials spell no bytes: look the (large, cache-cold) flag table up only then
+        start = ends[k - 1] if k > 0 else 0
+        zero[k] = ends[k] == start and 0 <= ids[k] < special.shape[0] and special[ids[k]]
         if not zero[k] and (use_dp or ends[k] <= n_t_bytes):
             kept[n] = k
             n += 1
@@ -198,7 +198,7 @@ def _kept_teacher(ids, ends, special):  # pragma: no cover - compiled
     n = 0
     for j in range(ids.shape[0]):
         start = ends[j - 1] if j > 0 else 0
-        zero[j] = 0 <= ids[j] < special.shape[0] and special[ids[j]] and ends[j] == start
+        zero[j] = ends[j] == start and 0 <= ids[j] < special.shape[0] and special[ids[j]]
         if not zero[j]:
             kept[n] = j
             n += 1
