@@ -126,6 +126,15 @@ def align_rows(
     out_special = np.zeros(s_ids.shape[0], np.bool_)
     covered = np.zeros(s_ids.shape[0], np.bool_)
     n_exact = np.zeros(n_rows, np.int64)
+    # scratch for the per-row passes, allocated once for the batch (row slices of it)
+    s_zero_all = np.empty(s_ids.shape[0], np.bool_)
+    s_kept_all = np.empty(s_ids.shape[0], np.int64)
+    t_zero_all = np.empty(t_ids.shape[0], np.bool_)
+    t_kept_all = np.empty(t_ids.shape[0], np.int64)
+    bounds = np.empty((2, s_ids.shape[0]), np.int64)
+    cg_all = np.empty((s_ids.shape[0], 4), np.int64)
+    c_all = np.empty((2, t_ids.shape[0]), np.int64)
+    p_all = np.empty((2, s_ids.shape[0]), np.int64)
     n_g = 0
     for b in range(n_rows):
         sb, ns = s_off[b], s_off[b + 1] - s_off[b]
@@ -133,17 +142,27 @@ def align_rows(
         n_tb = tb_off[b + 1] - tb_off[b]
         se, te = s_ends[sb : sb + ns], t_ends[tb : tb + nt]
         row_t2s = t2s[t2s_off[b] : t2s_off[b + 1]]
-        s_zero, ks = _kept_student(s_ids[sb : sb + ns], se, s_special, n_tb, dp[b])
-        t_zero, kt = _kept_teacher(t_ids[tb : tb + nt], te, t_special)
+        s_zero, t_zero = s_zero_all[sb : sb + ns], t_zero_all[tb : tb + nt]
+        ks = s_kept_all[sb : sb + _kept_student(
+            s_ids[sb : sb + ns], se, s_special, n_tb, dp[b], s_zero, s_kept_all[sb:]
+        )]  # fmt: skip
+        kt = t_kept_all[tb : tb + _kept_teacher(
+            t_ids[tb : tb + nt], te, t_special, t_zero, t_kept_all[tb:]
+        )]  # fmt: skip
+        bs, bt = bounds[0, sb:], bounds[1, sb:]
         if dp[b]:
-            bs, bt = _mapped_bounds(se, ks, te, kt, row_t2s)
+            m = _mapped_bounds(se, ks, te, kt, row_t2s, bs, bt)
+            bs, bt = bs[:m], bt[:m]
         else:
-            bs, bt = _common_bounds(se, ks, te, kt)
-        cg = _content_groups(se, ks, te, kt, bs, bt)
-        ps, pt = _special_pairs(
+            m = _common_bounds(se, ks, te, kt, bs)
+            bs, bt = bs[:m], bs[:m]
+        cg = cg_all[sb : sb + _content_groups(se, ks, te, kt, bs, bt, cg_all[sb:])]
+        ps, pt = p_all[0, sb:], p_all[1, sb:]
+        m = _special_pairs(
             s_ids[sb : sb + ns], se, s_zero, t_ids[tb : tb + nt], te, t_zero, kt, n_tb,
-            partner, dp[b], row_t2s,
+            partner, dp[b], row_t2s, c_all[0, tb:], c_all[1, tb:], ps, pt,
         )  # fmt: skip
+        ps, pt = ps[:m], pt[:m]
         x = y = 0
         while x < cg.shape[0] or y < ps.shape[0]:  # groups and pairs merged by s0
             if x >= cg.shape[0] or (y < ps.shape[0] and ps[y] < cg[x, 0]):
@@ -173,11 +192,11 @@ def align_rows(
 
 
 @numba.njit(cache=True)
-def _kept_student(ids, ends, special, n_t_bytes, use_dp):  # pragma: no cover - compiled
-    # (zero-length special per token, the other tokens' indices); with equal/prefix bytes
-    # the student's tail after the teacher's bytes (a cut character) is in no group
-    zero = np.zeros(ids.shape[0], np.bool_)
-    kept = np.empty(ids.shape[0], np.int64)
+def _kept_student(ids, ends, special, n_t_bytes, use_dp, zero, kept):
+    # pragma: no cover - compiled
+    # zero-length special per token into `zero`, the other tokens' indices into `kept` (their
+    # count returned); with equal/prefix bytes the student's tail after the teacher's bytes (a
+    # cut character) is in no group
     n = 0
     for k in range(ids.shape[0]):
         # specials spell no bytes: look the (large, cache-cold) flag table up only then
@@ -186,15 +205,13 @@ def _kept_student(ids, ends, special, n_t_bytes, use_dp):  # pragma: no cover - 
         if not zero[k] and (use_dp or ends[k] <= n_t_bytes):
             kept[n] = k
             n += 1
-    return zero, kept[:n]
+    return n
 
 
 @numba.njit(cache=True)
-def _kept_teacher(ids, ends, special):  # pragma: no cover - compiled
-    # a teacher special is zero-length only where its span is empty (an unknown character
-    # spans its bytes and stays a content token)
-    zero = np.zeros(ids.shape[0], np.bool_)
-    kept = np.empty(ids.shape[0], np.int64)
+def _kept_teacher(ids, ends, special, zero, kept):  # pragma: no cover - compiled
+    # as `_kept_student`: a teacher special is zero-length only where its span is empty (an
+    # unknown character spans its bytes and stays a content token)
     n = 0
     for j in range(ids.shape[0]):
         start = ends[j - 1] if j > 0 else 0
@@ -202,14 +219,13 @@ def _kept_teacher(ids, ends, special):  # pragma: no cover - compiled
         if not zero[j]:
             kept[n] = j
             n += 1
-    return zero, kept[:n]
+    return n
 
 
 @numba.njit(cache=True)
-def _common_bounds(se, ks, te, kt):  # pragma: no cover - compiled
-    # equal bytes: every common end > 0 of the kept tokens (a merge of the sorted ends)
-    n = min(ks.shape[0], kt.shape[0])
-    bs = np.empty(n, np.int64)
+def _common_bounds(se, ks, te, kt, bs):  # pragma: no cover - compiled
+    # equal bytes: every common end > 0 of the kept tokens (a merge of the sorted ends) into
+    # bs; their count returned
     i = j = m = last = 0
     while i < ks.shape[0] and j < kt.shape[0]:
         a, c = se[ks[i]], te[kt[j]]
@@ -224,15 +240,13 @@ def _common_bounds(se, ks, te, kt):  # pragma: no cover - compiled
             i += 1
         else:
             j += 1
-    return bs[:m], bs[:m]
+    return m
 
 
 @numba.njit(cache=True)
-def _mapped_bounds(se, ks, te, kt, t2s):  # pragma: no cover - compiled
-    # DP row: the kept teacher ends whose mapped student boundary is a kept student end
-    n = min(ks.shape[0], kt.shape[0])
-    bs = np.empty(n, np.int64)
-    bt = np.empty(n, np.int64)
+def _mapped_bounds(se, ks, te, kt, t2s, bs, bt):  # pragma: no cover - compiled
+    # DP row: the kept teacher ends whose mapped student boundary is a kept student end (into
+    # bs, bt; their count returned)
     i = m = last = 0
     for q in range(kt.shape[0]):
         end = te[kt[q]]
@@ -247,14 +261,14 @@ def _mapped_bounds(se, ks, te, kt, t2s):  # pragma: no cover - compiled
         if i < ks.shape[0] and se[ks[i]] == mapped:
             bs[m], bt[m] = mapped, end
             m += 1
-    return bs[:m], bt[:m]
+    return m
 
 
 @numba.njit(cache=True)
-def _content_groups(se, ks, te, kt, bs, bt):  # pragma: no cover - compiled
+def _content_groups(se, ks, te, kt, bs, bt, out):  # pragma: no cover - compiled
     # from each boundary back to the previous one, over kept tokens: the first kept token on
-    # each side reaching the boundary closes the group (a zero-length token joins the next)
-    out = np.empty((bs.shape[0], 4), np.int64)
+    # each side reaching the boundary closes the group (a zero-length token joins the next);
+    # the groups go into out (n, 4), their count returned
     n = ps = pt = i = j = 0
     for q in range(bs.shape[0]):
         while se[ks[i]] < bs[q]:
@@ -268,27 +282,24 @@ def _content_groups(se, ks, te, kt, bs, bt):  # pragma: no cover - compiled
             n += 1
         i, j = i + 1, j + 1
         ps, pt = i, j
-    return out[:n]
+    return n
 
 
 @numba.njit(cache=True)
 def _special_pairs(
-    s_ids, se, s_zero, t_ids, te, t_zero, kt, n_t_bytes, partner, use_dp, t2s
+    s_ids, se, s_zero, t_ids, te, t_zero, kt, n_t_bytes, partner, use_dp, t2s, c_j, c_pos, ps, pt
 ):  # pragma: no cover - compiled
-    # zero-length specials: 1:1 with the same role at the same byte position, in order; a
-    # teacher special after its last content token stands at the end of the text
+    # zero-length specials: 1:1 with the same role at the same byte position, in order (into
+    # ps, pt; their count returned); a teacher special after its last content token stands at
+    # the end of the text
     last_content = kt[kt.shape[0] - 1] if kt.shape[0] else -1
     n_c = t_ids.shape[0] - kt.shape[0]
-    c_j = np.empty(n_c, np.int64)
-    c_pos = np.empty(n_c, np.int64)
     c = 0
     for j in range(t_ids.shape[0]):
         if t_zero[j]:
             at = n_t_bytes if j > last_content else te[j]
             c_j[c], c_pos[c] = j, (t2s[at] if use_dp else at)  # -1: no exact DP match
             c += 1
-    ps = np.empty(min(s_ids.shape[0], n_c), np.int64)
-    pt = np.empty(min(s_ids.shape[0], n_c), np.int64)
     n = first = 0
     for k in range(s_ids.shape[0]):
         if not s_zero[k]:
@@ -299,7 +310,7 @@ def _special_pairs(
                 n += 1
                 first = c + 1
                 break
-    return ps[:n], pt[:n]
+    return n
 
 
 @numba.njit(cache=True)
