@@ -71,18 +71,17 @@ def build_alignment(
     )  # fmt: skip
     ba = align_flat(flat, student_vb, teacher_vb)
     g = ba.groups
-    kind, flag, m_off, m_len, e_group, e_s, e_t, e_off, e_len, e_fits, e_plain = group_keys(
-        g, ba.exact, ba.special, flat.s_off, ba.s_ends, ba.sb_off, flat.t_ends, flat.t_off
-    )
+    s_offset = np.fromiter((r.s_offset for r in rows), np.int64, len(rows))
+    t_offset = np.fromiter((r.t_offset for r in rows), np.int64, len(rows))
+    kind, flag, m_off, m_len, e_row, e_s, e_t, e_off, e_len, e_fits, e_plain = group_keys(
+        g, ba.exact, ba.special, flat.s_off, ba.s_ends, ba.sb_off, flat.t_ends, flat.t_off,
+        s_offset, t_offset,
+    )  # fmt: skip
     match_G = _match_ids(kind, flag, m_off, m_len, g[:, 0], ba.s_bytes, match_tables)
     proj_E = _proj_ids(e_off, e_len, e_plain, ba.s_bytes, proj_tables)
     empty = np.zeros(len(proj_tables.tables), dtype=bool)
     empty[proj_tables.empty_ids()] = True
-    s_offset = np.fromiter((r.s_offset for r in rows), np.int64, len(rows))
-    t_offset = np.fromiter((r.t_offset for r in rows), np.int64, len(rows))
-    p_row, p_s, p_t, p_table = projection_entries(
-        g, e_group, e_s, e_t, e_plain, e_fits, proj_E, empty, s_offset, t_offset
-    )
+    p_row, p_s, p_t, p_table = projection_entries(e_row, e_s, e_t, e_plain, e_fits, proj_E, empty)
     match_ids, match_list = _local_tables(match_G, match_tables.tables)
     proj_ids, proj_list = _local_tables(p_table, proj_tables.tables)
     row, s_pos, s_tok, t_pos, t_tok, in_group = group_tensors(

@@ -64,12 +64,8 @@ class FlatRows:
 def _flat(parts: Sequence[Sequence[int] | np.ndarray], n: int) -> np.ndarray:
     if not parts:
         return np.zeros(0, np.int64)
-    if all(isinstance(p, np.ndarray) for p in parts):  # views of the collator's arrays
+    if hasattr(parts[0], "__array__"):  # arrays or tensors (the collator's): no Python ints
         return np.concatenate(parts, axis=None).astype(np.int64, copy=False)
-    if all(hasattr(p, "__array__") for p in parts):  # tensors
-        return np.concatenate([np.asarray(p) for p in parts], axis=None).astype(
-            np.int64, copy=False
-        )
     # one pass over all rows (a numpy call per row costs as much as the row's data)
     return np.fromiter(chain.from_iterable(parts), dtype=np.int64, count=n)
 
@@ -141,6 +137,11 @@ def align_rows(
         tb, nt = t_off[b], t_off[b + 1] - t_off[b]
         n_tb = tb_off[b + 1] - tb_off[b]
         se, te = s_ends[sb : sb + ns], t_ends[tb : tb + nt]
+        if not dp[b]:
+            n_plain = _plain_walk(se, te, n_tb, b, sb, out_g, out_exact, covered, n_exact, n_g)
+            if n_plain >= 0:
+                n_g = n_plain
+                continue
         row_t2s = t2s[t2s_off[b] : t2s_off[b + 1]]
         s_zero, t_zero = s_zero_all[sb : sb + ns], t_zero_all[tb : tb + nt]
         ks = s_kept_all[sb : sb + _kept_student(
@@ -189,6 +190,47 @@ def align_rows(
                 covered[k] = True
             n_g += 1
     return out_g[:n_g], out_exact[:n_g], out_special[:n_g], covered, n_exact
+
+
+@numba.njit(cache=True, inline="always")
+def _plain_walk(se, te, n_tb, b, sb, out_g, out_exact, covered, n_exact, n_g):
+    # pragma: no cover - compiled
+    # the common row: equal/prefix bytes and no zero-length token on either side (no special
+    # to pair or remove): the two-pointer walk alone gives the general passes' groups. Returns
+    # the new group count, or -1 (nothing written) when the row has a zero-length token.
+    prev = 0
+    for k in range(se.shape[0]):
+        if se[k] <= prev:
+            return -1
+        prev = se[k]
+    prev = 0
+    for j in range(te.shape[0]):
+        if te[j] <= prev:
+            return -1
+        prev = te[j]
+    i = j = s0 = t0 = 0
+    n = n_g
+    while i < se.shape[0] and j < te.shape[0] and se[i] <= n_tb:
+        if se[i] == te[j]:  # both sides end a token here: close the group
+            out_g[n, 0], out_g[n, 1], out_g[n, 2], out_g[n, 3], out_g[n, 4] = (
+                b,
+                s0,
+                i + 1,
+                t0,
+                j + 1,
+            )
+            out_exact[n] = True
+            for k in range(sb + s0, sb + i + 1):
+                covered[k] = True
+            n_exact[b] += se[i] - (se[s0 - 1] if s0 > 0 else 0)
+            n += 1
+            i, j = i + 1, j + 1
+            s0, t0 = i, j
+        elif se[i] < te[j]:
+            i += 1
+        else:
+            j += 1
+    return n
 
 
 @numba.njit(cache=True)
@@ -314,14 +356,14 @@ def _special_pairs(
 
 
 @numba.njit(cache=True)
-def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
+def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off, s_offset, t_offset):
     # pragma: no cover - compiled
     """Table keys of a batch's groups (from `align_rows`).
 
     Per group: kind int8 (0: the whole-vocabulary table, 1: the empty table, 2: the delta
     table of key (flag = student_longer, s_bytes[off:off + len])). Per projection entry,
-    ordered by row then student token: (group, student token, teacher token, key offset, key
-    length (0: table 0), fits, plain). A plain group (exact, not special) gives one entry per
+    ordered by row then student token: (row, student and teacher predicting positions
+    (offset - 1 + token index), key offset, key length (0: table 0), fits, plain). A plain group (exact, not special) gives one entry per
     student token; any other group one entry at its first positions. The teacher token of an
     entry is the last one of the group starting at or before the student's point (ties go to
     the later token, which has seen any zero-length token before it)."""
@@ -330,16 +372,14 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
     flag = np.zeros(n_g, np.bool_)
     m_off = np.zeros(n_g, np.int64)
     m_len = np.zeros(n_g, np.int64)
-    n_e = 0
-    for q in range(n_g):
-        n_e += g[q, 2] - g[q, 1] if exact[q] and not special[q] else 1
-    e_group = np.empty(n_e, np.int64)
+    n_e = s_ends.shape[0]  # at most one entry per student token
+    e_row = np.empty(n_e, np.int64)
     e_s = np.empty(n_e, np.int64)
     e_t = np.empty(n_e, np.int64)
-    e_off = np.zeros(n_e, np.int64)
-    e_len = np.zeros(n_e, np.int64)
-    e_fits = np.ones(n_e, np.bool_)
-    e_plain = np.zeros(n_e, np.bool_)
+    e_off = np.empty(n_e, np.int64)
+    e_len = np.empty(n_e, np.int64)
+    e_fits = np.empty(n_e, np.bool_)
+    e_plain = np.empty(n_e, np.bool_)
     e = 0
     for q in range(n_g):
         b, s0, s1, t0, t1 = g[q, 0], g[q, 1], g[q, 2], g[q, 3], g[q, 4]
@@ -351,7 +391,8 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
             j = t0
             while j + 1 < t1 and t_ends[tb + j] <= t_first:  # the start of token j + 1
                 j += 1
-            e_group[e], e_s[e], e_t[e] = q, s0, j
+            e_row[e], e_s[e], e_t[e] = b, s_offset[b] - 1 + s0, t_offset[b] - 1 + j
+            e_off[e], e_len[e], e_fits[e], e_plain[e] = 0, 0, True, False
             e += 1
             continue
         # an exact group spells the same bytes on both sides, in a DP row at different
@@ -368,35 +409,37 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
             while j + 1 < t1 and t_ends[tb + j] + shift <= s_at:
                 j += 1
             x = (t_ends[tb + j - 1] if j > 0 else 0) + shift
-            e_group[e], e_s[e], e_t[e] = q, k, j
+            e_row[e], e_s[e], e_t[e] = b, s_offset[b] - 1 + k, t_offset[b] - 1 + j
             e_off[e], e_len[e] = sb_off[b] + x, s_at - x
             # the teacher token's distribution covers the student token only if it ends within
             e_fits[e] = s_ends[sb + k] <= t_ends[tb + j] + shift
             e_plain[e] = True
             e += 1
-    return kind, flag, m_off, m_len, e_group, e_s, e_t, e_off, e_len, e_fits, e_plain
+    return (
+        kind, flag, m_off, m_len,
+        e_row[:e], e_s[:e], e_t[:e], e_off[:e], e_len[:e], e_fits[:e], e_plain[:e],
+    )  # fmt: skip
 
 
 @numba.njit(cache=True)
-def projection_entries(g, e_group, e_s, e_t, e_plain, e_fits, table, empty, s_offset, t_offset):
+def projection_entries(e_row, e_s, e_t, e_plain, e_fits, table, empty):
     # pragma: no cover - compiled
-    """The kept projection entries as (row, student position, teacher position, table), each
-    int64 (N,): a plain entry is kept when its table is not empty and the teacher token covers
-    the student token; positions are predicting positions (offset - 1 + token index)."""
+    """The kept projection entries (`group_keys`) as (row, student position, teacher position,
+    table), each int64 (N,): a plain entry is kept when its table is not empty and the teacher
+    token covers the student token. When all are kept, the inputs are returned as they are."""
     n = 0
-    for e in range(e_group.shape[0]):
+    for e in range(e_row.shape[0]):
         n += not e_plain[e] or (e_fits[e] and not empty[table[e]])
+    if n == e_row.shape[0]:
+        return e_row, e_s, e_t, table
     row = np.empty(n, np.int64)
     s_pos = np.empty(n, np.int64)
     t_pos = np.empty(n, np.int64)
     out_table = np.empty(n, np.int64)
     m = 0
-    for e in range(e_group.shape[0]):
+    for e in range(e_row.shape[0]):
         if not e_plain[e] or (e_fits[e] and not empty[table[e]]):
-            b = g[e_group[e], 0]
-            row[m], out_table[m] = b, table[e]
-            s_pos[m] = s_offset[b] - 1 + e_s[e]
-            t_pos[m] = t_offset[b] - 1 + e_t[e]
+            row[m], s_pos[m], t_pos[m], out_table[m] = e_row[e], e_s[e], e_t[e], table[e]
             m += 1
     return row, s_pos, t_pos, out_table
 
