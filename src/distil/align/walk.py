@@ -89,21 +89,21 @@ def student_spans(s_ids, s_off, v_data, v_start, max_len, t_bytes, tb_off):  # p
     prefix = np.zeros(n_rows, np.bool_)
     w = 0
     for b in range(n_rows):
+        # copy the bytes and compare them with the teacher's in the same pass: `stop` is where
+        # the teacher's bytes end, `ok` whether they agreed so far
+        stop, ok = sb_off[b] + tb_off[b + 1] - tb_off[b], True
+        t_at = tb_off[b] - sb_off[b]
         for k in range(s_off[b], s_off[b + 1]):
             i = s_ids[k]
             if 0 <= i < size:
                 for a in range(v_start[i], v_start[i + 1]):
                     s_bytes[w] = v_data[a]
+                    if w < stop and v_data[a] != t_bytes[t_at + w]:
+                        ok = False
                     w += 1
             s_ends[k] = w - sb_off[b]
         sb_off[b + 1] = w
-        n_t = tb_off[b + 1] - tb_off[b]
-        ok = n_t <= w - sb_off[b]
-        for a in range(n_t if ok else 0):
-            if s_bytes[sb_off[b] + a] != t_bytes[tb_off[b] + a]:
-                ok = False
-                break
-        prefix[b] = ok
+        prefix[b] = ok and stop <= w
     return s_ends, s_bytes[:w], sb_off, prefix
 
 
@@ -395,9 +395,15 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off, s_offset
             e_off[e], e_len[e], e_fits[e], e_plain[e] = 0, 0, True, False
             e += 1
             continue
+        s_first = s_ends[sb + s0 - 1] if s0 > 0 else 0
+        if s1 - s0 == 1 and t1 - t0 == 1:  # 1:1 (most groups): both start at the group's start
+            e_row[e], e_s[e], e_t[e] = b, s_offset[b] - 1 + s0, t_offset[b] - 1 + t0
+            e_off[e], e_len[e], e_fits[e], e_plain[e] = 0, 0, True, True
+            e += 1
+            continue
         # an exact group spells the same bytes on both sides, in a DP row at different
         # offsets: teacher byte x is student byte x + shift inside the group
-        shift = (s_ends[sb + s0 - 1] if s0 > 0 else 0) - t_first
+        shift = s_first - t_first
         a = s_ends[sb + s1 - 2] if s1 > 1 else 0  # start of the last student token
         c = (t_ends[tb + t1 - 2] if t1 > 1 else 0) + shift  # ... of the last teacher one
         if a != c:
