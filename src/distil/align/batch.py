@@ -4,8 +4,10 @@ The rows' completions are aligned together (`token_align.align_flat`); then, per
 candidate table for its last positions (`MatchTables`), and per student token in a group, the
 teacher position whose distribution predicts it with the sparse map from teacher to student
 next tokens (`ProjectionTables`), all as compiled passes over the batch (`walk.group_keys`,
-`walk.projection_entries`); Python runs only once per table that is not cached yet. Positions are *predicting* positions: completion token j of a model whose
-completion starts at input index `offset` is predicted by logit row offset - 1 + j.
+`walk.projection_entries`, `outputs.group_tensors`); Python runs only once per table that is
+not cached yet. Positions are *predicting* positions: completion token j of a model whose
+completion starts at input index `offset` is predicted by logit row offset - 1 + j. The
+collator passes ids as views of its padded id tensors, so no Python int is converted here.
 
 Groups whose bytes differ between the two sides (`exact=False`, DP rows only) have no byte
 context to compare inside them: they get one projection entry, at their first positions with
@@ -36,15 +38,17 @@ class RowInputs:
     """One row: completion ids of both models, where they start, the teacher's byte ends.
 
     s_offset / t_offset: index of the first completion token in that model's input_ids.
+    Ids and byte ends may be lists, numpy arrays or tensors (arrays are concatenated as they
+    are; lists cost one conversion per Python int).
     t_ends: int64 (C_t,) byte ends of the teacher tokens over `t_bytes`, the UTF-8 text the
     teacher was given for the completion (`token_align.text_byte_ends`).
     """
 
-    s_ids: Sequence[int]
+    s_ids: Sequence[int] | np.ndarray | torch.Tensor
     s_offset: int
-    t_ids: Sequence[int]
+    t_ids: Sequence[int] | np.ndarray | torch.Tensor
     t_offset: int
-    t_ends: Sequence[int] | np.ndarray
+    t_ends: Sequence[int] | np.ndarray | torch.Tensor
     t_bytes: bytes
 
 

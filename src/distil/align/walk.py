@@ -3,8 +3,9 @@
 All rows' ids, teacher byte ends and teacher bytes are concatenated with row offsets
 (`FlatRows`); `student_spans` gives every student token its byte end and the rows' student
 bytes; rows whose teacher bytes are not a prefix of the student's get the banded DP
-(`dp.align_bytes`, t2s) in Python; `align_rows` then walks every row once: the two-pointer groups
-over the tokens that are not zero-length specials (or, in a DP row, the teacher ends whose
+(`dp.align_bytes`, t2s) in Python; `align_rows` then walks every row once (a row with equal
+or prefix bytes and no zero-length token, the common case, by the plain walk alone): the
+two-pointer groups over the tokens that are not zero-length specials (or, in a DP row, the teacher ends whose
 mapped position is a student end), groups straddling a removed special dropped, the exact flags,
 the specials paired by role at the same byte position, and the covered tokens. `group_keys`
 gives each group its match-table key and each student token of a plain group its projection
