@@ -4,8 +4,10 @@ The rows' completions are aligned together (`token_align.align_flat`); then, per
 candidate table for its last positions (`MatchTables`), and per student token in a group, the
 teacher position whose distribution predicts it with the sparse map from teacher to student
 next tokens (`ProjectionTables`), all as compiled passes over the batch (`walk.group_keys`,
-`walk.projection_entries`); Python runs only once per table that is not cached yet. Positions are *predicting* positions: completion token j of a model whose
-completion starts at input index `offset` is predicted by logit row offset - 1 + j.
+`walk.projection_entries`, `outputs.group_tensors`); Python runs only once per table that is
+not cached yet. Positions are *predicting* positions: completion token j of a model whose
+completion starts at input index `offset` is predicted by logit row offset - 1 + j. The
+collator passes ids as views of its padded id tensors, so no Python int is converted here.
 
 Groups whose bytes differ between the two sides (`exact=False`, DP rows only) have no byte
 context to compare inside them: they get one projection entry, at their first positions with
@@ -19,15 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 
 import numpy as np
 import torch
 
 from distil.align.keys import first_seen
+from distil.align.outputs import group_tensors, renumber
 from distil.align.token_align import BatchAlignment, align_flat
 from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes
-from distil.align.walk import FlatRows, covered_local, group_keys, padded, projection_entries
+from distil.align.walk import FlatRows, group_keys, projection_entries
 from distil.types import AlignmentGroups
 
 
@@ -36,15 +38,17 @@ class RowInputs:
     """One row: completion ids of both models, where they start, the teacher's byte ends.
 
     s_offset / t_offset: index of the first completion token in that model's input_ids.
+    Ids and byte ends may be lists, numpy arrays or tensors (arrays are concatenated as they
+    are; lists cost one conversion per Python int).
     t_ends: int64 (C_t,) byte ends of the teacher tokens over `t_bytes`, the UTF-8 text the
     teacher was given for the completion (`token_align.text_byte_ends`).
     """
 
-    s_ids: Sequence[int]
+    s_ids: Sequence[int] | np.ndarray | torch.Tensor
     s_offset: int
-    t_ids: Sequence[int]
+    t_ids: Sequence[int] | np.ndarray | torch.Tensor
     t_offset: int
-    t_ends: Sequence[int] | np.ndarray
+    t_ends: Sequence[int] | np.ndarray | torch.Tensor
     t_bytes: bytes
 
 
@@ -54,14 +58,16 @@ def build_alignment(
     teacher_vb: VocabBytes,
     match_tables: MatchTables,
     proj_tables: ProjectionTables,
-) -> tuple[AlignmentGroups, list[list[int]]]:
+) -> tuple[AlignmentGroups, torch.Tensor]:
     """Align every row and pack the groups and projection entries of the batch.
 
-    Returns (alignment, in_group): `in_group[b]` lists row b's student completion-token indices
-    that are inside a group (the trainer masks the others out of the loss). Group tensors are
-    (G, S_max) / (G, T_max) padded with -1 (S_max, T_max >= 1); projection tensors are (N,).
-    The whole batch is aligned in compiled passes (`token_align.align_flat`); the tables are
-    looked up once per distinct byte key, in the order in which the keys first appear.
+    Returns (alignment, in_group_B_C): `in_group_B_C[b, j]` (bool, C = the longest student
+    completion) is True when row b's student completion token j is inside a group (the trainer
+    masks the others out of the loss). Group tensors are (G, S_max) / (G, T_max) padded with -1
+    (S_max, T_max >= 1); projection tensors are (N,). Ids and byte ends may be lists, numpy
+    arrays or tensors (arrays skip the conversion of Python ints). The whole batch is aligned in
+    compiled passes (`token_align.align_flat`); the tables are looked up once per distinct byte
+    key, in the order in which the keys first appear.
     """
     flat = FlatRows.pack(
         [r.s_ids for r in rows], [r.t_ids for r in rows], [r.t_ends for r in rows],
@@ -69,60 +75,61 @@ def build_alignment(
     )  # fmt: skip
     ba = align_flat(flat, student_vb, teacher_vb)
     g = ba.groups
-    kind, flag, m_off, m_len, e_group, e_s, e_t, e_off, e_len, e_fits, e_plain = group_keys(
-        g, ba.exact, ba.special, flat.s_off, ba.s_ends, ba.sb_off, flat.t_ends, flat.t_off
-    )
+    s_offset = np.fromiter((r.s_offset for r in rows), np.int64, len(rows))
+    t_offset = np.fromiter((r.t_offset for r in rows), np.int64, len(rows))
+    kind, flag, m_off, m_len, e_row, e_s, e_t, e_off, e_len, e_fits, e_plain = group_keys(
+        g, ba.exact, ba.special, flat.s_off, ba.s_ends, ba.sb_off, flat.t_ends, flat.t_off,
+        s_offset, t_offset,
+    )  # fmt: skip
     match_G = _match_ids(kind, flag, m_off, m_len, g[:, 0], ba.s_bytes, match_tables)
     proj_E = _proj_ids(e_off, e_len, e_plain, ba.s_bytes, proj_tables)
     empty = np.zeros(len(proj_tables.tables), dtype=bool)
     empty[proj_tables.empty_ids()] = True
-    s_offset = np.array([r.s_offset for r in rows], dtype=np.int64)
-    t_offset = np.array([r.t_offset for r in rows], dtype=np.int64)
-    p_row, p_s, p_t, p_table = projection_entries(
-        g, e_group, e_s, e_t, e_plain, e_fits, proj_E, empty, s_offset, t_offset
-    )
+    p_row, p_s, p_t, p_table = projection_entries(e_row, e_s, e_t, e_plain, e_fits, proj_E, empty)
     match_ids, match_list = _local_tables(match_G, match_tables.tables)
     proj_ids, proj_list = _local_tables(p_table, proj_tables.tables)
-    s_pos, s_tok = padded(g[:, 0], g[:, 1], g[:, 2], flat.s_ids, flat.s_off, s_offset)
-    t_pos, t_tok = padded(g[:, 0], g[:, 3], g[:, 4], flat.t_ids, flat.t_off, t_offset)
+    row, s_pos, s_tok, t_pos, t_tok, in_group = group_tensors(
+        g, flat.s_ids, flat.s_off, s_offset, flat.t_ids, flat.t_off, t_offset, ba.covered
+    )
+    t = torch.from_numpy
     result = AlignmentGroups(
-        group_row_G=torch.from_numpy(g[:, 0].copy()),
-        student_pos_G_S=torch.from_numpy(s_pos),
-        student_tok_G_S=torch.from_numpy(s_tok),
-        teacher_pos_G_T=torch.from_numpy(t_pos),
-        teacher_tok_G_T=torch.from_numpy(t_tok),
+        group_row_G=t(row),
+        student_pos_G_S=t(s_pos),
+        student_tok_G_S=t(s_tok),
+        teacher_pos_G_T=t(t_pos),
+        teacher_tok_G_T=t(t_tok),
         match_table_G=match_ids,
         match_tables=match_list,
-        proj_row_N=torch.from_numpy(p_row),
-        proj_student_pos_N=torch.from_numpy(p_s),
-        proj_teacher_pos_N=torch.from_numpy(p_t),
+        proj_row_N=t(p_row),
+        proj_student_pos_N=t(p_s),
+        proj_teacher_pos_N=t(p_t),
         proj_table_N=proj_ids,
         proj_tables=proj_list,
-        exact_G=torch.from_numpy(ba.exact.copy()),
+        exact_G=t(ba.exact),
         metrics=_metrics(ba, len(p_row)),
     )
-    return result, _in_groups(ba.covered, flat.s_off)
+    return result, t(in_group)
 
 
 def _match_ids(kind, flag, off, length, rows, data, match: MatchTables) -> np.ndarray:
     """Global match-table id per group. Keys already in the cache are looked up in one compiled
     pass; missing tables are built in the order the per-row build asked for them (a row's
     empty table before its deltas)."""
-    out = match.keys.lookup(data, off, length, flag, kind == 2)
-    miss = (kind == 2) & (out < 0)
-    no_map = np.flatnonzero(kind == 1)
-    reps, key = first_seen(data, off, length, flag, miss)
-    # the empty table comes before the deltas of the first row that has a no-map group
-    empty_at = int(np.searchsorted(rows, rows[no_map[0]])) if len(no_map) else len(kind) + 1
+    out, n_miss = match.keys.lookup(data, off, length, flag, kind == 2, default=0)
+    no_map = np.flatnonzero(kind == 1)  # only in DP rows
     empty_id = -1
-    ids = np.empty(len(reps), dtype=np.int64)
-    new = zip(reps.tolist(), off[reps].tolist(), length[reps].tolist(), flag[reps].tolist())
-    for u, (group, a, n, longer) in enumerate(new):
-        if empty_id < 0 and group >= empty_at:
-            empty_id = match.empty_id()
-        ids[u] = match.delta_id(data[a : a + n].tobytes(), student_longer=longer)
-    out[miss] = ids[key[miss]]
-    out[kind < 2] = 0
+    if n_miss:
+        miss = out < 0
+        reps, key = first_seen(data, off, length, flag, miss)
+        # the empty table comes before the deltas of the first row that has a no-map group
+        empty_at = int(np.searchsorted(rows, rows[no_map[0]])) if len(no_map) else len(kind) + 1
+        ids = np.empty(len(reps), dtype=np.int64)
+        new = zip(reps.tolist(), off[reps].tolist(), length[reps].tolist(), flag[reps].tolist())
+        for u, (group, a, n, longer) in enumerate(new):
+            if empty_id < 0 and group >= empty_at:
+                empty_id = match.empty_id()
+            ids[u] = match.delta_id(data[a : a + n].tobytes(), student_longer=longer)
+        out[miss] = ids[key[miss]]
     if len(no_map):
         out[no_map] = match.empty_id() if empty_id < 0 else empty_id
     return out
@@ -131,17 +138,16 @@ def _match_ids(kind, flag, off, length, rows, data, match: MatchTables) -> np.nd
 def _proj_ids(off, length, plain, data, proj: ProjectionTables) -> np.ndarray:
     """Global projection-table id per entry (0 where the teacher is not behind); like
     `_match_ids`, cached keys in one compiled pass, missing tables in order of appearance."""
-    need = plain & (length > 0)
     no_flag = np.zeros(len(off), np.bool_)
-    out = proj.keys.lookup(data, off, length, no_flag, need)
-    miss = need & (out < 0)
-    reps, key = first_seen(data, off, length, no_flag, miss)
-    ids = [
-        proj.table_id(data[a : a + n].tobytes())
-        for a, n in zip(off[reps].tolist(), length[reps].tolist(), strict=True)
-    ]
-    out[miss] = np.asarray(ids, dtype=np.int64)[key[miss]]
-    out[~need] = 0
+    out, n_miss = proj.keys.lookup(data, off, length, no_flag, plain, default=0)
+    if n_miss:
+        miss = out < 0
+        reps, key = first_seen(data, off, length, no_flag, miss)
+        ids = [
+            proj.table_id(data[a : a + n].tobytes())
+            for a, n in zip(off[reps].tolist(), length[reps].tolist(), strict=True)
+        ]
+        out[miss] = np.asarray(ids, dtype=np.int64)[key[miss]]
     return out
 
 
@@ -149,29 +155,19 @@ def _local_tables(
     global_ids: np.ndarray, tables: list[tuple[torch.Tensor, torch.Tensor]]
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     # renumber the cache ids used in this batch: 0 stays 0 (the whole-vocabulary table)
-    mark = np.zeros(len(tables), dtype=bool)
-    mark[0] = True
-    mark[global_ids] = True
-    local = (np.cumsum(mark) - 1)[global_ids]
-    return torch.from_numpy(local), [tables[i] for i in np.flatnonzero(mark).tolist()]
-
-
-def _in_groups(covered: np.ndarray, row_off: np.ndarray) -> list[list[int]]:
-    # per row, the local indices of its covered student tokens
-    local, cum = covered_local(covered, row_off)
-    flat = local.tolist()
-    return [flat[a:b] for a, b in pairwise(cum.tolist())]
+    local, used = renumber(global_ids, len(tables))
+    return torch.from_numpy(local), [tables[i] for i in used.tolist()]
 
 
 def _metrics(ba: BatchAlignment, n_proj: int) -> dict[str, float]:
-    g = ba.groups
+    covered = np.count_nonzero(ba.covered)  # groups are disjoint: tokens in groups
     return {
-        "groups": float(len(g)),
-        "student_tokens_in_groups": float((g[:, 2] - g[:, 1]).sum()),
-        "unalignable_tokens": float(len(ba.covered) - ba.covered.sum()),
+        "groups": float(len(ba.groups)),
+        "student_tokens_in_groups": float(covered),
+        "unalignable_tokens": float(len(ba.covered) - covered),
         "bytes": float(len(ba.s_bytes)),
         "bytes_exact": float(ba.n_exact.sum()),
-        "dp_rows": float(ba.dp.sum()),
-        "inexact_groups": float((~ba.exact).sum()),
+        "dp_rows": float(np.count_nonzero(ba.dp)),
+        "inexact_groups": float(len(ba.exact) - np.count_nonzero(ba.exact)),
         "projection_entries": float(n_proj),
     }

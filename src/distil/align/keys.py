@@ -67,14 +67,21 @@ def first_seen(data, off, length, flag, select):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def lookup_keys(k_data, k_off, k_len, k_flag, k_value, slots, data, off, length, flag, select):
-    # pragma: no cover - compiled
-    """Value of each selected key in a `KeyIndex` (slots from `first_seen` over its keys), or
-    -1 where it is absent or not selected: int64 (N,)."""
+def lookup_keys(
+    k_data, k_off, k_len, k_flag, k_value, slots, data, off, length, flag, select, default
+):  # pragma: no cover - compiled
+    """Value of each selected non-empty key in a `KeyIndex` (slots from `key_slots`), -1 where
+    it is absent, `default` where it is not selected or empty: (int64 (N,), number absent)."""
     size = slots.shape[0]
-    out = np.full(off.shape[0], -1, np.int64)
+    out = np.empty(off.shape[0], np.int64)
+    n_miss = 0
     for q in range(off.shape[0]):
-        if not select[q]:
+        if not select[q] or length[q] == 0:
+            out[q] = default
+            continue
+        out[q] = -1
+        if size == 0:
+            n_miss += 1
             continue
         s = np.int64(_hash(data, off[q], length[q], flag[q]) & np.uint64(size - 1))
         while slots[s] >= 0:
@@ -87,7 +94,8 @@ def lookup_keys(k_data, k_off, k_len, k_flag, k_value, slots, data, off, length,
                 out[q] = k_value[r]
                 break
             s = (s + 1) & (size - 1)
-    return out
+        n_miss += out[q] < 0
+    return out, n_miss
 
 
 @numba.njit(cache=True)
@@ -121,17 +129,16 @@ class KeyIndex:
         self._values.append(value)
         self._arrays = None
 
-    def lookup(self, data, off, length, flag, select) -> np.ndarray:
-        """int64 (N,): the value of each selected key data[off:off + length], -1 if absent."""
-        if not self._keys:
-            return np.full(len(off), -1, dtype=np.int64)
+    def lookup(self, data, off, length, flag, select, default: int = -1):
+        """(int64 (N,), number absent): the value of each selected non-empty key
+        data[off:off + length], -1 if absent, `default` if not selected or empty."""
         if self._arrays is None:
             joined = b"".join(self._keys)
             k_data = np.frombuffer(joined, np.uint8) if joined else np.zeros(1, np.uint8)
             k_len = np.array([len(k) for k in self._keys], dtype=np.int64)
-            k_off = np.concatenate([[0], np.cumsum(k_len)[:-1]]).astype(np.int64)
+            k_off = (np.cumsum(k_len) - k_len).astype(np.int64)
             k_flag = np.array(self._flags, dtype=np.bool_)
-            slots = key_slots(k_data, k_off, k_len, k_flag)
+            slots = key_slots(k_data, k_off, k_len, k_flag) if self._keys else np.zeros(0, np.int64)
             values = np.array(self._values, dtype=np.int64)
             self._arrays = (k_data, k_off, k_len, k_flag, values, slots)
-        return lookup_keys(*self._arrays, data, off, length, flag, select)
+        return lookup_keys(*self._arrays, data, off, length, flag, select, default)

@@ -185,8 +185,9 @@ def align_flat(rows: FlatRows, s_vb: VocabBytes, t_vb: VocabBytes) -> BatchAlign
     """
     s_index = s_vb.index()
     s_ends, s_bytes, sb_off, prefix = student_spans(
-        rows.s_ids, rows.s_off, s_index.data, s_index.start, rows.t_bytes, rows.tb_off
-    )
+        rows.s_ids, rows.s_off, s_index.data, s_index.start, max(s_vb.max_len, 1), rows.t_bytes,
+        rows.tb_off,
+    )  # fmt: skip
     dp_rows = np.flatnonzero(~prefix).tolist()
     t2s, t2s_off = _dp_maps(rows, s_bytes, sb_off, dp_rows)
     groups, exact, special, covered, n_exact = align_rows(

@@ -3,16 +3,17 @@
 All rows' ids, teacher byte ends and teacher bytes are concatenated with row offsets
 (`FlatRows`); `student_spans` gives every student token its byte end and the rows' student
 bytes; rows whose teacher bytes are not a prefix of the student's get the banded DP
-(`dp.align_bytes`, t2s) in Python; `align_rows` then walks every row once: the two-pointer groups
-over the tokens that are not zero-length specials (or, in a DP row, the teacher ends whose
+(`dp.align_bytes`, t2s) in Python; `align_rows` then walks every row once (a row with equal
+or prefix bytes and no zero-length token, the common case, by the plain walk alone): the
+two-pointer groups over the tokens that are not zero-length specials (or, in a DP row, the teacher ends whose
 mapped position is a student end), groups straddling a removed special dropped, the exact flags,
 the specials paired by role at the same byte position, and the covered tokens. `group_keys`
 gives each group its match-table key and each student token of a plain group its projection
 entry (teacher position and remainder key) as (offset, length) slices of the student bytes;
 `keys.KeyIndex` looks the keys of cached tables up in one pass and `keys.first_seen` finds the
 distinct missing ones, so that Python runs once per new table, not per group or token
-(`token_align` and `batch` have the rules in words); `projection_entries`, `padded` and
-`covered_local` shape the outputs.
+(`token_align` and `batch` have the rules in words); `projection_entries` and
+`outputs.group_tensors` shape the outputs.
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ class FlatRows:
 
 
 def _flat(parts: Sequence[Sequence[int] | np.ndarray], n: int) -> np.ndarray:
-    if parts and isinstance(parts[0], np.ndarray) and all(isinstance(p, np.ndarray) for p in parts):
-        return np.concatenate(parts).astype(np.int64, copy=False).reshape(-1)
+    if not parts:
+        return np.zeros(0, np.int64)
+    if hasattr(parts[0], "__array__"):  # arrays or tensors (the collator's): no Python ints
+        return np.concatenate(parts, axis=None).astype(np.int64, copy=False)
     # one pass over all rows (a numpy call per row costs as much as the row's data)
     return np.fromiter(chain.from_iterable(parts), dtype=np.int64, count=n)
 
@@ -75,40 +78,34 @@ def _offsets(lengths, n: int) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def student_spans(s_ids, s_off, v_data, v_start, t_bytes, tb_off):  # pragma: no cover
+def student_spans(s_ids, s_off, v_data, v_start, max_len, t_bytes, tb_off):  # pragma: no cover
     """(s_ends (N_s,) per-row byte ends, s_bytes flat, sb_off (B + 1,), prefix bool (B,):
     the row's teacher bytes are a prefix of its student bytes). Ids outside the table spell
-    nothing."""
+    nothing. One pass over the ids (each id's table entry is read once)."""
     n_rows = s_off.shape[0] - 1
     size = v_start.shape[0] - 1
     s_ends = np.empty(s_ids.shape[0], np.int64)
     sb_off = np.zeros(n_rows + 1, np.int64)
-    for b in range(n_rows):
-        pos = 0
-        for k in range(s_off[b], s_off[b + 1]):
-            i = s_ids[k]
-            if 0 <= i < size:
-                pos += v_start[i + 1] - v_start[i]
-            s_ends[k] = pos
-        sb_off[b + 1] = sb_off[b] + pos
-    s_bytes = np.empty(sb_off[n_rows], np.uint8)
+    s_bytes = np.empty(s_ids.shape[0] * max_len, np.uint8)  # pages are touched only if written
     prefix = np.zeros(n_rows, np.bool_)
+    w = 0
     for b in range(n_rows):
-        w = sb_off[b]
+        # copy the bytes and compare them with the teacher's in the same pass: `stop` is where
+        # the teacher's bytes end, `ok` whether they agreed so far
+        stop, ok = sb_off[b] + tb_off[b + 1] - tb_off[b], True
+        t_at = tb_off[b] - sb_off[b]
         for k in range(s_off[b], s_off[b + 1]):
             i = s_ids[k]
             if 0 <= i < size:
                 for a in range(v_start[i], v_start[i + 1]):
                     s_bytes[w] = v_data[a]
+                    if w < stop and v_data[a] != t_bytes[t_at + w]:
+                        ok = False
                     w += 1
-        n_t = tb_off[b + 1] - tb_off[b]
-        ok = n_t <= sb_off[b + 1] - sb_off[b]
-        for a in range(n_t if ok else 0):
-            if s_bytes[sb_off[b] + a] != t_bytes[tb_off[b] + a]:
-                ok = False
-                break
-        prefix[b] = ok
-    return s_ends, s_bytes, sb_off, prefix
+            s_ends[k] = w - sb_off[b]
+        sb_off[b + 1] = w
+        prefix[b] = ok and stop <= w
+    return s_ends, s_bytes[:w], sb_off, prefix
 
 
 @numba.njit(cache=True)
@@ -126,24 +123,48 @@ def align_rows(
     out_special = np.zeros(s_ids.shape[0], np.bool_)
     covered = np.zeros(s_ids.shape[0], np.bool_)
     n_exact = np.zeros(n_rows, np.int64)
+    # scratch for the per-row passes, allocated once for the batch (row slices of it)
+    s_zero_all = np.empty(s_ids.shape[0], np.bool_)
+    s_kept_all = np.empty(s_ids.shape[0], np.int64)
+    t_zero_all = np.empty(t_ids.shape[0], np.bool_)
+    t_kept_all = np.empty(t_ids.shape[0], np.int64)
+    bounds = np.empty((2, s_ids.shape[0]), np.int64)
+    cg_all = np.empty((s_ids.shape[0], 4), np.int64)
+    c_all = np.empty((2, t_ids.shape[0]), np.int64)
+    p_all = np.empty((2, s_ids.shape[0]), np.int64)
     n_g = 0
     for b in range(n_rows):
         sb, ns = s_off[b], s_off[b + 1] - s_off[b]
         tb, nt = t_off[b], t_off[b + 1] - t_off[b]
         n_tb = tb_off[b + 1] - tb_off[b]
         se, te = s_ends[sb : sb + ns], t_ends[tb : tb + nt]
+        if not dp[b]:
+            n_plain = _plain_walk(se, te, n_tb, b, sb, out_g, out_exact, covered, n_exact, n_g)
+            if n_plain >= 0:
+                n_g = n_plain
+                continue
         row_t2s = t2s[t2s_off[b] : t2s_off[b + 1]]
-        s_zero, ks = _kept_student(s_ids[sb : sb + ns], se, s_special, n_tb, dp[b])
-        t_zero, kt = _kept_teacher(t_ids[tb : tb + nt], te, t_special)
+        s_zero, t_zero = s_zero_all[sb : sb + ns], t_zero_all[tb : tb + nt]
+        ks = s_kept_all[sb : sb + _kept_student(
+            s_ids[sb : sb + ns], se, s_special, n_tb, dp[b], s_zero, s_kept_all[sb:]
+        )]  # fmt: skip
+        kt = t_kept_all[tb : tb + _kept_teacher(
+            t_ids[tb : tb + nt], te, t_special, t_zero, t_kept_all[tb:]
+        )]  # fmt: skip
+        bs, bt = bounds[0, sb:], bounds[1, sb:]
         if dp[b]:
-            bs, bt = _mapped_bounds(se, ks, te, kt, row_t2s)
+            m = _mapped_bounds(se, ks, te, kt, row_t2s, bs, bt)
+            bs, bt = bs[:m], bt[:m]
         else:
-            bs, bt = _common_bounds(se, ks, te, kt)
-        cg = _content_groups(se, ks, te, kt, bs, bt)
-        ps, pt = _special_pairs(
+            m = _common_bounds(se, ks, te, kt, bs)
+            bs, bt = bs[:m], bs[:m]
+        cg = cg_all[sb : sb + _content_groups(se, ks, te, kt, bs, bt, cg_all[sb:])]
+        ps, pt = p_all[0, sb:], p_all[1, sb:]
+        m = _special_pairs(
             s_ids[sb : sb + ns], se, s_zero, t_ids[tb : tb + nt], te, t_zero, kt, n_tb,
-            partner, dp[b], row_t2s,
+            partner, dp[b], row_t2s, c_all[0, tb:], c_all[1, tb:], ps, pt,
         )  # fmt: skip
+        ps, pt = ps[:m], pt[:m]
         x = y = 0
         while x < cg.shape[0] or y < ps.shape[0]:  # groups and pairs merged by s0
             if x >= cg.shape[0] or (y < ps.shape[0] and ps[y] < cg[x, 0]):
@@ -172,42 +193,82 @@ def align_rows(
     return out_g[:n_g], out_exact[:n_g], out_special[:n_g], covered, n_exact
 
 
+@numba.njit(cache=True, inline="always")
+def _plain_walk(se, te, n_tb, b, sb, out_g, out_exact, covered, n_exact, n_g):
+    # pragma: no cover - compiled
+    # the common row: equal/prefix bytes and no zero-length token on either side (no special
+    # to pair or remove): the two-pointer walk alone gives the general passes' groups. Returns
+    # the new group count, or -1 (nothing written) when the row has a zero-length token.
+    prev = 0
+    for k in range(se.shape[0]):
+        if se[k] <= prev:
+            return -1
+        prev = se[k]
+    prev = 0
+    for j in range(te.shape[0]):
+        if te[j] <= prev:
+            return -1
+        prev = te[j]
+    i = j = s0 = t0 = 0
+    n = n_g
+    while i < se.shape[0] and j < te.shape[0] and se[i] <= n_tb:
+        if se[i] == te[j]:  # both sides end a token here: close the group
+            out_g[n, 0], out_g[n, 1], out_g[n, 2], out_g[n, 3], out_g[n, 4] = (
+                b,
+                s0,
+                i + 1,
+                t0,
+                j + 1,
+            )
+            out_exact[n] = True
+            for k in range(sb + s0, sb + i + 1):
+                covered[k] = True
+            n_exact[b] += se[i] - (se[s0 - 1] if s0 > 0 else 0)
+            n += 1
+            i, j = i + 1, j + 1
+            s0, t0 = i, j
+        elif se[i] < te[j]:
+            i += 1
+        else:
+            j += 1
+    return n
+
+
 @numba.njit(cache=True)
-def _kept_student(ids, ends, special, n_t_bytes, use_dp):  # pragma: no cover - compiled
-    # (zero-length special per token, the other tokens' indices); with equal/prefix bytes
-    # the student's tail after the teacher's bytes (a cut character) is in no group
-    zero = np.zeros(ids.shape[0], np.bool_)
-    kept = np.empty(ids.shape[0], np.int64)
+def _kept_student(ids, ends, special, n_t_bytes, use_dp, zero, kept):
+    # pragma: no cover - compiled
+    # zero-length special per token into `zero`, the other tokens' indices into `kept` (their
+    # count returned); with equal/prefix bytes the student's tail after the teacher's bytes (a
+    # cut character) is in no group
     n = 0
     for k in range(ids.shape[0]):
-        zero[k] = 0 <= ids[k] < special.shape[0] and special[ids[k]]
+        # specials spell no bytes: look the (large, cache-cold) flag table up only then
+        start = ends[k - 1] if k > 0 else 0
+        zero[k] = ends[k] == start and 0 <= ids[k] < special.shape[0] and special[ids[k]]
         if not zero[k] and (use_dp or ends[k] <= n_t_bytes):
             kept[n] = k
             n += 1
-    return zero, kept[:n]
+    return n
 
 
 @numba.njit(cache=True)
-def _kept_teacher(ids, ends, special):  # pragma: no cover - compiled
-    # a teacher special is zero-length only where its span is empty (an unknown character
-    # spans its bytes and stays a content token)
-    zero = np.zeros(ids.shape[0], np.bool_)
-    kept = np.empty(ids.shape[0], np.int64)
+def _kept_teacher(ids, ends, special, zero, kept):  # pragma: no cover - compiled
+    # as `_kept_student`: a teacher special is zero-length only where its span is empty (an
+    # unknown character spans its bytes and stays a content token)
     n = 0
     for j in range(ids.shape[0]):
         start = ends[j - 1] if j > 0 else 0
-        zero[j] = 0 <= ids[j] < special.shape[0] and special[ids[j]] and ends[j] == start
+        zero[j] = ends[j] == start and 0 <= ids[j] < special.shape[0] and special[ids[j]]
         if not zero[j]:
             kept[n] = j
             n += 1
-    return zero, kept[:n]
+    return n
 
 
 @numba.njit(cache=True)
-def _common_bounds(se, ks, te, kt):  # pragma: no cover - compiled
-    # equal bytes: every common end > 0 of the kept tokens (a merge of the sorted ends)
-    n = min(ks.shape[0], kt.shape[0])
-    bs = np.empty(n, np.int64)
+def _common_bounds(se, ks, te, kt, bs):  # pragma: no cover - compiled
+    # equal bytes: every common end > 0 of the kept tokens (a merge of the sorted ends) into
+    # bs; their count returned
     i = j = m = last = 0
     while i < ks.shape[0] and j < kt.shape[0]:
         a, c = se[ks[i]], te[kt[j]]
@@ -222,15 +283,13 @@ def _common_bounds(se, ks, te, kt):  # pragma: no cover - compiled
             i += 1
         else:
             j += 1
-    return bs[:m], bs[:m]
+    return m
 
 
 @numba.njit(cache=True)
-def _mapped_bounds(se, ks, te, kt, t2s):  # pragma: no cover - compiled
-    # DP row: the kept teacher ends whose mapped student boundary is a kept student end
-    n = min(ks.shape[0], kt.shape[0])
-    bs = np.empty(n, np.int64)
-    bt = np.empty(n, np.int64)
+def _mapped_bounds(se, ks, te, kt, t2s, bs, bt):  # pragma: no cover - compiled
+    # DP row: the kept teacher ends whose mapped student boundary is a kept student end (into
+    # bs, bt; their count returned)
     i = m = last = 0
     for q in range(kt.shape[0]):
         end = te[kt[q]]
@@ -245,14 +304,14 @@ def _mapped_bounds(se, ks, te, kt, t2s):  # pragma: no cover - compiled
         if i < ks.shape[0] and se[ks[i]] == mapped:
             bs[m], bt[m] = mapped, end
             m += 1
-    return bs[:m], bt[:m]
+    return m
 
 
 @numba.njit(cache=True)
-def _content_groups(se, ks, te, kt, bs, bt):  # pragma: no cover - compiled
+def _content_groups(se, ks, te, kt, bs, bt, out):  # pragma: no cover - compiled
     # from each boundary back to the previous one, over kept tokens: the first kept token on
-    # each side reaching the boundary closes the group (a zero-length token joins the next)
-    out = np.empty((bs.shape[0], 4), np.int64)
+    # each side reaching the boundary closes the group (a zero-length token joins the next);
+    # the groups go into out (n, 4), their count returned
     n = ps = pt = i = j = 0
     for q in range(bs.shape[0]):
         while se[ks[i]] < bs[q]:
@@ -266,27 +325,24 @@ def _content_groups(se, ks, te, kt, bs, bt):  # pragma: no cover - compiled
             n += 1
         i, j = i + 1, j + 1
         ps, pt = i, j
-    return out[:n]
+    return n
 
 
 @numba.njit(cache=True)
 def _special_pairs(
-    s_ids, se, s_zero, t_ids, te, t_zero, kt, n_t_bytes, partner, use_dp, t2s
+    s_ids, se, s_zero, t_ids, te, t_zero, kt, n_t_bytes, partner, use_dp, t2s, c_j, c_pos, ps, pt
 ):  # pragma: no cover - compiled
-    # zero-length specials: 1:1 with the same role at the same byte position, in order; a
-    # teacher special after its last content token stands at the end of the text
+    # zero-length specials: 1:1 with the same role at the same byte position, in order (into
+    # ps, pt; their count returned); a teacher special after its last content token stands at
+    # the end of the text
     last_content = kt[kt.shape[0] - 1] if kt.shape[0] else -1
     n_c = t_ids.shape[0] - kt.shape[0]
-    c_j = np.empty(n_c, np.int64)
-    c_pos = np.empty(n_c, np.int64)
     c = 0
     for j in range(t_ids.shape[0]):
         if t_zero[j]:
             at = n_t_bytes if j > last_content else te[j]
             c_j[c], c_pos[c] = j, (t2s[at] if use_dp else at)  # -1: no exact DP match
             c += 1
-    ps = np.empty(min(s_ids.shape[0], n_c), np.int64)
-    pt = np.empty(min(s_ids.shape[0], n_c), np.int64)
     n = first = 0
     for k in range(s_ids.shape[0]):
         if not s_zero[k]:
@@ -297,18 +353,18 @@ def _special_pairs(
                 n += 1
                 first = c + 1
                 break
-    return ps[:n], pt[:n]
+    return n
 
 
 @numba.njit(cache=True)
-def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
+def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off, s_offset, t_offset):
     # pragma: no cover - compiled
     """Table keys of a batch's groups (from `align_rows`).
 
     Per group: kind int8 (0: the whole-vocabulary table, 1: the empty table, 2: the delta
     table of key (flag = student_longer, s_bytes[off:off + len])). Per projection entry,
-    ordered by row then student token: (group, student token, teacher token, key offset, key
-    length (0: table 0), fits, plain). A plain group (exact, not special) gives one entry per
+    ordered by row then student token: (row, student and teacher predicting positions
+    (offset - 1 + token index), key offset, key length (0: table 0), fits, plain). A plain group (exact, not special) gives one entry per
     student token; any other group one entry at its first positions. The teacher token of an
     entry is the last one of the group starting at or before the student's point (ties go to
     the later token, which has seen any zero-length token before it)."""
@@ -317,16 +373,14 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
     flag = np.zeros(n_g, np.bool_)
     m_off = np.zeros(n_g, np.int64)
     m_len = np.zeros(n_g, np.int64)
-    n_e = 0
-    for q in range(n_g):
-        n_e += g[q, 2] - g[q, 1] if exact[q] and not special[q] else 1
-    e_group = np.empty(n_e, np.int64)
+    n_e = s_ends.shape[0]  # at most one entry per student token
+    e_row = np.empty(n_e, np.int64)
     e_s = np.empty(n_e, np.int64)
     e_t = np.empty(n_e, np.int64)
-    e_off = np.zeros(n_e, np.int64)
-    e_len = np.zeros(n_e, np.int64)
-    e_fits = np.ones(n_e, np.bool_)
-    e_plain = np.zeros(n_e, np.bool_)
+    e_off = np.empty(n_e, np.int64)
+    e_len = np.empty(n_e, np.int64)
+    e_fits = np.empty(n_e, np.bool_)
+    e_plain = np.empty(n_e, np.bool_)
     e = 0
     for q in range(n_g):
         b, s0, s1, t0, t1 = g[q, 0], g[q, 1], g[q, 2], g[q, 3], g[q, 4]
@@ -338,12 +392,19 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
             j = t0
             while j + 1 < t1 and t_ends[tb + j] <= t_first:  # the start of token j + 1
                 j += 1
-            e_group[e], e_s[e], e_t[e] = q, s0, j
+            e_row[e], e_s[e], e_t[e] = b, s_offset[b] - 1 + s0, t_offset[b] - 1 + j
+            e_off[e], e_len[e], e_fits[e], e_plain[e] = 0, 0, True, False
+            e += 1
+            continue
+        s_first = s_ends[sb + s0 - 1] if s0 > 0 else 0
+        if s1 - s0 == 1 and t1 - t0 == 1:  # 1:1 (most groups): both start at the group's start
+            e_row[e], e_s[e], e_t[e] = b, s_offset[b] - 1 + s0, t_offset[b] - 1 + t0
+            e_off[e], e_len[e], e_fits[e], e_plain[e] = 0, 0, True, True
             e += 1
             continue
         # an exact group spells the same bytes on both sides, in a DP row at different
         # offsets: teacher byte x is student byte x + shift inside the group
-        shift = (s_ends[sb + s0 - 1] if s0 > 0 else 0) - t_first
+        shift = s_first - t_first
         a = s_ends[sb + s1 - 2] if s1 > 1 else 0  # start of the last student token
         c = (t_ends[tb + t1 - 2] if t1 > 1 else 0) + shift  # ... of the last teacher one
         if a != c:
@@ -355,67 +416,37 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off):
             while j + 1 < t1 and t_ends[tb + j] + shift <= s_at:
                 j += 1
             x = (t_ends[tb + j - 1] if j > 0 else 0) + shift
-            e_group[e], e_s[e], e_t[e] = q, k, j
+            e_row[e], e_s[e], e_t[e] = b, s_offset[b] - 1 + k, t_offset[b] - 1 + j
             e_off[e], e_len[e] = sb_off[b] + x, s_at - x
             # the teacher token's distribution covers the student token only if it ends within
             e_fits[e] = s_ends[sb + k] <= t_ends[tb + j] + shift
             e_plain[e] = True
             e += 1
-    return kind, flag, m_off, m_len, e_group, e_s, e_t, e_off, e_len, e_fits, e_plain
+    return (
+        kind, flag, m_off, m_len,
+        e_row[:e], e_s[:e], e_t[:e], e_off[:e], e_len[:e], e_fits[:e], e_plain[:e],
+    )  # fmt: skip
 
 
 @numba.njit(cache=True)
-def padded(rows, start, stop, flat_ids, row_off, offsets):  # pragma: no cover - compiled
-    """(pos (G, W), tok (G, W)): predicting positions offsets[row] - 1 + i and ids of the
-    token ranges [start, stop) of each group, -1 padded; W = the widest range (at least 1)."""
-    width = 1
-    for q in range(rows.shape[0]):
-        width = max(width, stop[q] - start[q])
-    pos = np.full((rows.shape[0], width), -1, np.int64)
-    tok = np.full((rows.shape[0], width), -1, np.int64)
-    for q in range(rows.shape[0]):
-        b = rows[q]
-        for i in range(start[q], stop[q]):
-            pos[q, i - start[q]] = offsets[b] - 1 + i
-            tok[q, i - start[q]] = flat_ids[row_off[b] + i]
-    return pos, tok
-
-
-@numba.njit(cache=True)
-def covered_local(covered, row_off):  # pragma: no cover - compiled
-    """(local indices of the covered tokens, concatenated; their row offsets (B + 1,))."""
-    out = np.empty(covered.shape[0], np.int64)
-    cum = np.zeros(row_off.shape[0], np.int64)
-    n = 0
-    for b in range(row_off.shape[0] - 1):
-        for k in range(row_off[b], row_off[b + 1]):
-            if covered[k]:
-                out[n] = k - row_off[b]
-                n += 1
-        cum[b + 1] = n
-    return out[:n], cum
-
-
-@numba.njit(cache=True)
-def projection_entries(g, e_group, e_s, e_t, e_plain, e_fits, table, empty, s_offset, t_offset):
+def projection_entries(e_row, e_s, e_t, e_plain, e_fits, table, empty):
     # pragma: no cover - compiled
-    """The kept projection entries as (row, student position, teacher position, table), each
-    int64 (N,): a plain entry is kept when its table is not empty and the teacher token covers
-    the student token; positions are predicting positions (offset - 1 + token index)."""
+    """The kept projection entries (`group_keys`) as (row, student position, teacher position,
+    table), each int64 (N,): a plain entry is kept when its table is not empty and the teacher
+    token covers the student token. When all are kept, the inputs are returned as they are."""
     n = 0
-    for e in range(e_group.shape[0]):
+    for e in range(e_row.shape[0]):
         n += not e_plain[e] or (e_fits[e] and not empty[table[e]])
+    if n == e_row.shape[0]:
+        return e_row, e_s, e_t, table
     row = np.empty(n, np.int64)
     s_pos = np.empty(n, np.int64)
     t_pos = np.empty(n, np.int64)
     out_table = np.empty(n, np.int64)
     m = 0
-    for e in range(e_group.shape[0]):
+    for e in range(e_row.shape[0]):
         if not e_plain[e] or (e_fits[e] and not empty[table[e]]):
-            b = g[e_group[e], 0]
-            row[m], out_table[m] = b, table[e]
-            s_pos[m] = s_offset[b] - 1 + e_s[e]
-            t_pos[m] = t_offset[b] - 1 + e_t[e]
+            row[m], s_pos[m], t_pos[m], out_table[m] = e_row[e], e_s[e], e_t[e], table[e]
             m += 1
     return row, s_pos, t_pos, out_table
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from distil.align import (
@@ -78,18 +79,17 @@ class CrossTokenizer:
         if k < len(ids) and offsets[k][0] < seam:  # a token spans the seam
             prompt_ids = tok(prompt_text, add_special_tokens=False)["input_ids"]
             t_ids, ends, data = encode_with_byte_ends(tok, text, vb)
-            t_ids, ends = list(t_ids), list(ends)
         else:
             prompt_ids, t_ids = ids[:k], ids[k:]
             local = [(max(a - seam, 0), max(b - seam, 0)) for a, b in offsets[k:]]
             table = [vb.token_bytes[i] if 0 <= i < vb.size else b"" for i in t_ids]
-            ends, data = list(text_byte_ends(text, local, table)), text.encode("utf-8")
+            ends, data = text_byte_ends(text, local, table), text.encode("utf-8")
         if sample.completion_ids and sample.completion_ids[-1] in self.student_stops:
             # zero bytes: trailing text the teacher's tokenizer drops (WordPiece strips a final
             # '\n') stays in no teacher token, so the student's tokens for it are masked, and
             # the two EOS still pair by role at the end of the text (align_completion)
-            t_ids.append(self.teacher_eos)
-            ends.append(ends[-1] if ends else 0)
+            t_ids = [*t_ids, self.teacher_eos]
+            ends = np.append(ends, ends[-1] if len(ends) else 0)
         if self.max_prompt_tokens is not None:
             prompt_ids = prompt_ids[-self.max_prompt_tokens :]
         return prompt_ids, t_ids, ends, data
@@ -109,28 +109,33 @@ class CrossTokenizer:
     def collate(self, samples: Sequence[Sample], pad_id: int) -> Batch:
         """Student batch + teacher inputs + AlignmentGroups; loss mask = tokens in groups."""
         batch = collate(samples, pad_id)
-        rows, teacher_rows = [], []
-        for s in samples:
-            t_prompt, t_ids, t_ends, t_bytes = self.teacher_inputs(s)
-            teacher_rows.append(t_prompt + t_ids)
-            rows.append(
-                RowInputs(
-                    s_ids=list(s.completion_ids),
-                    s_offset=len(s.prompt_ids),
-                    t_ids=t_ids,
-                    t_offset=len(t_prompt),
-                    t_ends=t_ends,
-                    t_bytes=t_bytes,
-                )
+        teacher = [self.teacher_inputs(s) for s in samples]
+        t_ids, t_mask = right_pad(
+            [p + ids for p, ids, _, _ in teacher], self.teacher_tok.pad_token_id
+        )
+        # ids as views of the padded tensors (no second conversion of Python ints)
+        s_np, t_np = batch.input_ids_B_L.numpy(), t_ids.numpy()
+        rows = [
+            RowInputs(
+                s_ids=s_np[r, len(s.prompt_ids) : len(s.prompt_ids) + len(s.completion_ids)],
+                s_offset=len(s.prompt_ids),
+                t_ids=t_np[r, len(t_prompt) : len(t_prompt) + len(t_comp)],
+                t_offset=len(t_prompt),
+                t_ends=t_ends,
+                t_bytes=t_bytes,
             )
+            for r, (s, (t_prompt, t_comp, t_ends, t_bytes)) in enumerate(
+                zip(samples, teacher, strict=True)
+            )
+        ]
         alignment, in_group = build_alignment(
             rows, self.student_vb, self.teacher_vb, self.match_tables, self.proj_tables
         )
+        # completion token j of row r is predicted at position len(prompt) - 1 + j
+        rows_K, tokens_K = in_group.nonzero(as_tuple=True)
+        starts = torch.tensor([len(s.prompt_ids) - 1 for s in samples], dtype=torch.long)
         mask = torch.zeros_like(batch.mask_B_T)
-        for r, (s, kept) in enumerate(zip(samples, in_group, strict=True)):
-            for j in kept:
-                mask[r, len(s.prompt_ids) - 1 + j] = True
-        t_ids, t_mask = right_pad(teacher_rows, self.teacher_tok.pad_token_id)
+        mask[rows_K, starts[rows_K] + tokens_K] = True
         return replace(
             batch,
             mask_B_T=mask,

@@ -303,8 +303,12 @@ def build_alignment(rows, student_vb, teacher_vb, match_tables, proj_tables):
         exact_G=torch.from_numpy(groups_G_7[:, 6].astype(bool)),
         metrics=_metrics(aligned, len(proj_N_4)),
     )
-    in_group = [np.setdiff1d(np.arange(len(ra.s_ends)), ra.unalignable) for ra in aligned]
-    return result, [k.tolist() for k in in_group]
+    width = max((len(ra.s_ends) for ra in aligned), default=0)
+    in_group = torch.zeros((len(aligned), width), dtype=torch.bool)
+    for b, ra in enumerate(aligned):
+        in_group[b, : len(ra.s_ends)] = True
+        in_group[b, torch.from_numpy(ra.unalignable)] = False
+    return result, in_group
 
 
 def _row_parts(b, ra, row, match, proj):

@@ -1,7 +1,8 @@
-"""build_alignment: predicting positions, padding, table ids and the per-row in-group indices."""
+"""build_alignment: predicting positions, padding, table ids and the per-row in-group mask."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from distil.align.batch import RowInputs, build_alignment
@@ -70,7 +71,7 @@ def test_hand_computed_batch():
     assert table0[2] == 4  # teacher 'abc' -> student 'ab' (nothing longer starts with 'abc')
     assert table0[3] == 1  # teacher 'a' -> 'a': the student's 'ab' is a teacher token too
     assert table0[4] == 2 and table0[5] == 3
-    assert in_group == [[0, 1, 2], [0, 1, 2], [0]]
+    assert in_group.tolist() == [[True, True, True], [True, True, True], [True, False, False]]
     assert ag.exact_G.tolist() == [True] * 5
     assert ag.metrics["groups"] == 5 and ag.metrics["student_tokens_in_groups"] == 7
     assert ag.metrics["unalignable_tokens"] == 1 and ag.metrics["bytes"] == 7
@@ -89,10 +90,14 @@ def test_table_ids_are_renumbered_per_batch():
 def test_empty_batch_and_row_without_groups():
     mt, pt = MatchTables(S, T), ProjectionTables(S, T)
     ag, in_group = build_alignment([], S, T, mt, pt)
-    assert ag.num_groups == 0 and ag.proj_row_N.numel() == 0 and in_group == []
+    assert ag.num_groups == 0 and ag.proj_row_N.numel() == 0 and in_group.shape == (0, 0)
     row = RowInputs(s_ids=[1], s_offset=1, t_ids=[], t_offset=1, t_ends=[], t_bytes=b"")
     ag, in_group = build_alignment([row], S, T, mt, pt)
-    assert ag.num_groups == 0 and in_group == [[]] and ag.metrics["unalignable_tokens"] == 1
+    assert (
+        ag.num_groups == 0
+        and in_group.tolist() == [[False]]
+        and ag.metrics["unalignable_tokens"] == 1
+    )
     assert ag.student_pos_G_S.shape == (0, 1) and len(ag.match_tables) == 1
 
 
@@ -118,7 +123,7 @@ def test_identical_tokenizers_one_projection_entry_per_token(bpe_tokenizer):
     assert torch.equal(ag.proj_teacher_pos_N, ag.proj_student_pos_N)
     assert ag.proj_table_N.eq(0).all() and ag.match_table_G.eq(0).all()
     assert torch.equal(ag.student_tok_G_S, ag.teacher_tok_G_T)
-    assert in_group == [list(range(len(r.s_ids))) for r in rows]
+    assert in_group.sum(1).tolist() == [len(r.s_ids) for r in rows]
     first = len(rows[0].s_ids)
     assert ag.proj_student_pos_N[:first].tolist() == list(range(4, 4 + first))
     assert ag.proj_student_pos_N[first:].tolist() == list(range(11, 11 + len(rows[1].s_ids)))
@@ -188,3 +193,60 @@ def test_dp_row_exact_groups_use_group_relative_bytes(bpe_tokenizer):
     ):
         if s_pos in lookup:
             assert lookup[s_pos] == t_pos
+
+
+def test_same_alignment_from_lists_arrays_tensors_and_padded_views(
+    bpe_tokenizer, unigram_tokenizer
+):
+    """The collator hands ids over as views of its padded tensors; lists, arrays and tensors
+    give the same alignment. Row 1 ends with the EOS pair (the general passes), the others
+    have no zero-length token (the plain walk)."""
+    texts = [" " + t for t in default_corpus(3, seed=5)]
+    rows, s_vb, t_vb = rows_for(bpe_tokenizer, unigram_tokenizer, texts, [3, 4, 5], [6, 2, 9])
+    s_eos = bpe_tokenizer.convert_tokens_to_ids(bpe_tokenizer.eos_token)
+    t_eos = unigram_tokenizer.convert_tokens_to_ids(unigram_tokenizer.eos_token)
+    r = rows[1]
+    rows[1] = RowInputs(
+        [*r.s_ids, s_eos], r.s_offset, [*r.t_ids, t_eos], r.t_offset, [*r.t_ends, r.t_ends[-1]],
+        r.t_bytes,
+    )  # fmt: skip
+    width = 2 + max(len(x.s_ids) for x in rows)
+    s_pad = torch.full((3, width), 7, dtype=torch.long)
+    t_pad = torch.full((3, 2 + max(len(x.t_ids) for x in rows)), 7, dtype=torch.long)
+    for b, x in enumerate(rows):
+        s_pad[b, 2 : 2 + len(x.s_ids)] = torch.tensor(x.s_ids)
+        t_pad[b, 2 : 2 + len(x.t_ids)] = torch.tensor(x.t_ids)
+    forms = {
+        "arrays": [
+            RowInputs(np.asarray(x.s_ids), x.s_offset, np.asarray(x.t_ids), x.t_offset,
+                      np.asarray(x.t_ends), x.t_bytes)
+            for x in rows
+        ],
+        "tensors": [
+            RowInputs(torch.tensor(x.s_ids), x.s_offset, torch.tensor(x.t_ids), x.t_offset,
+                      torch.tensor(x.t_ends), x.t_bytes)
+            for x in rows
+        ],
+        "padded views": [
+            RowInputs(s_pad.numpy()[b, 2 : 2 + len(x.s_ids)], x.s_offset,
+                      t_pad.numpy()[b, 2 : 2 + len(x.t_ids)], x.t_offset,
+                      np.asarray(x.t_ends, np.int64), x.t_bytes)
+            for b, x in enumerate(rows)
+        ],
+    }  # fmt: skip
+    ref, ref_in = build_alignment(
+        rows, s_vb, t_vb, MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb)
+    )
+    special = ref.student_tok_G_S[:, 0].eq(s_eos) & ref.teacher_tok_G_T[:, 0].eq(t_eos)
+    assert ref.group_row_G[special].tolist() == [1]  # the EOS pair of row 1
+    assert ref_in.sum(1).tolist() == [len(x.s_ids) for x in rows]
+    for name, form in forms.items():
+        ag, in_group = build_alignment(
+            form, s_vb, t_vb, MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb)
+        )
+        assert torch.equal(in_group, ref_in), name
+        for field in ("group_row_G", "student_pos_G_S", "student_tok_G_S", "teacher_pos_G_T",
+                      "teacher_tok_G_T", "match_table_G", "proj_row_N", "proj_student_pos_N",
+                      "proj_teacher_pos_N", "proj_table_N", "exact_G"):  # fmt: skip
+            assert torch.equal(getattr(ag, field), getattr(ref, field)), (name, field)
+        assert ag.metrics == ref.metrics, name
