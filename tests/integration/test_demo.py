@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROWS = [
     "teacher (bpe)",
     "char student: start (SFT on labelled set)",
-    "char student: distilled, cross-tokenizer (half on-policy, half teacher-written)",
+    "char student: distilled, cross-tokenizer (aligned KL on teacher-written completions)",
     "char student: control, sequence-level KD",
     "char student: control, continued SFT",
     "bpe student: start (SFT on labelled set)",

@@ -7,7 +7,7 @@
 3. The teacher (~5M parameters) trained on reference solutions, cached by its settings.
 4. Two students (~1M parameters) with a short supervised start on the labelled set only.
 5. The runs of configs/demo.yaml, in order, from prompts only: the char student distilled
-   across tokenizers (half on-policy, half on teacher-written completions, aligned KL), then
+   across tokenizers (token-level aligned KL on teacher-written completions), then
    its controls at the same student compute (FLOPs): sequence-level KD and continued
    supervised training on the labelled set; the bpe student distilled on-policy with the
    teacher's tokenizer (forward KL), then its continued-SFT control at equal compute.
