@@ -4,22 +4,16 @@ Skipped automatically without a CUDA device (tests/conftest.py); the Liger test 
 the `liger` extra.
 """
 
-import json
-
 import pytest
 import torch
 
 from distil.config import TrainConfig, build_config
 from distil.models.load import load_model
-from distil.testing import tiny_llama
+from distil.testing import read_metrics, tiny_llama, train_killed_after_checkpoint
 from distil.train import loop
 from distil.train.optim import MasterAdamW, build_optimizer
 
 pytestmark = pytest.mark.gpu
-
-
-def read_metrics(run_dir):
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_master_adamw_on_cuda_follows_fp32_fused_adamw(bpe_tokenizer):
@@ -61,19 +55,7 @@ def test_bf16_weights_resume_matches_uninterrupted_on_cuda(
     full = read_metrics(tmp_path / "run")
     raw = make_train_config(**overrides)
     raw["train"]["output_dir"] = str(tmp_path / "killed")
-    real_save = loop.save_checkpoint
-
-    def save_then_die(acc, out, step, state, keep, **kw):
-        path = real_save(acc, out, step, state, keep, **kw)
-        if step == 2:
-            raise KeyboardInterrupt
-        return path
-
-    monkeypatch.setattr(loop, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        loop.train(build_config(raw))
-    monkeypatch.setattr(loop, "save_checkpoint", real_save)
-    loop.train(build_config(raw))
+    train_killed_after_checkpoint(monkeypatch, build_config(raw), step=2)
     resumed = read_metrics(tmp_path / "killed")
     for a, b in zip(full[2:], resumed[2:], strict=True):  # CUDA kernels: not bit-exact
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6), a["step"]

@@ -9,6 +9,7 @@ import torch
 from distil.config import TrainConfig, build_config
 from distil.errors import ConfigError
 from distil.models.load import load_model
+from distil.testing import read_metrics, train_killed_after_checkpoint
 from distil.train import checkpoint as ck
 from distil.train import loop
 from distil.train.optim import (
@@ -273,10 +274,6 @@ def test_bf16_weights_under_fsdp_is_refused(monkeypatch, tmp_path):
         setup.build_accelerator(cfg)
 
 
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_resumed_bf16_weights_run_matches_the_uninterrupted_one(
     tmp_path, make_train_config, monkeypatch
 ):
@@ -285,19 +282,7 @@ def test_resumed_bf16_weights_run_matches_the_uninterrupted_one(
     full = read_metrics(tmp_path / "run")
     raw = make_train_config(**copy.deepcopy(overrides))
     raw["train"]["output_dir"] = str(tmp_path / "killed")
-    real_save = loop.save_checkpoint
-
-    def save_then_die(acc, out, step, state, keep, **kw):
-        path = real_save(acc, out, step, state, keep, **kw)
-        if step == 2:
-            raise KeyboardInterrupt
-        return path
-
-    monkeypatch.setattr(loop, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        loop.train(build_config(raw))
-    monkeypatch.setattr(loop, "save_checkpoint", real_save)
-    loop.train(build_config(raw))
+    train_killed_after_checkpoint(monkeypatch, build_config(raw), step=2)
     resumed = read_metrics(tmp_path / "killed")
     assert [m["step"] for m in resumed] == [1, 2, 3, 4]
     for a, b in zip(full[2:], resumed[2:], strict=True):
