@@ -135,3 +135,15 @@ def test_table_columns_gap_steps_and_cost(tmp_path):
     assert lines[4] == f"| {rows(run)[2].label} | 50.0% (50/100) | 50% | 12 | 6 |"
     assert out[2]["gap_recovered"] == pytest.approx(0.5) and out[2]["steps"] == 12
     assert out[1]["gap_recovered"] is None  # a start row
+
+
+def test_a_short_budget_keeps_the_configs_share_of_warmup():
+    from distil.demo.stages import scaled_warmup
+
+    teacher = yaml.safe_load((CONFIG_DIR / "teacher.yaml").read_text())["train"]
+    assert (teacher["warmup_steps"], teacher["max_steps"]) == (200, 1250)
+    assert scaled_warmup(teacher, 1250) is None  # the full preset: the config's own warmup
+    assert scaled_warmup(teacher, 200) is None
+    assert scaled_warmup(teacher, 150) == 24  # quick: 16% of the run, not all of it
+    assert scaled_warmup(teacher, 4) == 1  # smoke
+    assert scaled_warmup({"warmup_steps": 10}, 5) == 5  # no max_steps: the warmup is the run

@@ -38,15 +38,27 @@ def _config(name: str) -> dict[str, Any]:
     return yaml.safe_load((CONFIG_DIR / f"{name}.yaml").read_text())
 
 
+def scaled_warmup(train_cfg: dict[str, Any], max_steps: int) -> int | None:
+    """Warmup steps for a budget shorter than the config's warmup (the quick and smoke presets):
+    the config's share of its own run (e.g. 200 of 1,250 steps -> 24 of 150), at least 1, so the
+    run still has its constant and decay phases. None: the config's warmup fits the budget."""
+    warmup = int(train_cfg.get("warmup_steps", 0))
+    if max_steps >= warmup:
+        return None
+    share = warmup / max(int(train_cfg.get("max_steps", warmup)), warmup)
+    return max(1, round(share * max_steps))
+
+
 def train_stage(run: DemoRun, config: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """Run configs/<config>.yaml with its paths moved and `overrides`; the last metrics."""
     from distil.config import load_config
     from distil.train.loop import train
 
     values = {**moved_paths(run, config), **overrides}
-    warmup = _config(config).get("train", {}).get("warmup_steps", 0)
-    if values.get("train.max_steps", warmup) < warmup:  # a smoke-sized budget: warm up less
-        values["train.warmup_steps"] = values["train.max_steps"]
+    if "train.max_steps" in values:
+        warmup = scaled_warmup(_config(config).get("train", {}), values["train.max_steps"])
+        if warmup is not None:
+            values["train.warmup_steps"] = warmup
     items = [f"{k}={v}" for k, v in values.items()]
     # no checkpoints on the wall clock: nothing in a demo run depends on timing
     items += [f"train.num_threads={run.threads}", "train.resume=never"]
