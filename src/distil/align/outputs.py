@@ -3,12 +3,17 @@
 `group_tensors` writes the padded (G, width) position and id tensors of both sides and the
 (B, C_max) in-group mask in one pass over the groups; `renumber` maps the cache's table ids to
 the few tables a batch uses. Each writes every output cell once (no fill, then overwrite).
+`finish` runs them and `walk.projection_entries` as one compiled call: each call into compiled
+code costs a few microseconds more when its code and data were evicted by other work (as in a
+collator between steps), so the tail of a batch build is one call, not four.
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
+
+from distil.align.walk import projection_entries
 
 
 @numba.njit(cache=True)
@@ -79,3 +84,29 @@ def renumber(ids, n_tables):  # pragma: no cover - compiled
     for i in range(ids.shape[0]):
         local[i] = local_of[ids[i]]
     return local, used
+
+
+@numba.njit(cache=True)
+def finish(
+    g, s_ids, s_off, s_offset, t_ids, t_off, t_offset, covered,
+    match_G, n_match, e_row, e_s, e_t, e_plain, e_fits, proj_E, n_proj, empty_ids,
+):  # fmt: skip  # pragma: no cover - compiled
+    """`projection_entries`, `renumber` of both table lists and `group_tensors` in one call:
+    (row, s_pos, s_tok, t_pos, t_tok, in_group, match_local, match_used, p_row, p_s, p_t,
+    proj_local, proj_used, n_covered). empty_ids: the empty projection tables' cache ids."""
+    empty = np.zeros(n_proj, np.bool_)
+    for i in range(empty_ids.shape[0]):
+        empty[empty_ids[i]] = True
+    p_row, p_s, p_t, p_table = projection_entries(e_row, e_s, e_t, e_plain, e_fits, proj_E, empty)
+    match_local, match_used = renumber(match_G, n_match)
+    proj_local, proj_used = renumber(p_table, n_proj)
+    row, s_pos, s_tok, t_pos, t_tok, in_group = group_tensors(
+        g, s_ids, s_off, s_offset, t_ids, t_off, t_offset, covered
+    )
+    n_covered = 0
+    for k in range(covered.shape[0]):
+        n_covered += covered[k]
+    return (
+        row, s_pos, s_tok, t_pos, t_tok, in_group, match_local, match_used,
+        p_row, p_s, p_t, proj_local, proj_used, n_covered,
+    )  # fmt: skip

@@ -256,7 +256,7 @@ def align_completion(
     t_ends = np.asarray(t_ends, dtype=np.int64).reshape(-1)
     ba = align_flat(FlatRows.pack([s_ids], [t_ids], [t_ends], [t_bytes]), s_vb, t_vb)
     return RowAlignment(
-        groups=ba.groups[:, 1:].copy(),
+        groups=ba.groups[:, 1:].astype(np.int64),
         exact=ba.exact,
         special=ba.special,
         unalignable=np.flatnonzero(~ba.covered),

@@ -118,7 +118,7 @@ def align_rows(
     ordered by row then s0; exact bool (G,); special bool (G,); covered bool (N_s,);
     n_exact int64 (B,): student bytes inside exact groups)."""
     n_rows = s_off.shape[0] - 1
-    out_g = np.empty((s_ids.shape[0], 5), np.int64)  # at most one group per student token
+    out_g = np.empty((s_ids.shape[0], 5), np.int32)  # at most one group per student token
     out_exact = np.zeros(s_ids.shape[0], np.bool_)
     out_special = np.zeros(s_ids.shape[0], np.bool_)
     covered = np.zeros(s_ids.shape[0], np.bool_)
@@ -371,14 +371,16 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off, s_offset
     n_g = g.shape[0]
     kind = np.zeros(n_g, np.int8)
     flag = np.zeros(n_g, np.bool_)
-    m_off = np.zeros(n_g, np.int64)
-    m_len = np.zeros(n_g, np.int64)
+    # key slices and the other intermediates int32 (read again by the lookups: half the memory
+    # traffic of int64); the entries' row and positions are outputs, int64
+    m_off = np.zeros(n_g, np.int32)
+    m_len = np.zeros(n_g, np.int32)
     n_e = s_ends.shape[0]  # at most one entry per student token
     e_row = np.empty(n_e, np.int64)
     e_s = np.empty(n_e, np.int64)
     e_t = np.empty(n_e, np.int64)
-    e_off = np.empty(n_e, np.int64)
-    e_len = np.empty(n_e, np.int64)
+    e_off = np.empty(n_e, np.int32)
+    e_len = np.empty(n_e, np.int32)
     e_fits = np.empty(n_e, np.bool_)
     e_plain = np.empty(n_e, np.bool_)
     e = 0
