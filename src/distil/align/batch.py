@@ -84,10 +84,10 @@ def build_alignment(
     match_G = _match_ids(kind, flag, m_off, m_len, g[:, 0], ba.s_bytes, match_tables)
     proj_E = _proj_ids(e_off, e_len, e_plain, ba.s_bytes, proj_tables)
     (row, s_pos, s_tok, t_pos, t_tok, in_group, match_ids, match_used, p_row, p_s, p_t,
-     proj_ids, proj_used, n_covered) = finish(
+     proj_ids, proj_used, n_covered, n_inexact) = finish(
         g, flat.s_ids, flat.s_off, s_offset, flat.t_ids, flat.t_off, t_offset, ba.covered,
         match_G, len(match_tables.tables), e_row, e_s, e_t, e_plain, e_fits, proj_E,
-        len(proj_tables.tables), proj_tables.empty_ids(),
+        len(proj_tables.tables), proj_tables.empty_ids(), ba.exact,
     )  # fmt: skip
     t = torch.from_numpy
     result = AlignmentGroups(
@@ -104,7 +104,7 @@ def build_alignment(
         proj_table_N=t(proj_ids),
         proj_tables=_pick(proj_tables.tables, proj_used),
         exact_G=t(ba.exact),
-        metrics=_metrics(ba, len(p_row), n_covered),
+        metrics=_metrics(ba, len(p_row), n_covered, n_inexact),
     )
     return result, t(in_group)
 
@@ -156,8 +156,8 @@ def _pick(
     return [tables[i] for i in used.tolist()]
 
 
-def _metrics(ba: BatchAlignment, n_proj: int, covered: int) -> dict[str, float]:
-    # covered: student tokens in groups (groups are disjoint)
+def _metrics(ba: BatchAlignment, n_proj: int, covered: int, inexact: int) -> dict[str, float]:
+    # covered: student tokens in groups (groups are disjoint); inexact: groups not exact
     return {
         "groups": float(len(ba.groups)),
         "student_tokens_in_groups": float(covered),
@@ -165,6 +165,6 @@ def _metrics(ba: BatchAlignment, n_proj: int, covered: int) -> dict[str, float]:
         "bytes": float(len(ba.s_bytes)),
         "bytes_exact": float(ba.n_exact.sum()),
         "dp_rows": float(np.count_nonzero(ba.dp)),
-        "inexact_groups": float(len(ba.exact) - np.count_nonzero(ba.exact)),
+        "inexact_groups": float(inexact),
         "projection_entries": float(n_proj),
     }

@@ -89,11 +89,12 @@ def renumber(ids, n_tables):  # pragma: no cover - compiled
 @numba.njit(cache=True)
 def finish(
     g, s_ids, s_off, s_offset, t_ids, t_off, t_offset, covered,
-    match_G, n_match, e_row, e_s, e_t, e_plain, e_fits, proj_E, n_proj, empty_ids,
+    match_G, n_match, e_row, e_s, e_t, e_plain, e_fits, proj_E, n_proj, empty_ids, exact,
 ):  # fmt: skip  # pragma: no cover - compiled
     """`projection_entries`, `renumber` of both table lists and `group_tensors` in one call:
     (row, s_pos, s_tok, t_pos, t_tok, in_group, match_local, match_used, p_row, p_s, p_t,
-    proj_local, proj_used, n_covered). empty_ids: the empty projection tables' cache ids."""
+    proj_local, proj_used, n_covered, n_inexact): n_covered student tokens in groups, n_inexact
+    groups not exact. empty_ids: the empty projection tables' cache ids."""
     empty = np.zeros(n_proj, np.bool_)
     for i in range(empty_ids.shape[0]):
         empty[empty_ids[i]] = True
@@ -103,10 +104,12 @@ def finish(
     row, s_pos, s_tok, t_pos, t_tok, in_group = group_tensors(
         g, s_ids, s_off, s_offset, t_ids, t_off, t_offset, covered
     )
-    n_covered = 0
+    n_covered = n_inexact = 0
     for k in range(covered.shape[0]):
         n_covered += covered[k]
+    for q in range(exact.shape[0]):
+        n_inexact += not exact[q]
     return (
         row, s_pos, s_tok, t_pos, t_tok, in_group, match_local, match_used,
-        p_row, p_s, p_t, proj_local, proj_used, n_covered,
+        p_row, p_s, p_t, proj_local, proj_used, n_covered, n_inexact,
     )  # fmt: skip
