@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from distil.align.keys import first_seen
-from distil.align.outputs import group_tensors, renumber
+from distil.align.outputs import finish
 from distil.align.token_align import BatchAlignment, align_flat
 from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes
-from distil.align.walk import FlatRows, group_keys, projection_entries
+from distil.align.walk import FlatRows, group_keys
 from distil.types import AlignmentGroups
 
 
@@ -83,14 +83,12 @@ def build_alignment(
     )  # fmt: skip
     match_G = _match_ids(kind, flag, m_off, m_len, g[:, 0], ba.s_bytes, match_tables)
     proj_E = _proj_ids(e_off, e_len, e_plain, ba.s_bytes, proj_tables)
-    empty = np.zeros(len(proj_tables.tables), dtype=bool)
-    empty[proj_tables.empty_ids()] = True
-    p_row, p_s, p_t, p_table = projection_entries(e_row, e_s, e_t, e_plain, e_fits, proj_E, empty)
-    match_ids, match_list = _local_tables(match_G, match_tables.tables)
-    proj_ids, proj_list = _local_tables(p_table, proj_tables.tables)
-    row, s_pos, s_tok, t_pos, t_tok, in_group = group_tensors(
-        g, flat.s_ids, flat.s_off, s_offset, flat.t_ids, flat.t_off, t_offset, ba.covered
-    )
+    (row, s_pos, s_tok, t_pos, t_tok, in_group, match_ids, match_used, p_row, p_s, p_t,
+     proj_ids, proj_used, n_covered, n_inexact) = finish(
+        g, flat.s_ids, flat.s_off, s_offset, flat.t_ids, flat.t_off, t_offset, ba.covered,
+        match_G, len(match_tables.tables), e_row, e_s, e_t, e_plain, e_fits, proj_E,
+        len(proj_tables.tables), proj_tables.empty_ids(), ba.exact,
+    )  # fmt: skip
     t = torch.from_numpy
     result = AlignmentGroups(
         group_row_G=t(row),
@@ -98,15 +96,15 @@ def build_alignment(
         student_tok_G_S=t(s_tok),
         teacher_pos_G_T=t(t_pos),
         teacher_tok_G_T=t(t_tok),
-        match_table_G=match_ids,
-        match_tables=match_list,
+        match_table_G=t(match_ids),
+        match_tables=_pick(match_tables.tables, match_used),
         proj_row_N=t(p_row),
         proj_student_pos_N=t(p_s),
         proj_teacher_pos_N=t(p_t),
-        proj_table_N=proj_ids,
-        proj_tables=proj_list,
+        proj_table_N=t(proj_ids),
+        proj_tables=_pick(proj_tables.tables, proj_used),
         exact_G=t(ba.exact),
-        metrics=_metrics(ba, len(p_row)),
+        metrics=_metrics(ba, len(p_row), n_covered, n_inexact),
     )
     return result, t(in_group)
 
@@ -151,16 +149,15 @@ def _proj_ids(off, length, plain, data, proj: ProjectionTables) -> np.ndarray:
     return out
 
 
-def _local_tables(
-    global_ids: np.ndarray, tables: list[tuple[torch.Tensor, torch.Tensor]]
-) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    # renumber the cache ids used in this batch: 0 stays 0 (the whole-vocabulary table)
-    local, used = renumber(global_ids, len(tables))
-    return torch.from_numpy(local), [tables[i] for i in used.tolist()]
+def _pick(
+    tables: list[tuple[torch.Tensor, torch.Tensor]], used: np.ndarray
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    # the tables a batch uses, by cache id (`outputs.renumber`: 0 always first)
+    return [tables[i] for i in used.tolist()]
 
 
-def _metrics(ba: BatchAlignment, n_proj: int) -> dict[str, float]:
-    covered = np.count_nonzero(ba.covered)  # groups are disjoint: tokens in groups
+def _metrics(ba: BatchAlignment, n_proj: int, covered: int, inexact: int) -> dict[str, float]:
+    # covered: student tokens in groups (groups are disjoint); inexact: groups not exact
     return {
         "groups": float(len(ba.groups)),
         "student_tokens_in_groups": float(covered),
@@ -168,6 +165,6 @@ def _metrics(ba: BatchAlignment, n_proj: int) -> dict[str, float]:
         "bytes": float(len(ba.s_bytes)),
         "bytes_exact": float(ba.n_exact.sum()),
         "dp_rows": float(np.count_nonzero(ba.dp)),
-        "inexact_groups": float(len(ba.exact) - np.count_nonzero(ba.exact)),
+        "inexact_groups": float(inexact),
         "projection_entries": float(n_proj),
     }

@@ -19,8 +19,9 @@ import numpy as np
 
 @dataclass(eq=False)
 class ByteIndex:
-    """data uint8: every id's bytes concatenated; start int64 (size + 1,): id i spells
-    data[start[i]:start[i + 1]]; order int64 (K,): the non-special ids with bytes, sorted by
+    """data uint8: every id's bytes concatenated; start int32 (size + 1,): id i spells
+    data[start[i]:start[i + 1]] (int32: half the cache lines per looked-up id of int64; 1 MiB
+    for a 262k vocabulary); order int64 (K,): the non-special ids with bytes, sorted by
     (bytes, id); canon int64 (K,): the canonical id (`VocabBytes.by_bytes`) of each key."""
 
     data: np.ndarray
@@ -33,8 +34,8 @@ class ByteIndex:
         cls, token_bytes: list[bytes], is_special: np.ndarray, by_bytes: dict[bytes, int]
     ) -> ByteIndex:
         lengths = np.fromiter(map(len, token_bytes), np.int64, len(token_bytes))
-        start = np.zeros(len(token_bytes) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=start[1:])
+        start = np.zeros(len(token_bytes) + 1, dtype=np.int32)  # < 2**31 bytes in any vocab
+        start[1:] = np.cumsum(lengths)
         data = np.frombuffer(b"".join(token_bytes), dtype=np.uint8)
         keep = [i for i in np.flatnonzero((lengths > 0) & ~is_special[: len(lengths)]).tolist()]
         keep.sort(key=token_bytes.__getitem__)  # stable: equal bytes stay in id order

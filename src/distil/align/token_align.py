@@ -159,7 +159,7 @@ class RowAlignment:
 class BatchAlignment:
     """The groups of a micro-batch (`align_flat`); token indices are row-local.
 
-    groups int64 (G, 5): row, s_start, s_stop, t_start, t_stop, ordered by row then s_start;
+    groups int32 (G, 5): row, s_start, s_stop, t_start, t_stop, ordered by row then s_start;
     exact, special bool (G,); covered bool (N_s,): student token inside a group; n_exact int64
     (B,): student bytes inside exact groups; s_ends int64 (N_s,) per-row byte ends, s_bytes
     uint8 and sb_off (B + 1,): the rows' student bytes; dp bool (B,): the DP fallback was used.
@@ -188,15 +188,16 @@ def align_flat(rows: FlatRows, s_vb: VocabBytes, t_vb: VocabBytes) -> BatchAlign
         rows.s_ids, rows.s_off, s_index.data, s_index.start, max(s_vb.max_len, 1), rows.t_bytes,
         rows.tb_off,
     )  # fmt: skip
-    dp_rows = np.flatnonzero(~prefix).tolist()
+    dp = ~prefix
+    dp_rows = np.flatnonzero(dp).tolist()
     t2s, t2s_off = _dp_maps(rows, s_bytes, sb_off, dp_rows)
     groups, exact, special, covered, n_exact = align_rows(
         rows.s_ids, rows.s_off, s_ends, s_bytes, sb_off, s_vb.is_special,
         rows.t_ids, rows.t_ends, rows.t_off, rows.t_bytes, rows.tb_off, t_vb.is_special,
-        _partners(s_vb, t_vb), ~prefix, t2s, t2s_off,
+        _partners(s_vb, t_vb), dp, t2s, t2s_off,
     )  # fmt: skip
     return BatchAlignment(
-        rows, groups, exact, special, covered, n_exact, s_ends, s_bytes, sb_off, ~prefix
+        rows, groups, exact, special, covered, n_exact, s_ends, s_bytes, sb_off, dp
     )
 
 
@@ -256,7 +257,7 @@ def align_completion(
     t_ends = np.asarray(t_ends, dtype=np.int64).reshape(-1)
     ba = align_flat(FlatRows.pack([s_ids], [t_ids], [t_ends], [t_bytes]), s_vb, t_vb)
     return RowAlignment(
-        groups=ba.groups[:, 1:].copy(),
+        groups=ba.groups[:, 1:].astype(np.int64),
         exact=ba.exact,
         special=ba.special,
         unalignable=np.flatnonzero(~ba.covered),

@@ -48,17 +48,25 @@ class FlatRows:
         t_ends: Sequence[Sequence[int] | np.ndarray],
         t_bytes: Sequence[bytes],
     ) -> FlatRows:
+        n = len(s_ids)
+        # the rows' three lengths in one pass, their offsets in one cumsum (rows of off)
+        lengths = np.fromiter(
+            chain.from_iterable(zip(map(len, s_ids), map(len, t_ids), map(len, t_bytes))),
+            np.int64,
+            3 * n,
+        )
+        off = np.zeros((3, n + 1), np.int64)
+        np.cumsum(lengths.reshape(n, 3).T, axis=1, out=off[:, 1:])
+        n_s, n_t = int(off[0, -1]), int(off[1, -1])
         data = b"".join(t_bytes)
-        s_off = _offsets(map(len, s_ids), len(s_ids))
-        t_off = _offsets(map(len, t_ids), len(t_ids))
         return cls(
-            _flat(s_ids, int(s_off[-1])),
-            s_off,
-            _flat(t_ids, int(t_off[-1])),
-            _flat(t_ends, int(t_off[-1])),
-            t_off,
+            _flat(s_ids, n_s),
+            off[0],
+            _flat(t_ids, n_t),
+            _flat(t_ends, n_t),
+            off[1],
             np.frombuffer(data, dtype=np.uint8) if data else np.zeros(0, np.uint8),
-            _offsets(map(len, t_bytes), len(t_bytes)),
+            off[2],
         )
 
 
@@ -69,12 +77,6 @@ def _flat(parts: Sequence[Sequence[int] | np.ndarray], n: int) -> np.ndarray:
         return np.concatenate(parts, axis=None).astype(np.int64, copy=False)
     # one pass over all rows (a numpy call per row costs as much as the row's data)
     return np.fromiter(chain.from_iterable(parts), dtype=np.int64, count=n)
-
-
-def _offsets(lengths, n: int) -> np.ndarray:
-    out = np.zeros(n + 1, dtype=np.int64)
-    out[1:] = np.fromiter(lengths, dtype=np.int64, count=n)
-    return np.cumsum(out, out=out)
 
 
 @numba.njit(cache=True)
@@ -114,11 +116,11 @@ def align_rows(
     t_ids, t_ends, t_off, t_bytes, tb_off, t_special,
     partner, dp, t2s, t2s_off,
 ):  # fmt: skip  # pragma: no cover - compiled
-    """Groups of every row: (g int64 (G, 5): row, s0, s1, t0, t1 per row-local token index,
+    """Groups of every row: (g int32 (G, 5): row, s0, s1, t0, t1 per row-local token index,
     ordered by row then s0; exact bool (G,); special bool (G,); covered bool (N_s,);
     n_exact int64 (B,): student bytes inside exact groups)."""
     n_rows = s_off.shape[0] - 1
-    out_g = np.empty((s_ids.shape[0], 5), np.int64)  # at most one group per student token
+    out_g = np.empty((s_ids.shape[0], 5), np.int32)  # at most one group per student token
     out_exact = np.zeros(s_ids.shape[0], np.bool_)
     out_special = np.zeros(s_ids.shape[0], np.bool_)
     covered = np.zeros(s_ids.shape[0], np.bool_)
@@ -371,14 +373,16 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off, s_offset
     n_g = g.shape[0]
     kind = np.zeros(n_g, np.int8)
     flag = np.zeros(n_g, np.bool_)
-    m_off = np.zeros(n_g, np.int64)
-    m_len = np.zeros(n_g, np.int64)
+    # key slices and the other intermediates int32 (read again by the lookups: half the memory
+    # traffic of int64); the entries' row and positions are outputs, int64
+    m_off = np.zeros(n_g, np.int32)
+    m_len = np.zeros(n_g, np.int32)
     n_e = s_ends.shape[0]  # at most one entry per student token
     e_row = np.empty(n_e, np.int64)
     e_s = np.empty(n_e, np.int64)
     e_t = np.empty(n_e, np.int64)
-    e_off = np.empty(n_e, np.int64)
-    e_len = np.empty(n_e, np.int64)
+    e_off = np.empty(n_e, np.int32)
+    e_len = np.empty(n_e, np.int32)
     e_fits = np.empty(n_e, np.bool_)
     e_plain = np.empty(n_e, np.bool_)
     e = 0

@@ -250,3 +250,19 @@ def test_same_alignment_from_lists_arrays_tensors_and_padded_views(
                       "proj_teacher_pos_N", "proj_table_N", "exact_G"):  # fmt: skip
             assert torch.equal(getattr(ag, field), getattr(ref, field)), (name, field)
         assert ag.metrics == ref.metrics, name
+
+
+def test_group_tensors_are_separate_contiguous_int64():
+    # the five group outputs are views of one allocation (`outputs.group_tensors`): each must
+    # be its own region (writing one changes no other) and what the losses index with (int64)
+    ag, _ = build_alignment([ROW0, ROW1, ROW2], S, T, MatchTables(S, T), ProjectionTables(S, T))
+    names = ("group_row_G", "student_pos_G_S", "student_tok_G_S", "teacher_pos_G_T")
+    names += ("teacher_tok_G_T",)
+    tensors = [getattr(ag, n) for n in names]
+    before = [x.clone() for x in tensors]
+    for k, x in enumerate(tensors):
+        assert x.dtype == torch.int64 and x.is_contiguous(), names[k]
+        x.fill_(-7)
+        for m, y in enumerate(tensors):
+            expected = torch.full_like(y, -7) if m <= k else before[m]
+            assert torch.equal(y, expected), (names[k], names[m])
