@@ -5,6 +5,7 @@ import threading
 
 import pytest
 import torch
+from buffer_fakes import EOS, make_buffer
 
 from distil.config import build_config
 from distil.generation.base import SamplingParams
@@ -13,11 +14,8 @@ from distil.generation.seeded import GumbelMaxSampler, sampling_seed
 from distil.testing import read_metrics, train_killed_after_checkpoint
 from distil.train import loop
 from distil.train.async_gen import SAMPLER_FILE, AsyncWindows, weight_snapshot
-from distil.train.buffer import ON, GenerationBuffer, PromptSide
-from distil.types import Example, Rollout
-
-EOS, PAD = 2, 0
-
+from distil.train.buffer import ON
+from distil.types import Rollout
 
 # ----------------------------------------------------------------------------- seeded sampling
 
@@ -137,22 +135,8 @@ class WeightProbe:
         )
 
 
-def small_buffer(generator, lam=1.0, rank=0, world=1, seed=0):
-    examples = [Example(i, f"p{i}", f"a{i}") for i in range(40)]
-    prompt_ids = [[100 + i, 5, 6] for i in range(40)]
-    return GenerationBuffer(
-        examples,
-        PromptSide(prompt_ids, generator),
-        completion_ids=[[300 + i, EOS] for i in range(40)],
-        params=SamplingParams(8, 1.0, 1.0, 0, 2),
-        per_device_batch_size=2,
-        grad_accum_steps=2,
-        lambda_=lam,
-        pad_id=PAD,
-        seed=seed,
-        rank=rank,
-        world_size=world,
-    )
+def small_buffer(generator, lam=1.0, seed=0):
+    return make_buffer(batch=2, accum=2, n=2, lam=lam, seed=seed, generator=generator)[0]
 
 
 def rows(window):
