@@ -186,13 +186,15 @@ def align_variants(s_name: str, t_name: str, rows: list[Row], s_vb, t_vb) -> dic
         align_completion,
         build_alignment,
     )
+    from distil.data.crosstok import right_pad
 
     s_tok, t_tok = load_tokenizer(s_name), load_tokenizer(t_name)
     s_rule, t_rule = naive_piece_rule(family(s_name)), naive_piece_rule(family(t_name))
     lists = [RowInputs(r.s_ids, 16, r.t_ids, 16, r.t_ends, r.t_bytes) for r in rows]
     # what `CrossTokenizer.collate` hands over: views of the padded id tensors it builds for
     # the two forwards (16 prompt tokens, then the completion), byte ends as arrays
-    s_np, t_np = padded_ids([r.s_ids for r in rows]), padded_ids([r.t_ids for r in rows])
+    s_np = right_pad([[0] * 16 + r.s_ids for r in rows], 0)[0].numpy()
+    t_np = right_pad([[0] * 16 + r.t_ids for r in rows], 0)[0].numpy()
     inputs = [
         RowInputs(s_np[b, 16 : 16 + len(r.s_ids)], 16, t_np[b, 16 : 16 + len(r.t_ids)], 16,
                   r.t_ends, r.t_bytes)
@@ -212,16 +214,6 @@ def align_variants(s_name: str, t_name: str, rows: list[Row], s_vb, t_vb) -> dic
             inputs, s_vb, t_vb, MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb)
         ),
     }
-
-
-def padded_ids(rows: list[list[int]], prompt: int = 16) -> np.ndarray:
-    """Rows right-padded after `prompt` pad columns, as the collator's id tensor (int64)."""
-    import torch
-
-    ids = torch.zeros((len(rows), prompt + max(map(len, rows))), dtype=torch.long)
-    for b, row in enumerate(rows):
-        ids[b, prompt : prompt + len(row)] = torch.tensor(row)
-    return ids.numpy()
 
 
 def batch_groups(ag, n_rows: int, offset: int = 16) -> list[list[tuple[int, int, int, int]]]:

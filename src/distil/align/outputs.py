@@ -36,13 +36,13 @@ def group_tensors(g, s_ids, s_off, s_offset, t_ids, t_off, t_offset, covered):
     # one allocation for the five outputs (contiguous views of it): several large blocks freed
     # together can exceed the allocator's trim threshold and come back as fresh pages, whose
     # faults cost more than writing them (~1 us per 4 KiB page: 0.9 ms at G = 14k, width 11)
-    n_s, n_t = n_g * s_w, n_g * t_w
-    block = np.empty(n_g + 2 * n_s + 2 * n_t, np.int64)
+    size_s, size_t = n_g * s_w, n_g * t_w  # cells of each side's (G, width) tensors
+    block = np.empty(n_g + 2 * size_s + 2 * size_t, np.int64)
     row = block[:n_g]
-    s_pos = block[n_g : n_g + n_s].reshape(n_g, s_w)
-    s_tok = block[n_g + n_s : n_g + 2 * n_s].reshape(n_g, s_w)
-    t_pos = block[n_g + 2 * n_s : n_g + 2 * n_s + n_t].reshape(n_g, t_w)
-    t_tok = block[n_g + 2 * n_s + n_t :].reshape(n_g, t_w)
+    s_pos = block[n_g : n_g + size_s].reshape(n_g, s_w)
+    s_tok = block[n_g + size_s : n_g + 2 * size_s].reshape(n_g, s_w)
+    t_pos = block[n_g + 2 * size_s : n_g + 2 * size_s + size_t].reshape(n_g, t_w)
+    t_tok = block[n_g + 2 * size_s + size_t :].reshape(n_g, t_w)
     for q in range(n_g):
         b = g[q, 0]
         row[q] = b

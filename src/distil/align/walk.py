@@ -5,15 +5,15 @@ All rows' ids, teacher byte ends and teacher bytes are concatenated with row off
 bytes; rows whose teacher bytes are not a prefix of the student's get the banded DP
 (`dp.align_bytes`, t2s) in Python; `align_rows` then walks every row once (a row with equal
 or prefix bytes and no zero-length token, the common case, by the plain walk alone): the
-two-pointer groups over the tokens that are not zero-length specials (or, in a DP row, the teacher ends whose
-mapped position is a student end), groups straddling a removed special dropped, the exact flags,
-the specials paired by role at the same byte position, and the covered tokens. `group_keys`
-gives each group its match-table key and each student token of a plain group its projection
-entry (teacher position and remainder key) as (offset, length) slices of the student bytes;
-`keys.KeyIndex` looks the keys of cached tables up in one pass and `keys.first_seen` finds the
-distinct missing ones, so that Python runs once per new table, not per group or token
-(`token_align` and `batch` have the rules in words); `projection_entries` and
-`outputs.group_tensors` shape the outputs.
+two-pointer groups over the tokens that are not zero-length specials (or, in a DP row, the
+teacher ends whose mapped position is a student end), groups straddling a removed special
+dropped, the exact flags, the specials paired by role at the same byte position, and the
+covered tokens. `group_keys` gives each group its match-table key and each student token of
+a plain group its projection entry (teacher position and remainder key) as (offset, length)
+slices of the student bytes; `keys.KeyIndex` looks the keys of cached tables up in one pass
+and `keys.first_seen` finds the distinct missing ones, so that Python runs once per new table,
+not per group or token (`token_align` and `batch` have the rules in words);
+`projection_entries` and `outputs.group_tensors` shape the outputs.
 """
 
 from __future__ import annotations
@@ -366,10 +366,11 @@ def group_keys(g, exact, special, s_off, s_ends, sb_off, t_ends, t_off, s_offset
     Per group: kind int8 (0: the whole-vocabulary table, 1: the empty table, 2: the delta
     table of key (flag = student_longer, s_bytes[off:off + len])). Per projection entry,
     ordered by row then student token: (row, student and teacher predicting positions
-    (offset - 1 + token index), key offset, key length (0: table 0), fits, plain). A plain group (exact, not special) gives one entry per
-    student token; any other group one entry at its first positions. The teacher token of an
-    entry is the last one of the group starting at or before the student's point (ties go to
-    the later token, which has seen any zero-length token before it)."""
+    (offset - 1 + token index), key offset, key length (0: table 0), fits, plain). A plain
+    group (exact, not special) gives one entry per student token; any other group one entry
+    at its first positions. The teacher token of an entry is the last one of the group
+    starting at or before the student's point (ties go to the later token, which has seen any
+    zero-length token before it)."""
     n_g = g.shape[0]
     kind = np.zeros(n_g, np.int8)
     flag = np.zeros(n_g, np.bool_)
