@@ -100,8 +100,14 @@ class AsyncWindows:
     checkpoint saves."""
 
     def __init__(self, buffer: GenerationBuffer, student: torch.nn.Module, *, max_steps: int):
-        self.buffer, self.live, self.max_steps = buffer, student, max_steps
+        self.buffer, self.max_steps = buffer, max_steps
         self.snapshot = weight_snapshot(student)
+        # what the optimizer moves, paired once: (names, live parameters, snapshot parameters)
+        live = trainable(student)
+        snap = dict(self.snapshot.named_parameters())
+        self._names = list(live)
+        self._live_params = list(live.values())
+        self._snap_params = [snap[name] for name in live]
         buffer.seeded = True  # each generate call draws from its own seed, not the global RNG
         gen = buffer.student.generator
         if gen is not None:  # a copy of the generator samples from the snapshot
@@ -141,9 +147,7 @@ class AsyncWindows:
     def _refresh(self, step: int) -> None:
         """snapshot <- the student's current weights."""
         with torch.no_grad():
-            live = trainable(self.live)
-            for name, p in trainable_names(self.snapshot, live):
-                p.copy_(live[name])
+            torch._foreach_copy_(self._snap_params, self._live_params)
         self.version = step
 
     def _launch(self) -> None:
@@ -160,12 +164,12 @@ class AsyncWindows:
         (none after the last step: nothing is in flight, a resume samples from its weights)."""
         if self._in_flight is None:
             return {}
-        tensors = {n: p.detach().to("cpu").contiguous() for n, p in self._snapshot_params()}
+        tensors = {
+            n: p.detach().to("cpu").contiguous()
+            for n, p in zip(self._names, self._snap_params, strict=True)
+        }
         tensors["__version__"] = torch.tensor([self._version_in_flight], dtype=torch.int64)
         return {SAMPLER_FILE: tensors}
-
-    def _snapshot_params(self):
-        return trainable_names(self.snapshot, trainable(self.live))
 
     def load_state(self, state: dict[str, int]) -> None:
         self.buffer.load_state(state)
@@ -187,7 +191,7 @@ class AsyncWindows:
 
         saved = load_file(str(path))
         with torch.no_grad():
-            for name, p in self._snapshot_params():
+            for name, p in zip(self._names, self._snap_params, strict=True):
                 p.copy_(saved[name].to(p.device, p.dtype))
         self.version = int(saved["__version__"][0])
         self._restored = True
@@ -210,9 +214,3 @@ class AsyncWindows:
             self._in_flight.join()
         self._in_flight = None
         self.buffer.close()
-
-
-def trainable_names(snapshot: torch.nn.Module, live: dict[str, torch.Tensor]):
-    """(name, snapshot parameter) for the student's trainable parameters, in the same order."""
-    params = dict(snapshot.named_parameters())
-    return [(name, params[name]) for name in live]

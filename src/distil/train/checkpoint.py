@@ -134,8 +134,6 @@ def save_checkpoint(
 
 
 def _save_model(unwrapped: torch.nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
-
     # tied weights (embedding == lm_head) share storage; keep the first name of each
     seen: set[tuple] = set()
     flat = {}
@@ -145,8 +143,7 @@ def _save_model(unwrapped: torch.nn.Module, state: dict[str, torch.Tensor], path
             continue
         seen.add(key)
         flat[name] = t.detach().to("cpu").contiguous()
-    save_file(flat, str(path), metadata={"format": "pt"})
-    _fsync_file(path)
+    _save_tensors(flat, path)
 
 
 def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:

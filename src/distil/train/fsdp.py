@@ -252,7 +252,7 @@ def _fqn_order(groups: list[dict]) -> list[str]:
     return [fqn for g in groups for fqn in g["params"]]
 
 
-def load_full_state(model, optimizer, model_sd: dict, optim_sd: dict | None) -> None:
+def load_full_state(model, optimizer, model_sd: dict, optim_sd: dict) -> None:
     """Load full (unsharded) state dicts into a sharded model and its optimizer; each rank
     keeps its shard. `optim_sd` is index-keyed (as `full_optimizer_state` returns)."""
     from torch.distributed.checkpoint.state_dict import (
@@ -262,8 +262,6 @@ def load_full_state(model, optimizer, model_sd: dict, optim_sd: dict | None) -> 
     )
 
     set_model_state_dict(model, model_sd, options=_full_options(strict=False))
-    if optim_sd is None:
-        return
     # the parameter names in optimizer order, from this run's own (empty) optimizer
     names = _fqn_order(get_optimizer_state_dict(model, optimizer)["param_groups"])
     by_name = {
