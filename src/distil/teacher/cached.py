@@ -93,12 +93,7 @@ class CachedTeacher:
     def score(self, batch: Batch) -> TeacherTargets:
         if batch.teacher_input_ids_B_L is not None:
             return self._score_cross(batch)
-        B, T = batch.mask_B_T.shape
-        K = self.top_k
-        ids = torch.arange(K).expand(B, T, K).clone()
-        lps = torch.full((B, T, K), PAD_LOGPROB)
-        rest = torch.zeros(B, T)
-        token = torch.zeros(B, T)
+        ids, lps, rest, token = _blank_targets(*batch.mask_B_T.shape, self.top_k)
         for b, sample in enumerate(batch.samples):
             _check_source(sample)
             r_ids, r_lps, r_rest, r_tok = self.row(sample.example_id)
@@ -127,12 +122,7 @@ class CachedTeacher:
         The cached teacher ids of every row must be the batch's, else the tokenizer, template or
         data changed since the cache was written."""
         ids_B_L = batch.teacher_input_ids_B_L
-        B, T = ids_B_L.shape[0], ids_B_L.shape[1] - 1
-        K = self.top_k
-        ids = torch.arange(K).expand(B, T, K).clone()
-        lps = torch.full((B, T, K), PAD_LOGPROB)
-        rest = torch.zeros(B, T)
-        token = torch.zeros(B, T)
+        ids, lps, rest, token = _blank_targets(ids_B_L.shape[0], ids_B_L.shape[1] - 1, self.top_k)
         lengths = batch.teacher_attention_mask_B_L.sum(-1).tolist()
         for b, sample in enumerate(batch.samples):
             _check_source(sample)
@@ -201,6 +191,13 @@ def dense_from_topk(ids_B_T_K, logprobs_B_T_K, rest_B_T, vocab_size: int) -> tor
     spread = rest_B_T.float() - math.log(max(vocab_size - K, 1))
     full = spread[..., None].expand(*rest_B_T.shape, vocab_size).clone()
     return full.scatter_(-1, ids_B_T_K.long(), logprobs_B_T_K.float())
+
+
+def _blank_targets(B: int, T: int, K: int):
+    """(ids, log-probs, rest, token) of (B, T) positions no cached row fills: prompt and
+    padding positions, masked out by every loss."""
+    ids = torch.arange(K).expand(B, T, K).clone()
+    return ids, torch.full((B, T, K), PAD_LOGPROB), torch.zeros(B, T), torch.zeros(B, T)
 
 
 def _check_source(sample) -> None:
