@@ -153,7 +153,8 @@ class ShardCache:
         self._load, self._budget = load, budget
         self._shards: OrderedDict[int, fmt.Shard] = OrderedDict()
         self._bytes = 0
-        self.decodes: dict[int, int] = {}
+        self._decoded: set[int] = set()
+        self._warned = False
 
     def __call__(self, index: int) -> fmt.Shard:
         if index in self._shards:
@@ -165,8 +166,10 @@ class ShardCache:
             self._bytes -= _nbytes(self._shards.popitem(last=False)[1])
         self._shards[index] = shard
         self._bytes += size
-        self.decodes[index] = self.decodes.get(index, 0) + 1
-        if self.decodes[index] == 2 and sum(self.decodes.values()) == len(self.decodes) + 1:
+        if index not in self._decoded:
+            self._decoded.add(index)
+        elif not self._warned:
+            self._warned = True
             print(
                 f"warning: teacher cache shard {index} decoded again: its decoded shards "
                 f"({size / 2**20:.0f} MiB each) do not all fit the {self._budget / 2**30:.1f} GiB "
