@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
 ROOT = Path("/work/study-runs")
 DISTILL_LOSSES = {"sft"}  # losses that need no teacher scores
 
