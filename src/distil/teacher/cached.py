@@ -75,14 +75,15 @@ class CachedTeacher:
         return shard
 
     def row(self, example: int, *, teacher_ids: bool = False):
-        """(ids (C, K), log-probs (C, K), rest (C,), token (C,)) of data row `example`, and the
-        teacher's own completion ids (C,) of a cross cache when `teacher_ids`."""
+        """(ids (C, K) int32, log-probs (C, K), rest (C,), token (C,)) of data row `example`
+        (views into the decoded shard), and the teacher's own completion ids (C,) of a cross
+        cache when `teacher_ids`."""
         index = bisect.bisect_right(self._starts, example) - 1
         shard = self._shard(index)
         r = example - int(shard.rows[0])
         lo, hi = int(shard.offsets[r]), int(shard.offsets[r + 1])
         out = (
-            shard.ids_N_K[lo:hi].long(),
+            shard.ids_N_K[lo:hi],  # int32: copied into the batch's int64 ids
             shard.logprobs_N_K[lo:hi],
             shard.rest_N[lo:hi],
             shard.token_N[lo:hi],
