@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
 ROOT = Path("/work/study-runs")
 DISTILL_LOSSES = {"sft"}  # losses that need no teacher scores
 
@@ -190,13 +189,16 @@ def _numel(st, key: str) -> int:
 
 def step_cost(m: dict[str, Any], batch: int, n_student: int, n_teacher: int, teacher_scores: bool):
     """(student FLOPs, teacher FLOPs) of one logged step (see the module doc)."""
+    from distil.train.cost import student_flops, teacher_flops
+
     t_train = m["tokens/input_local"]
     completion = batch * m.get("completion/mean_tokens", 0.0)
     prompts = max(t_train - completion, 0.0)
     on = m.get("policy/on_policy_share", 0.0)
     seqkd = m.get("policy/seq_kd_share", 0.0)
-    student = 2 * n_student * (3 * t_train + on * (prompts + completion))
-    teacher = 2 * n_teacher * ((t_train if teacher_scores else 0) + seqkd * (prompts + completion))
+    student = student_flops(n_student, t_train, on * prompts, on * completion)
+    score = t_train if teacher_scores else 0
+    teacher = teacher_flops(n_teacher, score, seqkd * prompts, seqkd * completion)
     return student, teacher
 
 

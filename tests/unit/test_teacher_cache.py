@@ -18,6 +18,7 @@ from distil.teacher.base import sparse_topk
 from distil.teacher.cache import CacheError
 from distil.teacher.live import LiveTeacher
 from distil.teacher.writer import cache_teacher, prepare_rows
+from distil.testing import read_metrics
 from distil.train import loop
 from distil.types import Sample
 
@@ -127,8 +128,7 @@ def test_cached_rows_equal_the_live_teachers_top_k(raw, cache_dir, pair_dirs):
 
 
 def read_losses(run_dir):
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["loss"] for line in lines]
+    return [m["loss"] for m in read_metrics(run_dir)]
 
 
 @pytest.mark.parametrize("values, tol", [("fp32", 1e-6), ("q8", 2e-3), ("sqrt", 2e-3)])

@@ -16,7 +16,7 @@ from distil.teacher.cache import CacheError
 from distil.teacher.cached import dense_from_topk
 from distil.teacher.live import LiveTeacher
 from distil.teacher.writer import cache_teacher
-from distil.testing import build_model_dir, build_peaked_teacher
+from distil.testing import build_model_dir, build_peaked_teacher, read_metrics
 from distil.train import loop, setup
 from distil.types import TeacherTargets
 
@@ -60,8 +60,7 @@ class TopKLive(LiveTeacher):
 
 
 def losses(run_dir):
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["loss"] for line in lines]
+    return [m["loss"] for m in read_metrics(run_dir)]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from distil.demo.run import TEACHER_SUMMARY, DemoRun
+from distil.demo.run import TEACHER_SUMMARY, DemoRun, last_metrics
 from distil.progress import console
 
 TEACHER = "teacher (bpe)"
@@ -74,8 +74,7 @@ def training_summary(run: DemoRun, row: Row) -> dict[str, Any]:
     path = run.out / row.metrics
     if (path / TEACHER_SUMMARY).exists():
         return json.loads((path / TEACHER_SUMMARY).read_text())
-    lines = (path / "metrics.jsonl").read_text().splitlines()
-    return json.loads(lines[-1])
+    return last_metrics(path)
 
 
 def table(run: DemoRun, results: list) -> tuple[str, list[dict[str, Any]]]:

@@ -75,14 +75,15 @@ class CachedTeacher:
         return shard
 
     def row(self, example: int, *, teacher_ids: bool = False):
-        """(ids (C, K), log-probs (C, K), rest (C,), token (C,)) of data row `example`, and the
-        teacher's own completion ids (C,) of a cross cache when `teacher_ids`."""
+        """(ids (C, K) int32, log-probs (C, K), rest (C,), token (C,)) of data row `example`
+        (views into the decoded shard), and the teacher's own completion ids (C,) of a cross
+        cache when `teacher_ids`."""
         index = bisect.bisect_right(self._starts, example) - 1
         shard = self._shard(index)
         r = example - int(shard.rows[0])
         lo, hi = int(shard.offsets[r]), int(shard.offsets[r + 1])
         out = (
-            shard.ids_N_K[lo:hi].long(),
+            shard.ids_N_K[lo:hi],  # int32: copied into the batch's int64 ids
             shard.logprobs_N_K[lo:hi],
             shard.rest_N[lo:hi],
             shard.token_N[lo:hi],
@@ -93,12 +94,7 @@ class CachedTeacher:
     def score(self, batch: Batch) -> TeacherTargets:
         if batch.teacher_input_ids_B_L is not None:
             return self._score_cross(batch)
-        B, T = batch.mask_B_T.shape
-        K = self.top_k
-        ids = torch.arange(K).expand(B, T, K).clone()
-        lps = torch.full((B, T, K), PAD_LOGPROB)
-        rest = torch.zeros(B, T)
-        token = torch.zeros(B, T)
+        ids, lps, rest, token = _blank_targets(*batch.mask_B_T.shape, self.top_k)
         for b, sample in enumerate(batch.samples):
             _check_source(sample)
             r_ids, r_lps, r_rest, r_tok = self.row(sample.example_id)
@@ -127,12 +123,7 @@ class CachedTeacher:
         The cached teacher ids of every row must be the batch's, else the tokenizer, template or
         data changed since the cache was written."""
         ids_B_L = batch.teacher_input_ids_B_L
-        B, T = ids_B_L.shape[0], ids_B_L.shape[1] - 1
-        K = self.top_k
-        ids = torch.arange(K).expand(B, T, K).clone()
-        lps = torch.full((B, T, K), PAD_LOGPROB)
-        rest = torch.zeros(B, T)
-        token = torch.zeros(B, T)
+        ids, lps, rest, token = _blank_targets(ids_B_L.shape[0], ids_B_L.shape[1] - 1, self.top_k)
         lengths = batch.teacher_attention_mask_B_L.sum(-1).tolist()
         for b, sample in enumerate(batch.samples):
             _check_source(sample)
@@ -163,7 +154,8 @@ class ShardCache:
         self._load, self._budget = load, budget
         self._shards: OrderedDict[int, fmt.Shard] = OrderedDict()
         self._bytes = 0
-        self.decodes: dict[int, int] = {}
+        self._decoded: set[int] = set()
+        self._warned = False
 
     def __call__(self, index: int) -> fmt.Shard:
         if index in self._shards:
@@ -175,8 +167,10 @@ class ShardCache:
             self._bytes -= _nbytes(self._shards.popitem(last=False)[1])
         self._shards[index] = shard
         self._bytes += size
-        self.decodes[index] = self.decodes.get(index, 0) + 1
-        if self.decodes[index] == 2 and sum(self.decodes.values()) == len(self.decodes) + 1:
+        if index not in self._decoded:
+            self._decoded.add(index)
+        elif not self._warned:
+            self._warned = True
             print(
                 f"warning: teacher cache shard {index} decoded again: its decoded shards "
                 f"({size / 2**20:.0f} MiB each) do not all fit the {self._budget / 2**30:.1f} GiB "
@@ -201,6 +195,13 @@ def dense_from_topk(ids_B_T_K, logprobs_B_T_K, rest_B_T, vocab_size: int) -> tor
     spread = rest_B_T.float() - math.log(max(vocab_size - K, 1))
     full = spread[..., None].expand(*rest_B_T.shape, vocab_size).clone()
     return full.scatter_(-1, ids_B_T_K.long(), logprobs_B_T_K.float())
+
+
+def _blank_targets(B: int, T: int, K: int):
+    """(ids, log-probs, rest, token) of (B, T) positions no cached row fills: prompt and
+    padding positions, masked out by every loss."""
+    ids = torch.arange(K).expand(B, T, K).clone()
+    return ids, torch.full((B, T, K), PAD_LOGPROB), torch.zeros(B, T), torch.zeros(B, T)
 
 
 def _check_source(sample) -> None:
