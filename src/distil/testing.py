@@ -181,6 +181,18 @@ def build_model_dir(
     return path
 
 
+def config_with(raw: dict[str, Any], **sections: dict[str, Any]):
+    """`build_config` of a copy of the config dict `raw`, each section updated with `sections`."""
+    import copy
+
+    from distil.config import build_config
+
+    raw = copy.deepcopy(raw)
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    return build_config(raw)
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of a run's metrics.jsonl, one dict per logged step."""
     import json

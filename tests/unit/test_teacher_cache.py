@@ -10,7 +10,6 @@ import math
 import pytest
 import torch
 
-from distil.config import build_config
 from distil.data.collate import collate
 from distil.models.load import load_model, load_tokenizer
 from distil.teacher import cache as fmt
@@ -18,7 +17,7 @@ from distil.teacher.base import sparse_topk
 from distil.teacher.cache import CacheError
 from distil.teacher.live import LiveTeacher
 from distil.teacher.writer import cache_teacher, prepare_rows
-from distil.testing import read_metrics
+from distil.testing import config_with, read_metrics
 from distil.train import loop
 from distil.types import Sample
 
@@ -88,24 +87,17 @@ def raw(make_train_config):
     )
 
 
-def build(raw, **sections):
-    raw = json.loads(json.dumps(raw))
-    for section, values in sections.items():
-        raw.setdefault(section, {}).update(values)
-    return build_config(raw)
-
-
 @pytest.fixture
 def cache_dir(tmp_path, raw):
     out = tmp_path / "cache"
-    cache_teacher(build(raw), out, values="fp32", shard_rows=24, batch_size=8)
+    cache_teacher(config_with(raw), out, values="fp32", shard_rows=24, batch_size=8)
     return out
 
 
 def test_cached_rows_equal_the_live_teachers_top_k(raw, cache_dir, pair_dirs):
     from distil.teacher.cached import CachedTeacher
 
-    cfg = build(raw)
+    cfg = config_with(raw)
     manifest = fmt.read_manifest(cache_dir)
     assert manifest["complete"] and len(manifest["shards"]) == 3  # 64 rows, 24 per shard
     tok = load_tokenizer(str(pair_dirs[1]))
@@ -134,10 +126,12 @@ def read_losses(run_dir):
 @pytest.mark.parametrize("values, tol", [("fp32", 1e-6), ("q8", 2e-3), ("sqrt", 2e-3)])
 def test_training_from_the_cache_logs_the_live_teachers_losses(tmp_path, raw, values, tol):
     out = tmp_path / f"cache_{values}"
-    cache_teacher(build(raw), out, values=values, shard_rows=24)
-    loop.train(build(raw, train={"output_dir": str(tmp_path / "live")}))
+    cache_teacher(config_with(raw), out, values=values, shard_rows=24)
+    loop.train(config_with(raw, train={"output_dir": str(tmp_path / "live")}))
     loop.train(
-        build(raw, teacher={"cache": str(out)}, train={"output_dir": str(tmp_path / "cached")})
+        config_with(
+            raw, teacher={"cache": str(out)}, train={"output_dir": str(tmp_path / "cached")}
+        )
     )
     live, cached = read_losses(tmp_path / "live"), read_losses(tmp_path / "cached")
     assert len(live) == len(cached) == 3
@@ -158,14 +152,16 @@ def test_a_killed_cache_teacher_resumes_after_the_last_complete_shard(tmp_path, 
             raise Killed
 
     with pytest.raises(Killed):
-        cache_teacher(build(raw), out, values="fp32", shard_rows=24, batch_size=8, after_shard=die)
+        cache_teacher(
+            config_with(raw), out, values="fp32", shard_rows=24, batch_size=8, after_shard=die
+        )
     manifest = fmt.read_manifest(out)
     assert not manifest["complete"] and [e["rows"] for e in manifest["shards"]] == [
         [0, 24],
         [24, 48],
     ]
     with pytest.raises(CacheError, match=r"incomplete .48 of 64 rows.*continues after the last"):
-        loop.train(build(raw, teacher={"cache": str(out)}))
+        loop.train(config_with(raw, teacher={"cache": str(out)}))
     scored = []
     monkey = LiveTeacher.score
 
@@ -175,7 +171,7 @@ def test_a_killed_cache_teacher_resumes_after_the_last_complete_shard(tmp_path, 
 
     LiveTeacher.score = counting
     try:
-        cache_teacher(build(raw), out, values="fp32", shard_rows=24, batch_size=8)
+        cache_teacher(config_with(raw), out, values="fp32", shard_rows=24, batch_size=8)
     finally:
         LiveTeacher.score = monkey
     assert sum(scored) == 16  # only the last shard's rows were scored again
@@ -231,7 +227,7 @@ def test_a_damaged_or_mismatched_cache_stops_before_training(tmp_path, raw, cach
     else:
         damage(kind, cache_dir)
     teacher = {"cache": str(target), **sections.pop("teacher", {})}
-    cfg = build(raw, teacher=teacher, **sections)
+    cfg = config_with(raw, teacher=teacher, **sections)
     with pytest.raises(CacheError, match=pattern):
         loop.train(cfg)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -241,7 +237,7 @@ def test_cache_with_on_policy_slices_is_a_config_error(raw, cache_dir):
     from distil.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"dataset.s completions only.*train.lambda=0"):
-        build(raw, teacher={"cache": str(cache_dir)}, train={"lambda": 0.5})
+        config_with(raw, teacher={"cache": str(cache_dir)}, train={"lambda": 0.5})
 
 
 def test_cli_prints_the_token_count_and_bytes_per_token(tmp_path, raw, capsys):
@@ -268,7 +264,7 @@ def test_cache_teacher_needs_top_k(tmp_path, raw):
     from distil.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"teacher\.top_k is not set"):
-        cache_teacher(build(raw, teacher={"top_k": None}), tmp_path / "c")
+        cache_teacher(config_with(raw, teacher={"top_k": None}), tmp_path / "c")
     assert not (tmp_path / "c").exists()
 
 
@@ -279,7 +275,9 @@ def test_config_validate_reads_the_cache_manifest(tmp_path, raw, cache_dir, caps
 
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text(
-        yaml.safe_dump(build(raw, teacher={"cache": str(cache_dir)}).model_dump(by_alias=True))
+        yaml.safe_dump(
+            config_with(raw, teacher={"cache": str(cache_dir)}).model_dump(by_alias=True)
+        )
     )
     assert main(["config", "validate", str(cfg_file)]) == 0
     assert main(["config", "validate", str(cfg_file), "teacher.top_k=4"]) == 2
@@ -376,7 +374,7 @@ def test_cached_targets_give_the_live_teachers_gradients(raw, cache_dir, pair_di
     from distil.teacher.cached import CachedTeacher
     from distil.train.step import micro_step
 
-    cfg = build(raw)
+    cfg = config_with(raw)
     tok = load_tokenizer(str(pair_dirs[1]))
     _, prompts, completions = prepare_rows(cfg, tok)
     batch = collate([Sample(i, prompts[i], completions[i], "off_policy") for i in range(8)], 0)
@@ -412,7 +410,7 @@ def test_a_packed_cache_stores_the_padded_caches_values(tmp_path, raw, cache_dir
     real = packing.plan_packing
     monkeypatch.setattr(packing, "plan_packing", lambda *a: plans.append(a) or real(*a))
     packed = tmp_path / "packed"
-    cfg = build(raw, train={"packing": True})
+    cfg = config_with(raw, train={"packing": True})
     cache_teacher(cfg, packed, values="fp32", shard_rows=24, batch_size=8)
     assert len(plans) == 8  # 64 rows, 8 per batch: every teacher forward ran packed
     want, got = fmt.read_manifest(cache_dir), fmt.read_manifest(packed)
@@ -437,7 +435,7 @@ def test_shuffled_rows_decode_each_shard_once(tmp_path, raw, pair_dirs, monkeypa
 
     from distil.teacher.cached import CachedTeacher
 
-    cfg = build(raw)
+    cfg = config_with(raw)
     out = tmp_path / "small_shards"
     cache_teacher(cfg, out, shard_rows=2, batch_size=8)
     teacher = CachedTeacher(out, fmt.read_manifest(out))

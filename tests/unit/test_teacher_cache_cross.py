@@ -4,19 +4,16 @@ another tokenizer pair or template is a clear error."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
-from distil.config import build_config
 from distil.teacher import cache as fmt
 from distil.teacher.base import sparse_topk
 from distil.teacher.cache import CacheError
 from distil.teacher.cached import dense_from_topk
 from distil.teacher.live import LiveTeacher
 from distil.teacher.writer import cache_teacher
-from distil.testing import build_model_dir, build_peaked_teacher, read_metrics
+from distil.testing import build_model_dir, build_peaked_teacher, config_with, read_metrics
 from distil.train import loop, setup
 from distil.types import TeacherTargets
 
@@ -30,13 +27,6 @@ def xtok_teacher(tmp_path_factory, unigram_tokenizer):
         tmp_path_factory.mktemp("xteacher"), unigram_tokenizer, hidden_size=64
     )
     return path
-
-
-def config(raw, **sections):
-    raw = json.loads(json.dumps(raw))
-    for section, values in sections.items():
-        raw.setdefault(section, {}).update(values)
-    return build_config(raw)
 
 
 @pytest.fixture
@@ -71,14 +61,17 @@ def test_training_from_a_cross_cache_equals_the_live_top_k_teacher(
 ):
     out = tmp_path / "cache"
     manifest = cache_teacher(
-        config(raw, teacher={"top_k": K}, loss={"name": loss}), out, values=values, shard_rows=24
+        config_with(raw, teacher={"top_k": K}, loss={"name": loss}),
+        out,
+        values=values,
+        shard_rows=24,
     )
     assert manifest["cross_tokenizer"] and (out / fmt.TEACHER_TOKENIZER).is_dir()
     shard = fmt.read_shard(out, manifest["shards"][0], K, values, manifest["logprob_step"])
     assert shard.teacher_ids_N is not None and len(shard.teacher_ids_N) == shard.offsets[-1]
     # the cache needs no teacher.path: the teacher's tokenizer is read from the cache
     loop.train(
-        config(
+        config_with(
             raw,
             teacher={"path": None, "cache": str(out)},
             loss={"name": loss},
@@ -86,7 +79,7 @@ def test_training_from_a_cross_cache_equals_the_live_top_k_teacher(
         )
     )
     monkeypatch.setitem(setup.SCORERS, "live", f"{__name__}:TopKLive")
-    loop.train(config(raw, loss={"name": loss}, train={"output_dir": str(tmp_path / "live")}))
+    loop.train(config_with(raw, loss={"name": loss}, train={"output_dir": str(tmp_path / "live")}))
     live, cached = losses(tmp_path / "live"), losses(tmp_path / "cached")
     assert len(live) == len(cached) == 3 and all(x > 0 for x in live)
     # the same-tokenizer test's tolerances: fp32 is exact up to the rounding of other padding
@@ -102,7 +95,7 @@ def test_a_cross_cache_for_another_template_student_or_loss_is_refused(
     from distil.models.load import load_tokenizer
 
     out = tmp_path / "cache"
-    cache_teacher(config(raw, teacher={"top_k": K}), out, values="q8", shard_rows=32)
+    cache_teacher(config_with(raw, teacher={"top_k": K}), out, values="q8", shard_rows=32)
     cached = {"cache": str(out)}
     with pytest.raises(CacheError, match="teacher_template_sha256"):
         chat = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}"
@@ -110,16 +103,16 @@ def test_a_cross_cache_for_another_template_student_or_loss_is_refused(
         tok = load_tokenizer(raw["teacher"]["path"])
         tok.chat_template = chat
         tok.save_pretrained(tok_dir)
-        loop.train(config(raw, teacher={**cached, "tokenizer": str(tok_dir)}))
+        loop.train(config_with(raw, teacher={**cached, "tokenizer": str(tok_dir)}))
     with pytest.raises(CacheError, match="cross_tokenizer"):  # a same-tokenizer loss
-        loop.train(config(raw, teacher=cached, loss={"name": "forward_kl"}))
+        loop.train(config_with(raw, teacher=cached, loss={"name": "forward_kl"}))
     with pytest.raises(CacheError, match="template: cache 'countdown_plain'"):
         chat_data = {"template": "countdown_chat", "overlong": "truncate"}
-        loop.train(config(raw, teacher=cached, data=chat_data))
+        loop.train(config_with(raw, teacher=cached, data=chat_data))
     student = build_model_dir(tmp_path / "char_student", tokenizer=char_tokenizer)
     with pytest.raises(CacheError, match="student_tokenizer_sha256"):
         other = {"path": str(student)}
-        loop.train(config(raw, teacher=cached, student=other, data={"overlong": "truncate"}))
+        loop.train(config_with(raw, teacher=cached, student=other, data={"overlong": "truncate"}))
 
 
 def test_a_row_whose_teacher_tokens_differ_from_the_cache_is_named(tmp_path, raw):
@@ -130,7 +123,7 @@ def test_a_row_whose_teacher_tokens_differ_from_the_cache_is_named(tmp_path, raw
     from distil.types import Sample
 
     out = tmp_path / "cache"
-    cfg = config(raw, teacher={"top_k": K})
+    cfg = config_with(raw, teacher={"top_k": K})
     manifest = cache_teacher(cfg, out, values="fp32", shard_rows=32)
     tok = load_tokenizer(raw["student"]["path"])
     cross = CrossTokenizer(tok, load_tokenizer(raw["teacher"]["path"]))
@@ -156,10 +149,12 @@ def test_sampled_chunk_kl_from_a_cross_cache_equals_the_full_live_teacher(tmp_pa
     # stores exactly (fp32 codec): the run equals the live teacher's with its full distribution
     loss = {"name": "sampled_chunk_reverse_kl"}
     out = tmp_path / "cache"
-    cache_teacher(config(raw, teacher={"top_k": K}, loss=loss), out, values="fp32")
+    cache_teacher(config_with(raw, teacher={"top_k": K}, loss=loss), out, values="fp32")
     cached = {"path": None, "cache": str(out)}
-    loop.train(config(raw, teacher=cached, loss=loss, train={"output_dir": str(tmp_path / "c")}))
-    loop.train(config(raw, loss=loss, train={"output_dir": str(tmp_path / "live")}))
+    loop.train(
+        config_with(raw, teacher=cached, loss=loss, train={"output_dir": str(tmp_path / "c")})
+    )
+    loop.train(config_with(raw, loss=loss, train={"output_dir": str(tmp_path / "live")}))
     live, from_cache = losses(tmp_path / "live"), losses(tmp_path / "c")
     assert len(live) == 3 and any(x != 0 for x in live)
     assert from_cache == pytest.approx(live, rel=1e-5, abs=1e-6)
@@ -170,7 +165,7 @@ class Killed(Exception):
 
 
 def test_a_killed_cross_cache_resumes_with_the_same_shards(tmp_path, raw):
-    cfg = config(raw, teacher={"top_k": K})
+    cfg = config_with(raw, teacher={"top_k": K})
     whole = cache_teacher(cfg, tmp_path / "whole", values="q8", shard_rows=24)
 
     def kill(index):
