@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from distil.align.fast import plain_batch
 from distil.align.keys import first_seen
 from distil.align.outputs import finish
-from distil.align.token_align import BatchAlignment, align_flat
+from distil.align.token_align import BatchAlignment, align_flat, partners
 from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes
 from distil.align.walk import FlatRows, group_keys
 from distil.types import AlignmentGroups
@@ -73,10 +74,13 @@ def build_alignment(
         [r.s_ids for r in rows], [r.t_ids for r in rows], [r.t_ends for r in rows],
         [r.t_bytes for r in rows],
     )  # fmt: skip
-    ba = align_flat(flat, student_vb, teacher_vb)
-    g = ba.groups
     s_offset = np.fromiter((r.s_offset for r in rows), np.int64, len(rows))
     t_offset = np.fromiter((r.t_offset for r in rows), np.int64, len(rows))
+    fast = _plain(flat, s_offset, t_offset, student_vb, teacher_vb, match_tables, proj_tables)
+    if fast is not None:
+        return fast
+    ba = align_flat(flat, student_vb, teacher_vb)
+    g = ba.groups
     kind, flag, m_off, m_len, e_row, e_s, e_t, e_off, e_len, e_fits, e_plain = group_keys(
         g, ba.exact, ba.special, flat.s_off, ba.s_ends, ba.sb_off, flat.t_ends, flat.t_off,
         s_offset, t_offset,
@@ -105,6 +109,60 @@ def build_alignment(
         proj_tables=_pick(proj_tables.tables, proj_used),
         exact_G=t(ba.exact),
         metrics=_metrics(ba, len(p_row), n_covered, n_inexact),
+    )
+    return result, t(in_group)
+
+
+def _plain(
+    flat: FlatRows,
+    s_offset: np.ndarray,
+    t_offset: np.ndarray,
+    student_vb: VocabBytes,
+    teacher_vb: VocabBytes,
+    match_tables: MatchTables,
+    proj_tables: ProjectionTables,
+) -> tuple[AlignmentGroups, torch.Tensor] | None:
+    """`build_alignment` in one compiled call (`fast.plain_batch`) when every row is plain and
+    every key cached; None otherwise (nothing changed)."""
+    index = student_vb.index()
+    empty = np.zeros(len(proj_tables.tables), np.bool_)
+    empty[proj_tables.empty_ids()] = True
+    (ok, row, s_pos, s_tok, t_pos, t_tok, in_group, match_ids, match_used, p_row, p_s, p_t,
+     proj_ids, proj_used, n_covered, n_bytes, n_exact) = plain_batch(
+        flat.s_ids, flat.s_off, flat.t_ids, flat.t_ends, flat.t_off, flat.t_bytes, flat.tb_off,
+        index.data, index.start, s_offset, t_offset, student_vb.is_special,
+        teacher_vb.is_special, partners(student_vb, teacher_vb),
+        *match_tables.keys.arrays(), *proj_tables.keys.arrays(), empty,
+        len(match_tables.tables),
+    )  # fmt: skip
+    if not ok:
+        return None
+    t = torch.from_numpy
+    n_g, n_s = len(row), len(flat.s_ids)
+    result = AlignmentGroups(
+        group_row_G=t(row),
+        student_pos_G_S=t(s_pos),
+        student_tok_G_S=t(s_tok),
+        teacher_pos_G_T=t(t_pos),
+        teacher_tok_G_T=t(t_tok),
+        match_table_G=t(match_ids),
+        match_tables=_pick(match_tables.tables, match_used),
+        proj_row_N=t(p_row),
+        proj_student_pos_N=t(p_s),
+        proj_teacher_pos_N=t(p_t),
+        proj_table_N=t(proj_ids),
+        proj_tables=_pick(proj_tables.tables, proj_used),
+        exact_G=torch.ones(n_g, dtype=torch.bool),
+        metrics={
+            "groups": float(n_g),
+            "student_tokens_in_groups": float(n_covered),
+            "unalignable_tokens": float(n_s - n_covered),
+            "bytes": float(n_bytes),
+            "bytes_exact": float(n_exact),
+            "dp_rows": 0.0,
+            "inexact_groups": 0.0,
+            "projection_entries": float(len(p_row)),
+        },
     )
     return result, t(in_group)
 

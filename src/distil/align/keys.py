@@ -132,6 +132,11 @@ class KeyIndex:
     def lookup(self, data, off, length, flag, select, default: int = -1):
         """(int64 (N,), number absent): the value of each selected non-empty key
         data[off:off + length], -1 if absent, `default` if not selected or empty."""
+        return lookup_keys(*self.arrays(), data, off, length, flag, select, default)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """(k_data, k_off, k_len, k_flag, values, slots): the keys as `lookup_keys` reads them,
+        rebuilt after an `add`."""
         if self._arrays is None:
             joined = b"".join(self._keys)
             k_data = np.frombuffer(joined, np.uint8) if joined else np.zeros(1, np.uint8)
@@ -141,4 +146,4 @@ class KeyIndex:
             slots = key_slots(k_data, k_off, k_len, k_flag) if self._keys else np.zeros(0, np.int64)
             values = np.array(self._values, dtype=np.int64)
             self._arrays = (k_data, k_off, k_len, k_flag, values, slots)
-        return lookup_keys(*self._arrays, data, off, length, flag, select, default)
+        return self._arrays

@@ -194,7 +194,7 @@ def align_flat(rows: FlatRows, s_vb: VocabBytes, t_vb: VocabBytes) -> BatchAlign
     groups, exact, special, covered, n_exact = align_rows(
         rows.s_ids, rows.s_off, s_ends, s_bytes, sb_off, s_vb.is_special,
         rows.t_ids, rows.t_ends, rows.t_off, rows.t_bytes, rows.tb_off, t_vb.is_special,
-        _partners(s_vb, t_vb), dp, t2s, t2s_off,
+        partners(s_vb, t_vb), dp, t2s, t2s_off,
     )  # fmt: skip
     return BatchAlignment(
         rows, groups, exact, special, covered, n_exact, s_ends, s_bytes, sb_off, dp
@@ -220,7 +220,7 @@ def _dp_maps(rows: FlatRows, s_bytes, sb_off, dp_rows: list[int]) -> tuple[np.nd
 _PARTNERS: dict[tuple[int, int], tuple[VocabBytes, VocabBytes, np.ndarray]] = {}
 
 
-def _partners(s_vb: VocabBytes, t_vb: VocabBytes) -> np.ndarray:
+def partners(s_vb: VocabBytes, t_vb: VocabBytes) -> np.ndarray:
     """int64 (V_t,): the student special with the same role as each teacher special, or -1."""
     key = (id(s_vb), id(t_vb))
     hit = _PARTNERS.get(key)
