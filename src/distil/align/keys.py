@@ -139,7 +139,8 @@ class KeyIndex:
         rebuilt after an `add`."""
         if self._arrays is None:
             joined = b"".join(self._keys)
-            k_data = np.frombuffer(joined, np.uint8) if joined else np.zeros(1, np.uint8)
+            # read-only either way: one numba signature for the compiled lookups
+            k_data = np.frombuffer(joined or b"\0", np.uint8)
             k_len = np.array([len(k) for k in self._keys], dtype=np.int64)
             k_off = (np.cumsum(k_len) - k_len).astype(np.int64)
             k_flag = np.array(self._flags, dtype=np.bool_)

@@ -65,7 +65,7 @@ class FlatRows:
             _flat(t_ids, n_t),
             _flat(t_ends, n_t),
             off[1],
-            np.frombuffer(data, dtype=np.uint8) if data else np.zeros(0, np.uint8),
+            np.frombuffer(data, dtype=np.uint8),  # read-only even when empty: one signature
             off[2],
         )
 

@@ -153,7 +153,9 @@ def check_batch(toks, specs, pair, offsets) -> None:
         )
     mt, pt = MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb)
     ref_mt, ref_pt = ref.RefMatchTables(s_vb, t_vb), ref.RefProjectionTables(s_vb, t_vb)
-    for half in (rows[: len(rows) // 2], rows):  # the second call finds some tables cached
+    # the second call finds some tables cached, the third all of them: plain rows then take
+    # the one-call path (`fast.plain_batch`), the others the general passes
+    for half in (rows[: len(rows) // 2], rows, rows):
         ag, in_group = build_alignment(half, s_vb, t_vb, mt, pt)
         ref_ag, ref_in = ref.build_alignment(half, s_vb, t_vb, ref_mt, ref_pt)
         assert_same_groups(ag, ref_ag)
@@ -332,3 +334,38 @@ def test_text_byte_ends_hand_cases_equal_the_reference(text, spans, own):
     assert (
         text_byte_ends(text, spans, own).tolist() == ref.text_byte_ends(text, spans, own).tolist()
     )
+
+
+def test_warm_plain_batches_take_the_one_call_path(toks, monkeypatch):
+    """Rows without specials inside (an EOS ending either side is fine) and with every table
+    cached are aligned by `fast.plain_batch`; a row with a special inside, a cut character or
+    a DP row sends the batch to the general passes. Both give the reference's result."""
+    import distil.align.batch as batch
+
+    taken: list[bool] = []
+    plain = batch._plain
+
+    def spy(*args):
+        out = plain(*args)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(batch, "_plain", spy)
+    # completions continue a text (a leading space: no SentencePiece '▁' of zero bytes)
+    plain_rows = [
+        (" Hello World the cat", 0, False, -1, True, True, False, False),
+        (" the cafe 12", 0, False, -1, False, True, False, False),
+        (" a  b c", 0, False, -1, True, False, False, False),
+    ]
+    for pair in (("bpe", "unigram"), ("char", "bpe"), ("unigram", "wordpiece")):
+        taken.clear()
+        check_batch(toks, plain_rows, pair, HAND_OFFSETS)
+        assert taken[-1], f"{pair}: a warm batch of plain rows took the general passes"
+        for odd in (
+            (" Hello World", 0, False, 1, False, False, False, False),  # a special inside
+            (" Hello World", 0, False, -1, False, False, True, False),  # a teacher BOS first
+            (" Hello 🙂", 1, True, -1, False, False, False, False),  # the DP (text differs)
+        ):
+            taken.clear()
+            check_batch(toks, [*plain_rows, odd], pair, HAND_OFFSETS)
+            assert not taken[-1], f"{pair}: {odd} is not plain"
