@@ -4,6 +4,7 @@ alignment in the data path, every cross-tokenizer loss lowers its value in a few
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from distil.config import build_config
@@ -148,3 +149,71 @@ def test_trailing_bytes_the_teacher_drops_are_masked_and_the_eos_still_pairs(
     s_pos, t_pos = a.student_pos_G_S[-1], a.teacher_pos_G_T[-1]  # last group: the EOS pair
     assert s_pos[s_pos >= 0].tolist() == [start + eos]
     assert t_pos[t_pos >= 0].tolist() == [len(t_prompt) - 1 + len(t_ids) - 1]
+
+
+@pytest.mark.parametrize(
+    "student, teacher",
+    [("bpe", "unigram"), ("unigram", "wordpiece"), ("char", "bpe"), ("bpe", "char")],
+)
+def test_batched_teacher_inputs_equal_the_per_row_ones(student, teacher, request):
+    """`teacher_inputs_batch` (one tokenizer call, the byte ends of all rows in one compiled
+    pass) gives every row what `teacher_inputs` gives it alone: rows with and without EOS, a
+    completion cut inside a character, an empty one, non-ASCII text, an id outside the
+    tokenizer, a prompt whose last token merges with the completion's first, and a prompt cut
+    to max_prompt_tokens."""
+    s_tok = request.getfixturevalue(f"{student}_tokenizer")
+    t_tok = request.getfixturevalue(f"{teacher}_tokenizer")
+    cross = CrossTokenizer(s_tok, t_tok, max_prompt_tokens=12)
+    eos = s_tok.eos_token_id
+    texts = [
+        " the answer is 42", "ab é", "", "  spaces\tand\nlines\n", " café 中文 🙂 x²",
+        "<answer>3*4</answer>", "b", " 12 + 30 = 42",
+    ]  # fmt: skip
+    samples = []
+    for k, text in enumerate(texts * 2):
+        prompt = [{"role": "user", "content": f"question {k}: " + "xy" * (k % 3)}]
+        ids = s_tok(text, add_special_tokens=False)["input_ids"]
+        if k == 1:
+            ids = ids[:-1]  # stopped inside a character
+        if k == 4:
+            ids = [*ids[:2], s_tok.vocab_size + 5, *ids[2:]]  # an id outside the tokenizer
+        if k % 2 == 0:
+            ids = [*ids, eos]
+        s_prompt = encode_prompts(s_tok, [prompt])[0]
+        samples.append(Sample(k, list(s_prompt), ids, "on_policy", prompt=prompt))
+    # a raw-text prompt ending where the completion goes on: the seam can fall inside a token
+    samples.append(Sample(99, [1, 2], s_tok("cat", add_special_tokens=False)["input_ids"],
+                          "off_policy", prompt="the c"))  # fmt: skip
+    alone = []
+    per_row = cross.teacher_inputs
+    cross.teacher_inputs = lambda s: alone.append(s.example_id) or per_row(s)
+    got = cross.teacher_inputs_batch(samples)
+    cross.teacher_inputs = per_row
+    assert len(alone) < len(samples)  # the batch path served the rest
+    for sample, row in zip(samples, got, strict=True):
+        want = cross.teacher_inputs(sample)
+        assert list(row[0]) == list(want[0]) and list(row[1]) == list(want[1])
+        assert np.asarray(row[2]).tolist() == np.asarray(want[2]).tolist()
+        assert row[3] == want[3]
+    assert cross.teacher_inputs_batch([]) == []
+
+
+def test_a_token_across_the_seam_sends_its_row_to_the_per_row_path(bpe_tokenizer):
+    """The prompt's last characters and the completion's first merge into one teacher token:
+    that row is tokenized apart (`teacher_inputs`), the others stay batched."""
+    cross = CrossTokenizer(bpe_tokenizer, bpe_tokenizer)
+    cat = bpe_tokenizer(" cat", add_special_tokens=False)["input_ids"]
+    word = bpe_tokenizer(" the", add_special_tokens=False)["input_ids"]
+    assert len(word) == 1  # ' the' is one token: a seam after ' th' falls inside it
+    rows = [Sample(0, [1], cat, "off_policy", prompt="say"),
+            Sample(1, [1], bpe_tokenizer("e", add_special_tokens=False)["input_ids"],
+                   "off_policy", prompt=" th")]  # fmt: skip
+    seen = []
+    per_row = cross.teacher_inputs
+    cross.teacher_inputs = lambda s: seen.append(s.example_id) or per_row(s)
+    got = cross.teacher_inputs_batch(rows)
+    cross.teacher_inputs = per_row
+    assert seen == [1]
+    for sample, row in zip(rows, got, strict=True):
+        want = cross.teacher_inputs(sample)
+        assert list(row[1]) == list(want[1]) and np.asarray(row[2]).tolist() == list(want[2])

@@ -72,12 +72,14 @@ def text_byte_ends(
     own = list(token_bytes) if token_bytes is not None else [b""] * len(spans)
     own_off = np.zeros(len(spans) + 1, dtype=np.int64)
     own_off[1:] = np.fromiter(map(len, own), dtype=np.int64, count=len(spans))
+    np.cumsum(own_off, out=own_off)
     return text_ends(
-        np.frombuffer(data, np.uint8) if data else np.zeros(0, np.uint8),
+        np.frombuffer(data, np.uint8),
         np.ascontiguousarray(spans[:, 0]),
         np.ascontiguousarray(spans[:, 1]),
         np.frombuffer(b"".join(own) or b"\0", np.uint8),
-        np.cumsum(own_off, out=own_off),
+        own_off[:-1],
+        own_off[1:],
     )
 
 
