@@ -34,7 +34,14 @@ virtualenv (bench/.venv-trl, created on first use) through bench/trl_gold_step.p
 rounds of [TRL, distil gold, distil aligned_kl]; model loading and the first `--warmup` steps
 of every run are excluded, the other steps are pooled per side (median).
 
+Part `collate`: milliseconds per micro-batch of `CrossTokenizer.collate` (the data path of a
+cross-tokenizer step: student batch, the teacher's tokens and byte ends, padding, alignment,
+loss mask) and of its teacher side, per row (`teacher_inputs`) vs batched
+(`teacher_inputs_batch`: one tokenizer call, one compiled pass for the byte ends; asserted
+equal), with the alignment build's share, for the synthetic and the real pairs.
+
     OMP_NUM_THREADS=1 python bench/align.py --part align    # about 2 min
+    OMP_NUM_THREADS=1 python bench/align.py --part collate  # about 1 min
     OMP_NUM_THREADS=1 python bench/align.py --part gold     # about 2 min (+ the venv, once)
     OMP_NUM_THREADS=1 python bench/align.py                 # both
 """
@@ -336,6 +343,127 @@ def part_align(args: argparse.Namespace) -> None:
         "RESULT "
         + json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in result.items()})
     )
+
+
+# ---------------------------------------------------------------------- part 1b: collate
+
+
+def collate_samples(s_tok, n_rows: int, n_tokens: int, real: bool):
+    """Micro-batch samples as on-policy rollouts: a plain-text prompt, a completion of at most
+    `n_tokens` student tokens, every second one ending with the student's EOS."""
+    from distil.models.tokenizers import stop_token_ids
+    from distil.types import Sample
+
+    lines, eos = corpus_lines(40 * n_rows, real), stop_token_ids(s_tok)[0]
+    samples, k = [], 0
+    for r in range(n_rows):
+        text, ids = "", []
+        while len(ids) < n_tokens:
+            text, k = text + " " + lines[k], k + 1
+            ids = s_tok(text, add_special_tokens=False)["input_ids"]
+        ids = ids[: n_tokens - 1] + [eos] if r % 2 == 0 else ids[:n_tokens]
+        prompt = f"Question {r}: " + lines[k][:60]
+        p_ids = s_tok(prompt, add_special_tokens=False)["input_ids"]
+        samples.append(Sample(r, p_ids, ids, "on_policy", prompt=prompt))
+    return samples
+
+
+def collate_table(pairs, n_rows: int, n_tokens: int, repeats: int, real: bool) -> list[float]:
+    """ms per micro-batch of the cross-tokenizer collate and of its teacher side, per row vs
+    batched (asserted equal); returns the per-row / batched teacher-side ratios."""
+    from distil.data.crosstok import CrossTokenizer
+
+    print("| student -> teacher | teacher side per row ms | batched ms | speed-up | collate ms "
+          "| of it: alignment build ms | fast path |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    ratios = []
+    for s_name, t_name in pairs:
+        s_tok, t_tok = load_tokenizer(s_name), load_tokenizer(t_name)
+        for tok in (s_tok, t_tok):  # the real tokenizers ship without a pad token
+            if tok.pad_token_id is None:
+                tok.pad_token = tok.eos_token
+        cross = CrossTokenizer(s_tok, t_tok)
+        samples = collate_samples(s_tok, n_rows, n_tokens, real)
+        per_row = [cross.teacher_inputs(s) for s in samples]
+        for a, b in zip(per_row, cross.teacher_inputs_batch(samples), strict=True):
+            assert list(a[1]) == list(b[1]) and list(a[2]) == list(b[2]) and a[3] == b[3]
+        batch = cross.collate(samples, s_tok.pad_token_id)  # warms the table caches
+        import distil.align.batch as align_batch
+
+        build = align_batch.build_alignment
+        spent: list[float] = []
+
+        def timed_build(*a, _build=build, _spent=spent):
+            t0 = time.perf_counter()
+            out = _build(*a)
+            _spent.append(time.perf_counter() - t0)
+            return out
+
+        fast = align_batch._plain(*_plain_args(cross, samples)) is not None
+        import distil.data.crosstok as crosstok
+
+        crosstok.build_alignment = timed_build
+        try:
+            best = time_round_robin(
+                {
+                    "per row": lambda: [cross.teacher_inputs(s) for s in samples],
+                    "batched": lambda: cross.teacher_inputs_batch(samples),
+                    "collate": lambda: cross.collate(samples, s_tok.pad_token_id),
+                },
+                repeats,
+                1,
+            )
+        finally:
+            crosstok.build_alignment = build
+        assert batch.alignment is not None
+        ratios.append(best["per row"] / best["batched"])
+        print(
+            f"| {s_name} -> {t_name} | {1e3 * best['per row']:.2f} | {1e3 * best['batched']:.2f} "
+            f"| {ratios[-1]:.2f}x | {1e3 * best['collate']:.2f} | {1e3 * min(spent):.2f} "
+            f"| {'yes' if fast else 'no'} |"
+        )
+    return ratios
+
+
+def _plain_args(cross, samples):
+    """The arguments `build_alignment` hands its one-call path for these samples."""
+    import numpy as np
+
+    from distil.align.walk import FlatRows
+
+    teacher = cross.teacher_inputs_batch(samples)
+    flat = FlatRows.pack(
+        [np.asarray(s.completion_ids, np.int64) for s in samples],
+        [np.asarray(t[1], np.int64) for t in teacher],
+        [np.asarray(t[2], np.int64) for t in teacher],
+        [t[3] for t in teacher],
+    )
+    s_off = np.asarray([len(s.prompt_ids) for s in samples], np.int64)
+    t_off = np.asarray([len(t[0]) for t in teacher], np.int64)
+    return (flat, s_off, t_off, cross.student_vb, cross.teacher_vb, cross.match_tables,
+            cross.proj_tables)  # fmt: skip
+
+
+def part_collate(args: argparse.Namespace) -> None:
+    print(
+        f"\n## cross-tokenizer collate, {args.rows} rows x <= {args.tokens} student tokens, "
+        f"fastest of {args.repeats}\n"
+    )
+    ratios = collate_table(PAIRS, args.rows, args.tokens, args.repeats, real=False)
+    missing = [n for n in REAL if not (REAL_DIR / n / "tokenizer.json").exists()]
+    if missing:
+        print(f"\nreal tokenizers skipped: {', '.join(missing)} not found under {REAL_DIR}")
+    else:
+        print()
+        real_pairs = [(s, t) for s in REAL for t in REAL if s != t]
+        ratios += collate_table(real_pairs, args.rows, args.tokens, args.repeats, real=True)
+    print(
+        "teacher side: the teacher's prompt and completion ids, byte ends and bytes for every "
+        "row (`CrossTokenizer.teacher_inputs` per row vs `teacher_inputs_batch`, asserted "
+        "equal); collate: the whole `CrossTokenizer.collate` (student batch, teacher side, "
+        "padding, alignment build, loss mask); alignment build: `build_alignment` inside it; "
+        "fast path: the warm batch took `fast.plain_batch`."
+    )
+    print("RESULT " + json.dumps({"teacher_side_x": [round(x, 2) for x in ratios]}))
 
 
 # ---------------------------------------------------------------------- part 2: GOLD step
@@ -663,7 +791,7 @@ def part_gold(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("align", "gold", "all"), default="all")
+    p.add_argument("--part", choices=("align", "collate", "gold", "all"), default="all")
     p.add_argument("--rows", type=int, default=64, help="align: completions in the batch")
     p.add_argument("--tokens", type=int, default=256, help="align: student tokens per row")
     p.add_argument("--real-tokens", type=int, default=256, help="align: tokens per real row")
@@ -680,6 +808,8 @@ def main() -> None:
     print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
     if args.part in ("align", "all"):
         part_align(args)
+    if args.part in ("collate", "all"):
+        part_collate(args)
     if args.part in ("gold", "all"):
         part_gold(args)
 
