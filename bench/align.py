@@ -361,7 +361,7 @@ def collate_samples(s_tok, n_rows: int, n_tokens: int, real: bool):
         while len(ids) < n_tokens:
             text, k = text + " " + lines[k], k + 1
             ids = s_tok(text, add_special_tokens=False)["input_ids"]
-        ids = ids[: n_tokens - 1] + [eos] if r % 2 == 0 else ids[:n_tokens]
+        ids = [*ids[: n_tokens - 1], eos] if r % 2 == 0 else ids[:n_tokens]
         prompt = f"Question {r}: " + lines[k][:60]
         p_ids = s_tok(prompt, add_special_tokens=False)["input_ids"]
         samples.append(Sample(r, p_ids, ids, "on_policy", prompt=prompt))
@@ -404,13 +404,7 @@ def collate_table(pairs, n_rows: int, n_tokens: int, repeats: int, real: bool) -
         crosstok.build_alignment = timed_build
         try:
             best = time_round_robin(
-                {
-                    "per row": lambda: [cross.teacher_inputs(s) for s in samples],
-                    "batched": lambda: cross.teacher_inputs_batch(samples),
-                    "collate": lambda: cross.collate(samples, s_tok.pad_token_id),
-                },
-                repeats,
-                1,
+                collate_variants(cross, samples, s_tok.pad_token_id), repeats, 1
             )
         finally:
             crosstok.build_alignment = build
@@ -422,6 +416,14 @@ def collate_table(pairs, n_rows: int, n_tokens: int, repeats: int, real: bool) -
             f"| {'yes' if fast else 'no'} |"
         )
     return ratios
+
+
+def collate_variants(cross, samples, pad_id: int) -> dict[str, Callable]:
+    return {
+        "per row": lambda: [cross.teacher_inputs(s) for s in samples],
+        "batched": lambda: cross.teacher_inputs_batch(samples),
+        "collate": lambda: cross.collate(samples, pad_id),
+    }
 
 
 def _plain_args(cross, samples):

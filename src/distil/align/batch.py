@@ -132,8 +132,7 @@ def _plain(
         flat.s_ids, flat.s_off, flat.t_ids, flat.t_ends, flat.t_off, flat.t_bytes, flat.tb_off,
         index.data, index.start, s_offset, t_offset, student_vb.is_special,
         teacher_vb.is_special, partners(student_vb, teacher_vb),
-        *match_tables.keys.arrays(), *proj_tables.keys.arrays(), empty,
-        len(match_tables.tables),
+        match_tables.keys.arrays(), proj_tables.keys.arrays(), empty, len(match_tables.tables),
     )  # fmt: skip
     if not ok:
         return None

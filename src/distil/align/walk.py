@@ -502,11 +502,10 @@ def rows_text_ends(data, d_off, char_spans, tok_off, ids, v_data, v_start):
         a, b = d_off[r], d_off[r + 1]
         n_chars = 0
         char_end[0] = 0
-        for x in range(a, b):
+        for x in range(a + 1, b):
             if data[x] & 0xC0 != 0x80:  # a lead byte starts a character
-                if x > a:
-                    n_chars += 1
-                    char_end[n_chars] = x - a
+                n_chars += 1
+                char_end[n_chars] = x - a
         if b > a:
             n_chars += 1
             char_end[n_chars] = b - a

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from itertools import chain
 
 import numpy as np
 import torch
@@ -60,7 +61,7 @@ class CrossTokenizer:
 
     def student_bytes(self, completion_ids: Sequence[int]) -> bytes:
         table = self.student_vb.token_bytes
-        if completion_ids and 0 <= min(completion_ids) and max(completion_ids) < len(table):
+        if completion_ids and min(completion_ids) >= 0 and max(completion_ids) < len(table):
             return b"".join(map(table.__getitem__, completion_ids))  # no per-id Python check
         return b"".join(table[i] for i in completion_ids if 0 <= i < len(table))
 
@@ -136,7 +137,9 @@ class CrossTokenizer:
                 np.fromiter((len(prompts[r]) for r, _, _ in kept), np.int64, len(kept)),
                 np.diff(tok_off),
             )
-            char_spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2) - seams[:, None]
+            # one pass over the offset pairs (np.asarray on a list of tuples costs 4x more)
+            flat = np.fromiter(chain.from_iterable(spans), np.int64, 2 * len(spans))
+            char_spans = flat.reshape(-1, 2) - seams[:, None]
             index = vb.index()
             ends = rows_text_ends(
                 np.frombuffer(b"".join(data), np.uint8), d_off, char_spans,
