@@ -38,7 +38,9 @@ Part `collate`: milliseconds per micro-batch of `CrossTokenizer.collate` (the da
 cross-tokenizer step: student batch, the teacher's tokens and byte ends, padding, alignment,
 loss mask) and of its teacher side, per row (`teacher_inputs`) vs batched
 (`teacher_inputs_batch`: one tokenizer call, one compiled pass for the byte ends; asserted
-equal), with the alignment build's share, for the synthetic and the real pairs.
+equal); the whole collate with either teacher side; the alignment build's share; whether the
+warm build took the one-call path (`fast.plain_batch`). Synthetic and real pairs, 64 rows of
+at most 256 student tokens after a short plain-text prompt, every second one ending with EOS.
 
     OMP_NUM_THREADS=1 python bench/align.py --part align    # about 2 min
     OMP_NUM_THREADS=1 python bench/align.py --part collate  # about 1 min
@@ -368,14 +370,15 @@ def collate_samples(s_tok, n_rows: int, n_tokens: int, real: bool):
     return samples
 
 
-def collate_table(pairs, n_rows: int, n_tokens: int, repeats: int, real: bool) -> list[float]:
+def collate_table(pairs, n_rows: int, n_tokens: int, repeats: int, real: bool):
     """ms per micro-batch of the cross-tokenizer collate and of its teacher side, per row vs
-    batched (asserted equal); returns the per-row / batched teacher-side ratios."""
+    batched (asserted equal); returns the teacher-side and the whole-collate speed-ups."""
     from distil.data.crosstok import CrossTokenizer
 
-    print("| student -> teacher | teacher side per row ms | batched ms | speed-up | collate ms "
-          "| of it: alignment build ms | fast path |\n|---|---|---|---|---|---|---|")  # fmt: skip
-    ratios = []
+    print("| student -> teacher | teacher side per row ms | batched ms | speed-up | collate "
+          "with per-row teacher side ms | collate ms | speed-up | of it: alignment build ms "
+          "| fast path |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    ratios, collates = [], []
     for s_name, t_name in pairs:
         s_tok, t_tok = load_tokenizer(s_name), load_tokenizer(t_name)
         for tok in (s_tok, t_tok):  # the real tokenizers ship without a pad token
@@ -410,18 +413,29 @@ def collate_table(pairs, n_rows: int, n_tokens: int, repeats: int, real: bool) -
             crosstok.build_alignment = build
         assert batch.alignment is not None
         ratios.append(best["per row"] / best["batched"])
+        collates.append(best["collate per row"] / best["collate"])
         print(
             f"| {s_name} -> {t_name} | {1e3 * best['per row']:.2f} | {1e3 * best['batched']:.2f} "
-            f"| {ratios[-1]:.2f}x | {1e3 * best['collate']:.2f} | {1e3 * min(spent):.2f} "
+            f"| {ratios[-1]:.2f}x | {1e3 * best['collate per row']:.2f} "
+            f"| {1e3 * best['collate']:.2f} | {best['collate per row'] / best['collate']:.2f}x "
+            f"| {1e3 * min(spent):.2f} "
             f"| {'yes' if fast else 'no'} |"
         )
-    return ratios
+    return ratios, collates
 
 
 def collate_variants(cross, samples, pad_id: int) -> dict[str, Callable]:
+    def collate_per_row():  # the collate with the teacher side one row at a time
+        cross.teacher_inputs_batch = lambda rows: [cross.teacher_inputs(s) for s in rows]
+        try:
+            return cross.collate(samples, pad_id)
+        finally:
+            del cross.teacher_inputs_batch  # the class's method again
+
     return {
         "per row": lambda: [cross.teacher_inputs(s) for s in samples],
         "batched": lambda: cross.teacher_inputs_batch(samples),
+        "collate per row": collate_per_row,
         "collate": lambda: cross.collate(samples, pad_id),
     }
 
@@ -450,14 +464,15 @@ def part_collate(args: argparse.Namespace) -> None:
         f"\n## cross-tokenizer collate, {args.rows} rows x <= {args.tokens} student tokens, "
         f"fastest of {args.repeats}\n"
     )
-    ratios = collate_table(PAIRS, args.rows, args.tokens, args.repeats, real=False)
+    ratios, collates = collate_table(PAIRS, args.rows, args.tokens, args.repeats, real=False)
     missing = [n for n in REAL if not (REAL_DIR / n / "tokenizer.json").exists()]
     if missing:
         print(f"\nreal tokenizers skipped: {', '.join(missing)} not found under {REAL_DIR}")
     else:
         print()
         real_pairs = [(s, t) for s in REAL for t in REAL if s != t]
-        ratios += collate_table(real_pairs, args.rows, args.tokens, args.repeats, real=True)
+        more = collate_table(real_pairs, args.rows, args.tokens, args.repeats, real=True)
+        ratios, collates = ratios + more[0], collates + more[1]
     print(
         "teacher side: the teacher's prompt and completion ids, byte ends and bytes for every "
         "row (`CrossTokenizer.teacher_inputs` per row vs `teacher_inputs_batch`, asserted "
@@ -465,7 +480,8 @@ def part_collate(args: argparse.Namespace) -> None:
         "padding, alignment build, loss mask); alignment build: `build_alignment` inside it; "
         "fast path: the warm batch took `fast.plain_batch`."
     )
-    print("RESULT " + json.dumps({"teacher_side_x": [round(x, 2) for x in ratios]}))
+    result = {"teacher_side_x": [round(x, 2) for x in ratios]}
+    print("RESULT " + json.dumps(result | {"collate_x": [round(x, 2) for x in collates]}))
 
 
 # ---------------------------------------------------------------------- part 2: GOLD step
