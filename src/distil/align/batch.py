@@ -87,13 +87,24 @@ def build_alignment(
     )  # fmt: skip
     match_G = _match_ids(kind, flag, m_off, m_len, g[:, 0], ba.s_bytes, match_tables)
     proj_E = _proj_ids(e_off, e_len, e_plain, ba.s_bytes, proj_tables)
-    (row, s_pos, s_tok, t_pos, t_tok, in_group, match_ids, match_used, p_row, p_s, p_t,
-     proj_ids, proj_used, n_covered, n_inexact) = finish(
+    *arrays, n_covered, n_inexact = finish(
         g, flat.s_ids, flat.s_off, s_offset, flat.t_ids, flat.t_off, t_offset, ba.covered,
         match_G, len(match_tables.tables), e_row, e_s, e_t, e_plain, e_fits, proj_E,
         len(proj_tables.tables), proj_tables.empty_ids(), ba.exact,
     )  # fmt: skip
+    metrics = _metrics(ba, len(arrays[8]), n_covered, n_inexact)
+    return _result(arrays, match_tables, proj_tables, torch.from_numpy(ba.exact), metrics)
+
+
+def _result(
+    arrays, match_tables: MatchTables, proj_tables: ProjectionTables, exact_G, metrics
+) -> tuple[AlignmentGroups, torch.Tensor]:
+    """(AlignmentGroups, in_group_B_C) from the compiled passes' arrays (row, s_pos, s_tok,
+    t_pos, t_tok, in_group, match ids, match tables used, p_row, p_s, p_t, proj ids, proj
+    tables used)."""
     t = torch.from_numpy
+    (row, s_pos, s_tok, t_pos, t_tok, in_group, match_ids, match_used, p_row, p_s, p_t,
+     proj_ids, proj_used) = arrays  # fmt: skip
     result = AlignmentGroups(
         group_row_G=t(row),
         student_pos_G_S=t(s_pos),
@@ -107,8 +118,8 @@ def build_alignment(
         proj_teacher_pos_N=t(p_t),
         proj_table_N=t(proj_ids),
         proj_tables=_pick(proj_tables.tables, proj_used),
-        exact_G=t(ba.exact),
-        metrics=_metrics(ba, len(p_row), n_covered, n_inexact),
+        exact_G=exact_G,
+        metrics=metrics,
     )
     return result, t(in_group)
 
@@ -127,8 +138,7 @@ def _plain(
     index = student_vb.index()
     empty = np.zeros(len(proj_tables.tables), np.bool_)
     empty[proj_tables.empty_ids()] = True
-    (ok, row, s_pos, s_tok, t_pos, t_tok, in_group, match_ids, match_used, p_row, p_s, p_t,
-     proj_ids, proj_used, n_covered, n_bytes, n_exact) = plain_batch(
+    ok, *arrays, n_covered, n_bytes, n_exact = plain_batch(
         flat.s_ids, flat.s_off, flat.t_ids, flat.t_ends, flat.t_off, flat.t_bytes, flat.tb_off,
         index.data, index.start, s_offset, t_offset, student_vb.is_special,
         teacher_vb.is_special, partners(student_vb, teacher_vb),
@@ -136,34 +146,19 @@ def _plain(
     )  # fmt: skip
     if not ok:
         return None
-    t = torch.from_numpy
-    n_g, n_s = len(row), len(flat.s_ids)
-    result = AlignmentGroups(
-        group_row_G=t(row),
-        student_pos_G_S=t(s_pos),
-        student_tok_G_S=t(s_tok),
-        teacher_pos_G_T=t(t_pos),
-        teacher_tok_G_T=t(t_tok),
-        match_table_G=t(match_ids),
-        match_tables=_pick(match_tables.tables, match_used),
-        proj_row_N=t(p_row),
-        proj_student_pos_N=t(p_s),
-        proj_teacher_pos_N=t(p_t),
-        proj_table_N=t(proj_ids),
-        proj_tables=_pick(proj_tables.tables, proj_used),
-        exact_G=torch.ones(n_g, dtype=torch.bool),
-        metrics={
-            "groups": float(n_g),
-            "student_tokens_in_groups": float(n_covered),
-            "unalignable_tokens": float(n_s - n_covered),
-            "bytes": float(n_bytes),
-            "bytes_exact": float(n_exact),
-            "dp_rows": 0.0,
-            "inexact_groups": 0.0,
-            "projection_entries": float(len(p_row)),
-        },
-    )
-    return result, t(in_group)
+    n_g, n_s = len(arrays[0]), len(flat.s_ids)
+    metrics = {
+        "groups": float(n_g),
+        "student_tokens_in_groups": float(n_covered),
+        "unalignable_tokens": float(n_s - n_covered),
+        "bytes": float(n_bytes),
+        "bytes_exact": float(n_exact),
+        "dp_rows": 0.0,
+        "inexact_groups": 0.0,
+        "projection_entries": float(len(arrays[8])),
+    }
+    exact_G = torch.ones(n_g, dtype=torch.bool)
+    return _result(arrays, match_tables, proj_tables, exact_G, metrics)
 
 
 def _match_ids(kind, flag, off, length, rows, data, match: MatchTables) -> np.ndarray:
