@@ -144,6 +144,6 @@ def test_a_short_budget_keeps_the_configs_share_of_warmup():
     assert (teacher["warmup_steps"], teacher["max_steps"]) == (200, 1250)
     assert scaled_warmup(teacher, 1250) is None  # the full preset: the config's own warmup
     assert scaled_warmup(teacher, 200) is None
-    assert scaled_warmup(teacher, 150) == 24  # quick: 16% of the run, not all of it
+    assert scaled_warmup(teacher, 150) == 24  # a short budget: 16% of the run, not all of it
     assert scaled_warmup(teacher, 4) == 1  # smoke
     assert scaled_warmup({"warmup_steps": 10}, 5) == 5  # no max_steps: the warmup is the run
