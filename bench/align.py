@@ -395,9 +395,23 @@ def collate_table(pairs, n_rows: int, n_tokens: int, repeats: int, real: bool):
         per_row = [cross.teacher_inputs(s) for s in samples]
         for a, b in zip(per_row, cross.teacher_inputs_batch(samples), strict=True):
             assert list(a[1]) == list(b[1]) and list(a[2]) == list(b[2]) and a[3] == b[3]
-        batch = cross.collate(samples, s_tok.pad_token_id)  # warms the table caches
+        cross.collate(samples, s_tok.pad_token_id)  # warms the table caches
         import distil.align.batch as align_batch
 
+        plain = align_batch._plain
+        took: list[bool] = []  # whether the warm build took the one-call path
+
+        def spy(*a, _plain=plain, _took=took):
+            out = _plain(*a)
+            _took.append(out is not None)
+            return out
+
+        align_batch._plain = spy
+        try:
+            batch = cross.collate(samples, s_tok.pad_token_id)
+        finally:
+            align_batch._plain = plain
+        fast = took[-1]
         build = align_batch.build_alignment
         spent: list[float] = []
 
@@ -407,7 +421,6 @@ def collate_table(pairs, n_rows: int, n_tokens: int, repeats: int, real: bool):
             _spent.append(time.perf_counter() - t0)
             return out
 
-        fast = align_batch._plain(*_plain_args(cross, samples)) is not None
         import distil.data.crosstok as crosstok
 
         crosstok.build_alignment = timed_build
@@ -444,25 +457,6 @@ def collate_variants(cross, samples, pad_id: int) -> dict[str, Callable]:
         "collate per row": collate_per_row,
         "collate": lambda: cross.collate(samples, pad_id),
     }
-
-
-def _plain_args(cross, samples):
-    """The arguments `build_alignment` hands its one-call path for these samples."""
-    import numpy as np
-
-    from distil.align.walk import FlatRows
-
-    teacher = cross.teacher_inputs_batch(samples)
-    flat = FlatRows.pack(
-        [np.asarray(s.completion_ids, np.int64) for s in samples],
-        [np.asarray(t[1], np.int64) for t in teacher],
-        [np.asarray(t[2], np.int64) for t in teacher],
-        [t[3] for t in teacher],
-    )
-    s_off = np.asarray([len(s.prompt_ids) for s in samples], np.int64)
-    t_off = np.asarray([len(t[0]) for t in teacher], np.int64)
-    return (flat, s_off, t_off, cross.student_vb, cross.teacher_vb, cross.match_tables,
-            cross.proj_tables)  # fmt: skip
 
 
 def part_collate(args: argparse.Namespace) -> None:

@@ -165,7 +165,7 @@ def _row_groups(
             covered[k] = True
         # the last tokens' starts: the bytes between them key the match table
         a, c = (se[s1 - 2] if s1 > 1 else 0), (te[t1 - 2] if t1 > 1 else 0)
-        if (s1 - s0 > 1 or t1 - t0 > 1) and a != c:
+        if a != c:  # (a 1:1 group has a == c)
             m_off[n_g], m_len[n_g], m_flag[n_g] = tbo + min(a, c), abs(a - c), a > c
         n_g += 1
         # per student token: the last teacher token starting at or before it, keyed by the

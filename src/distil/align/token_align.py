@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from distil.align.text_ends import text_ends
 from distil.align.vocab_map import VocabBytes, role_map, vocab_bytes
-from distil.align.walk import FlatRows, align_rows, student_spans, text_ends
+from distil.align.walk import FlatRows, align_rows, student_spans
 
 
 def completion_text(student_bytes: bytes) -> str:

@@ -28,7 +28,7 @@ from distil.align import (
     text_byte_ends,
     vocab_bytes,
 )
-from distil.align.walk import rows_text_ends
+from distil.align.text_ends import rows_text_ends
 from distil.data.collate import collate
 from distil.models.tokenizers import render_prompt, stop_token_ids
 from distil.types import Batch, Sample
@@ -104,7 +104,7 @@ class CrossTokenizer:
 
     def teacher_inputs_batch(self, samples: Sequence[Sample]) -> list[tuple]:
         """`teacher_inputs` of every sample, with one tokenizer call for the batch and the byte
-        ends of all rows in one compiled pass (`walk.rows_text_ends`); a row whose prompt and
+        ends of all rows in one compiled pass (`text_ends.rows_text_ends`); a row whose prompt and
         completion share a teacher token goes through `teacher_inputs` alone. Same results."""
         if not samples:
             return []
