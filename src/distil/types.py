@@ -87,6 +87,80 @@ class TeacherTargets:
 
 
 @dataclass
+class GroupSpans:
+    """The padded group tensors of `AlignmentGroups` in compact form, as the aligner builds them.
+
+    Group g's student tokens are `student_ids[student_first_G[g] : + student_len_G[g]]` (the
+    batch's completion ids, flat over rows), predicted at positions `student_first_G[g] + i +
+    student_shift_B[row]`; the same for the teacher. A micro-batch moved to the GPU moves these
+    (G ints per field and the ids) and is padded there: the padded tensors are
+    (1 + 2 * S_max + 2 * T_max) ints per group, several times more to write and to copy.
+    """
+
+    student_first_G: torch.Tensor
+    student_len_G: torch.Tensor
+    student_ids: torch.Tensor
+    student_shift_B: torch.Tensor
+    teacher_first_G: torch.Tensor
+    teacher_len_G: torch.Tensor
+    teacher_ids: torch.Tensor
+    teacher_shift_B: torch.Tensor
+
+    def to(self, device: torch.device | str) -> GroupSpans:
+        return GroupSpans(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+    def padded(self, row_G: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(student_pos_G_S, student_tok_G_S, teacher_pos_G_T, teacher_tok_G_T), padded with -1
+        (widths >= 1): compiled loops on the CPU, a few tensor ops on any other device."""
+        if self.student_ids.device.type == "cpu":
+            from distil.align.outputs import padded_cpu
+
+            return padded_cpu(self, row_G)
+        return self.padded_by_tensor_ops(row_G)
+
+    def padded_by_tensor_ops(self, row_G: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`padded` with tensor ops on the spans' device (one sync per side for the width)."""
+        s = _pad_side(row_G, self.student_first_G, self.student_len_G, self.student_ids,
+                      self.student_shift_B)  # fmt: skip
+        t = _pad_side(row_G, self.teacher_first_G, self.teacher_len_G, self.teacher_ids,
+                      self.teacher_shift_B)  # fmt: skip
+        return (*s, *t)
+
+
+def _pad_side(row_G, first_G, len_G, ids, shift_B) -> tuple[torch.Tensor, torch.Tensor]:
+    # one side's (G, W) positions and ids with tensor ops (the width: one sync)
+    width = max(int(len_G.max()), 1) if len(len_G) else 1
+    at = torch.arange(width, device=len_G.device)
+    valid = at < len_G[:, None]
+    flat = first_G[:, None] + at
+    pos = torch.where(valid, flat + shift_B[row_G][:, None], -1)
+    tok = ids[flat.clamp(max=max(len(ids) - 1, 0))] if len(ids) else torch.zeros_like(flat)
+    return pos, torch.where(valid, tok.long(), -1)
+
+
+class _Padded:
+    """An `AlignmentGroups` padded tensor: the one given, or expanded from `spans` on first read
+    (on the spans' device). Raises AttributeError on the class, so that the dataclass sees a
+    field without a default."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> torch.Tensor:
+        if obj is None:
+            raise AttributeError(self.slot[1:])
+        if obj.__dict__[self.slot] is None:
+            obj._expand()
+        return obj.__dict__[self.slot]
+
+    def __set__(self, obj: Any, value: torch.Tensor | None) -> None:
+        obj.__dict__[self.slot] = value
+
+
+_PADDED = ("student_pos_G_S", "student_tok_G_S", "teacher_pos_G_T", "teacher_tok_G_T")
+
+
+@dataclass
 class AlignmentGroups:
     """How a cross-tokenizer micro-batch's student and teacher tokens cover the same bytes.
 
@@ -116,13 +190,16 @@ class AlignmentGroups:
     whose bytes are equal on both sides (False only after the DP fallback).
     `metrics` holds counts (groups, aligned bytes, bytes matched exactly, DP fallbacks,
     unalignable tokens masked).
+    `distil.align` gives the four padded tensors as None and their compact form in `spans`
+    (`GroupSpans`); each is expanded on first read, on the device the alignment is on, so a
+    batch moved to the GPU is padded there.
     """
 
     group_row_G: torch.Tensor
-    student_pos_G_S: torch.Tensor
-    student_tok_G_S: torch.Tensor
-    teacher_pos_G_T: torch.Tensor
-    teacher_tok_G_T: torch.Tensor
+    student_pos_G_S: torch.Tensor = _Padded()  # type: ignore[assignment]
+    student_tok_G_S: torch.Tensor = _Padded()  # type: ignore[assignment]
+    teacher_pos_G_T: torch.Tensor = _Padded()  # type: ignore[assignment]
+    teacher_tok_G_T: torch.Tensor = _Padded()  # type: ignore[assignment]
     match_table_G: torch.Tensor
     match_tables: list[tuple[torch.Tensor, torch.Tensor]]
     proj_row_N: torch.Tensor
@@ -132,20 +209,32 @@ class AlignmentGroups:
     proj_tables: list[tuple[torch.Tensor, torch.Tensor]]
     exact_G: torch.Tensor | None = None  # bool: the group spells the same bytes on both sides
     metrics: dict[str, float] = field(default_factory=dict)
+    spans: GroupSpans | None = None  # the padded tensors' compact form, when they are None
 
     @property
     def num_groups(self) -> int:
         return int(self.group_row_G.shape[0])
 
+    def _expand(self) -> None:
+        if self.spans is None:
+            raise ValueError("AlignmentGroups: a padded tensor is None and there are no spans")
+        for name, value in zip(_PADDED, self.spans.padded(self.group_row_G), strict=True):
+            if self.__dict__["_" + name] is None:
+                setattr(self, name, value)
+
     def to(self, device: torch.device | str) -> AlignmentGroups:
         def move(v):
-            if isinstance(v, torch.Tensor):
+            if isinstance(v, (torch.Tensor, GroupSpans)):
                 return v.to(device)
             if isinstance(v, list):
                 return [tuple(x.to(device) for x in pair) for pair in v]
             return v
 
-        return replace(self, **{f.name: move(getattr(self, f.name)) for f in fields(self)})
+        # the stored values: padded tensors not expanded yet stay None (expanded on `device`)
+        return AlignmentGroups(**{
+            f.name: move(self.__dict__["_" + f.name] if f.name in _PADDED else getattr(self, f.name))
+            for f in fields(self)
+        })  # fmt: skip
 
 
 @dataclass

@@ -31,7 +31,7 @@ from distil.align.outputs import finish
 from distil.align.token_align import BatchAlignment, align_flat, partners
 from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes
 from distil.align.walk import FlatRows, group_keys
-from distil.types import AlignmentGroups
+from distil.types import AlignmentGroups, GroupSpans
 
 
 @dataclass
@@ -88,29 +88,35 @@ def build_alignment(
     match_G = _match_ids(kind, flag, m_off, m_len, g[:, 0], ba.s_bytes, match_tables)
     proj_E = _proj_ids(e_off, e_len, e_plain, ba.s_bytes, proj_tables)
     *arrays, n_covered, n_inexact = finish(
-        g, flat.s_ids, flat.s_off, s_offset, flat.t_ids, flat.t_off, t_offset, ba.covered,
-        match_G, len(match_tables.tables), e_row, e_s, e_t, e_plain, e_fits, proj_E,
-        len(proj_tables.tables), proj_tables.empty_ids(), ba.exact,
+        g, flat.s_off, flat.t_off, ba.covered, match_G, len(match_tables.tables), e_row, e_s,
+        e_t, e_plain, e_fits, proj_E, len(proj_tables.tables), proj_tables.empty_ids(),
+        ba.exact,
     )  # fmt: skip
     metrics = _metrics(ba, len(arrays[8]), n_covered, n_inexact)
-    return _result(arrays, match_tables, proj_tables, torch.from_numpy(ba.exact), metrics)
+    exact_G = torch.from_numpy(ba.exact)
+    return _result(arrays, flat, s_offset, t_offset, match_tables, proj_tables, exact_G, metrics)
 
 
 def _result(
-    arrays, match_tables: MatchTables, proj_tables: ProjectionTables, exact_G, metrics
-) -> tuple[AlignmentGroups, torch.Tensor]:
-    """(AlignmentGroups, in_group_B_C) from the compiled passes' arrays (row, s_pos, s_tok,
-    t_pos, t_tok, in_group, match ids, match tables used, p_row, p_s, p_t, proj ids, proj
-    tables used)."""
+    arrays, flat: FlatRows, s_offset, t_offset, match_tables: MatchTables,
+    proj_tables: ProjectionTables, exact_G, metrics,
+) -> tuple[AlignmentGroups, torch.Tensor]:  # fmt: skip
+    """(AlignmentGroups, in_group_B_C) from the compiled passes' arrays (row, student first and
+    length, teacher first and length, in_group, match ids, match tables used, p_row, p_s, p_t,
+    proj ids, proj tables used); the padded group tensors left to `GroupSpans`."""
     t = torch.from_numpy
-    (row, s_pos, s_tok, t_pos, t_tok, in_group, match_ids, match_used, p_row, p_s, p_t,
+    (row, s_first, s_len, t_first, t_len, in_group, match_ids, match_used, p_row, p_s, p_t,
      proj_ids, proj_used) = arrays  # fmt: skip
+    spans = GroupSpans(
+        t(s_first), t(s_len), t(flat.s_ids), t(s_offset - 1 - flat.s_off[:-1]),
+        t(t_first), t(t_len), t(flat.t_ids), t(t_offset - 1 - flat.t_off[:-1]),
+    )  # fmt: skip
     result = AlignmentGroups(
-        group_row_G=t(row),
-        student_pos_G_S=t(s_pos),
-        student_tok_G_S=t(s_tok),
-        teacher_pos_G_T=t(t_pos),
-        teacher_tok_G_T=t(t_tok),
+        t(row),
+        None,
+        None,
+        None,
+        None,  # type: ignore[arg-type]
         match_table_G=t(match_ids),
         match_tables=_pick(match_tables.tables, match_used),
         proj_row_N=t(p_row),
@@ -120,6 +126,7 @@ def _result(
         proj_tables=_pick(proj_tables.tables, proj_used),
         exact_G=exact_G,
         metrics=metrics,
+        spans=spans,
     )
     return result, t(in_group)
 
@@ -158,7 +165,7 @@ def _plain(
         "projection_entries": float(len(arrays[8])),
     }
     exact_G = torch.ones(n_g, dtype=torch.bool)
-    return _result(arrays, match_tables, proj_tables, exact_G, metrics)
+    return _result(arrays, flat, s_offset, t_offset, match_tables, proj_tables, exact_G, metrics)
 
 
 def _match_ids(kind, flag, off, length, rows, data, match: MatchTables) -> np.ndarray:

@@ -4,15 +4,19 @@ Most micro-batches have only *plain* rows: the teacher's text is a prefix of the
 bytes and no token on either side spells zero bytes, but for specials that end the row (the
 EOS of a finished completion), and every table key they need is cached already. For those,
 `plain_batch` does in one pass per row what `walk.student_spans`, `walk.align_rows`,
-`walk.group_keys` and the key lookups do in separate passes over intermediate arrays: each
-student token's byte end from the byte table, checked against the teacher's bytes as it goes;
-the two-pointer groups; each group's match-table key and each student token's projection
-key, read from the teacher's bytes (equal to the student's inside a plain row); the trailing
-specials paired by role; then the cached table ids (`keys.lookup_keys`), the kept projection
-entries and the padded tensors (`outputs.group_tensors`). Anything else (a row that is not
-plain, a key with no table yet) makes it return `ok = False` without having changed anything,
-and the caller runs the general passes, which build the missing tables in their order; the
-result is the same either way (tested against the per-row reference).
+`walk.group_keys`, the key lookups and `outputs.finish` do in separate passes over
+intermediate arrays: each student token's byte end from the byte table, checked against the
+teacher's bytes as it goes; the two-pointer groups, written as `GroupSpans` fields; each
+group's match-table id and each student token's projection entry, their keys read from the
+teacher's bytes (equal to the student's inside a plain row) and looked up in the cache as they
+come (a projection key's hash extended from the previous one while the teacher token stays
+the same); the trailing specials paired by role; then the batch's tables renumbered. Nothing
+is written twice and no intermediate array outlives its row, which matters as much as the
+work: a batch's arrays that spill out of the core's cache make every pass after them slower.
+Anything else (a row that is not plain, a key with no table yet) makes it return `ok = False`
+without having changed anything, and the caller runs the general passes, which build the
+missing tables in their order; the result is the same either way (tested against the per-row
+reference).
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from distil.align.keys import lookup_keys
-from distil.align.outputs import group_tensors, renumber
+from distil.align.keys import hash_more, hash_start, probe
+from distil.align.outputs import renumber
 
 
 @numba.njit(cache=True)
@@ -29,82 +33,66 @@ def plain_batch(
     s_ids, s_off, t_ids, t_ends, t_off, t_bytes, tb_off, v_data, v_start, s_offset, t_offset,
     s_special, t_special, partner, match_index, proj_index, proj_empty, n_match,
 ):  # fmt: skip  # pragma: no cover - compiled
-    """(ok, row, s_pos, s_tok, t_pos, t_tok, in_group, match_local, match_used, p_row, p_s,
+    """(ok, row, s_first, s_len, t_first, t_len, in_group, match_local, match_used, p_row, p_s,
     p_t, proj_local, proj_used, n_covered, n_bytes, n_exact): `build_alignment`'s arrays and
-    counts, or ok False (the rest empty) when a row is not plain or a key is not cached.
-    v_data, v_start: the student's byte index; match_index / proj_index: the six arrays of
-    each `KeyIndex`; proj_empty: bool per projection table; n_match: the match tables."""
-    n_s = s_ids.shape[0]
-    g = np.empty((n_s, 5), np.int32)  # at most one group per student token
-    covered = np.zeros(n_s, np.bool_)
-    s_ends = np.empty(n_s, np.int64)  # row-local byte ends
-    # match key per group (offset into t_bytes, length, flag); per projection entry: row,
-    # predicting positions, key, fits, plain
-    m_off, m_len, m_flag = np.zeros(n_s, np.int64), np.zeros(n_s, np.int64), np.zeros(n_s, np.bool_)
-    e_row, e_s, e_t = np.empty(n_s, np.int64), np.empty(n_s, np.int64), np.empty(n_s, np.int64)
-    e_off, e_len = np.empty(n_s, np.int64), np.empty(n_s, np.int64)
-    e_fits = np.empty(n_s, np.bool_)
-    e_plain = np.empty(n_s, np.bool_)
-    n_g = n_e = n_bytes = n_exact = 0
-    for b in range(s_off.shape[0] - 1):
+    counts (the groups as `GroupSpans` fields), or ok False (the rest empty) when a row is not
+    plain or a key is not cached. v_data, v_start: the student's byte index; match_index /
+    proj_index: the six arrays of each `KeyIndex`; proj_empty: bool per projection table;
+    n_match: the match tables."""
+    n_rows, n_s = s_off.shape[0] - 1, s_ids.shape[0]
+    # groups (row, first and length of each side, match table) and projection entries (row,
+    # predicting positions, table): at most one of each per student token
+    groups = np.empty((6, n_s), np.int64)
+    entries = np.empty((4, n_s), np.int64)
+    width = 0
+    for b in range(n_rows):
+        width = max(width, s_off[b + 1] - s_off[b])
+    in_group = np.zeros((n_rows, width), np.bool_)
+    se = np.empty(width, np.int64)  # the row's student byte ends
+    counts = np.zeros(5, np.int64)  # groups, entries, bytes, bytes in groups, tokens in groups
+    for b in range(n_rows):
         w, ns_c, nt_c = _row_ends(
             b, s_ids, s_off, t_ids, t_ends, t_off, t_bytes, tb_off, v_data, v_start,
-            s_special, t_special, s_ends,
+            s_special, t_special, se,
         )  # fmt: skip
         if w < 0:
             return _not_plain()
-        n_bytes += w
-        n_g, n_e, n_exact = _row_groups(
-            b, ns_c, nt_c, s_ids, s_off, s_ends, t_ids, t_ends, t_off, tb_off, s_offset,
-            t_offset, partner, g, covered, m_off, m_len, m_flag, e_row, e_s, e_t, e_off, e_len,
-            e_fits, e_plain, n_g, n_e, n_exact,
+        counts[2] += w
+        ok = _row_groups(
+            b, ns_c, nt_c, se, s_off, t_ends, t_off, t_bytes, tb_off, s_offset, t_offset,
+            match_index, proj_index, proj_empty, groups, entries, in_group, counts,
         )  # fmt: skip
-    match, m_miss = lookup_keys(
-        *match_index, t_bytes, m_off[:n_g], m_len[:n_g], m_flag[:n_g], m_len[:n_g] > 0, 0,
-    )  # fmt: skip
-    table, p_miss = lookup_keys(
-        *proj_index, t_bytes, e_off[:n_e], e_len[:n_e], np.zeros(n_e, np.bool_),
-        np.ones(n_e, np.bool_), 0,
-    )  # fmt: skip
-    if m_miss or p_miss:
-        return _not_plain()
-    # keep an entry when it is not plain, or its teacher token covers the student token and
-    # its table is not empty (`walk.projection_entries`)
-    n_kept = 0
-    for e in range(n_e):
-        if not e_plain[e] or (e_fits[e] and not proj_empty[table[e]]):
-            e_row[n_kept], e_s[n_kept], e_t[n_kept] = e_row[e], e_s[e], e_t[e]
-            table[n_kept] = table[e]
-            n_kept += 1
-    match_local, match_used = renumber(match, n_match)
-    proj_local, proj_used = renumber(table[:n_kept], proj_empty.shape[0])
-    row, s_pos, s_tok, t_pos, t_tok, in_group = group_tensors(
-        g[:n_g], s_ids, s_off, s_offset, t_ids, t_off, t_offset, covered
-    )
-    n_covered = 0
-    for k in range(n_s):
-        n_covered += covered[k]
+        if not ok:
+            return _not_plain()
+        _row_specials(
+            b, ns_c, nt_c, se, s_ids, s_off, t_ids, t_off, tb_off, s_offset, t_offset, partner,
+            groups, entries, in_group, counts,
+        )  # fmt: skip
+    n_g, n_e = counts[0], counts[1]
+    match_local, match_used = renumber(groups[5, :n_g], n_match)
+    proj_local, proj_used = renumber(entries[3, :n_e], proj_empty.shape[0])
     return (
-        True, row, s_pos, s_tok, t_pos, t_tok, in_group, match_local, match_used,
-        e_row[:n_kept], e_s[:n_kept], e_t[:n_kept], proj_local, proj_used,
-        n_covered, n_bytes, n_exact,
+        True, groups[0, :n_g], groups[1, :n_g], groups[2, :n_g], groups[3, :n_g],
+        groups[4, :n_g], in_group, match_local, match_used, entries[0, :n_e],
+        entries[1, :n_e], entries[2, :n_e], proj_local, proj_used, counts[4], counts[2],
+        counts[3],
     )  # fmt: skip
 
 
 @numba.njit(cache=True)
 def _not_plain():  # pragma: no cover - compiled
-    z, z2, zb = np.zeros(0, np.int64), np.zeros((0, 1), np.int64), np.zeros((0, 0), np.bool_)
-    return False, z, z2, z2, z2, z2, zb, z, z, z, z, z, z, z, 0, 0, 0
+    z, zb = np.zeros(0, np.int64), np.zeros((0, 0), np.bool_)
+    return False, z, z, z, z, z, zb, z, z, z, z, z, z, z, 0, 0, 0
 
 
 @numba.njit(cache=True)
 def _row_ends(
     b, s_ids, s_off, t_ids, t_ends, t_off, t_bytes, tb_off, v_data, v_start, s_special,
-    t_special, s_ends,
+    t_special, se,
 ):  # fmt: skip  # pragma: no cover - compiled
-    """Row b's student byte ends into s_ends, checking on the way that its bytes start with
-    the teacher's: (student bytes, content tokens of each side before the trailing specials),
-    or (-1, 0, 0) when the row is not plain."""
+    """Row b's student byte ends into se, checking on the way that its bytes start with the
+    teacher's: (student bytes, content tokens of each side before the trailing specials), or
+    (-1, 0, 0) when the row is not plain."""
     sb, ns = s_off[b], s_off[b + 1] - s_off[b]
     tbo, n_tb = tb_off[b], tb_off[b + 1] - tb_off[b]
     size = v_start.shape[0] - 1
@@ -123,7 +111,7 @@ def _row_ends(
             if w < n_tb and v_data[a] != t_bytes[tbo + w]:
                 return -1, 0, 0
             w += 1
-        s_ends[sb + k] = w
+        se[k] = w
     if w < n_tb:
         return -1, 0, 0
     tb, nt = t_off[b], t_off[b + 1] - t_off[b]
@@ -142,55 +130,91 @@ def _row_ends(
 
 @numba.njit(cache=True)
 def _row_groups(
-    b, ns_c, nt_c, s_ids, s_off, s_ends, t_ids, t_ends, t_off, tb_off, s_offset, t_offset,
-    partner, g, covered, m_off, m_len, m_flag, e_row, e_s, e_t, e_off, e_len, e_fits, e_plain,
-    n_g, n_e, n_exact,
+    b, ns_c, nt_c, se, s_off, t_ends, t_off, t_bytes, tb_off, s_offset, t_offset, match_index,
+    proj_index, proj_empty, groups, entries, in_group, counts,
 ):  # fmt: skip  # pragma: no cover - compiled
-    """Row b's groups (the two-pointer walk over the content tokens, then the trailing
-    specials paired by role at the end of the text), each group's match key and one projection
-    entry per student token, appended at n_g / n_e: returns (n_g, n_e, n_exact)."""
-    sb, ns = s_off[b], s_off[b + 1] - s_off[b]
-    tb, nt = t_off[b], t_off[b + 1] - t_off[b]
+    """Row b's groups (the two-pointer walk over the content tokens) with their match-table
+    ids, and the kept projection entries of their student tokens, appended at counts[0] /
+    counts[1]; False when a key has no cached table."""
+    sb, tb = s_off[b], t_off[b]
     tbo, n_tb = tb_off[b], tb_off[b + 1] - tb_off[b]
-    se, te = s_ends[sb : sb + ns], t_ends[tb : tb + nt]
+    te = t_ends[tb : tb + t_off[b + 1] - tb]
+    n_g, n_e = counts[0], counts[1]
+    m_data, m_off, m_len, m_flag, m_value, m_slots = match_index
+    p_data, p_off, p_len, p_flag, p_value, p_slots = proj_index
     i = j = s0 = t0 = 0
     while i < ns_c and j < nt_c and se[i] <= n_tb:
         if se[i] != te[j]:
             i, j = (i + 1, j) if se[i] < te[j] else (i, j + 1)
             continue
         s1, t1 = i + 1, j + 1
-        g[n_g, 0], g[n_g, 1], g[n_g, 2], g[n_g, 3], g[n_g, 4] = b, s0, s1, t0, t1
-        n_exact += se[i] - (se[s0 - 1] if s0 > 0 else 0)
-        for k in range(sb + s0, sb + s1):
-            covered[k] = True
-        # the last tokens' starts: the bytes between them key the match table
+        groups[0, n_g], groups[1, n_g], groups[2, n_g] = b, sb + s0, s1 - s0
+        groups[3, n_g], groups[4, n_g] = tb + t0, t1 - t0
+        counts[3] += se[i] - (se[s0 - 1] if s0 > 0 else 0)
+        counts[4] += s1 - s0
+        in_group[b, s0:s1] = True
+        # the last tokens' starts: the bytes between them key the match table (a 1:1 group
+        # has a == c, table 0)
         a, c = (se[s1 - 2] if s1 > 1 else 0), (te[t1 - 2] if t1 > 1 else 0)
-        if a != c:  # (a 1:1 group has a == c)
-            m_off[n_g], m_len[n_g], m_flag[n_g] = tbo + min(a, c), abs(a - c), a > c
+        groups[5, n_g] = 0
+        if a != c:
+            lo, n = min(a, c), abs(a - c)
+            h = hash_more(hash_start(a > c), t_bytes, tbo + lo, n)
+            groups[5, n_g] = probe(
+                m_data, m_off, m_len, m_flag, m_value, m_slots, h, t_bytes, tbo + lo, n, a > c
+            )
+            if groups[5, n_g] < 0:
+                return False
         n_g += 1
         # per student token: the last teacher token starting at or before it, keyed by the
-        # bytes the teacher is behind
-        q = t0
+        # bytes the teacher is behind (hashed on from the previous key of the same token)
+        q, h_q, h_at, h = t0, -1, 0, hash_start(False)
         for k in range(s0, s1):
             s_at = se[k - 1] if k > 0 else 0
             while q + 1 < t1 and te[q] <= s_at:
                 q += 1
             x = te[q - 1] if q > 0 else 0
-            e_row[n_e], e_s[n_e], e_t[n_e] = b, s_offset[b] - 1 + k, t_offset[b] - 1 + q
-            e_off[n_e], e_len[n_e] = tbo + x, s_at - x
-            e_fits[n_e], e_plain[n_e] = se[k] <= te[q], True
-            n_e += 1
+            table = 0
+            if s_at > x:
+                if h_q != q:
+                    h_q, h_at, h = q, x, hash_start(False)
+                h, h_at = hash_more(h, t_bytes, tbo + h_at, s_at - h_at), s_at
+                table = probe(
+                    p_data, p_off, p_len, p_flag, p_value, p_slots, h, t_bytes, tbo + x,
+                    s_at - x, False,
+                )  # fmt: skip
+                if table < 0:
+                    return False
+            # kept when the teacher token covers the student token and its table is not empty
+            if se[k] <= te[q] and not proj_empty[table]:
+                entries[0, n_e], entries[1, n_e] = b, s_offset[b] - 1 + k
+                entries[2, n_e], entries[3, n_e] = t_offset[b] - 1 + q, table
+                n_e += 1
         i, j, s0, t0 = s1, t1, s1, t1
-    # the trailing specials, 1:1 in order with a teacher special of the same role when the
-    # content spelled the teacher's whole text (`walk._special_pairs`); one entry each
+    counts[0], counts[1] = n_g, n_e
+    return True
+
+
+@numba.njit(cache=True)
+def _row_specials(
+    b, ns_c, nt_c, se, s_ids, s_off, t_ids, t_off, tb_off, s_offset, t_offset, partner, groups,
+    entries, in_group, counts,
+):  # fmt: skip  # pragma: no cover - compiled
+    """Row b's trailing specials, 1:1 in order with a teacher special of the same role when the
+    content spelled the teacher's whole text (`walk._special_pairs`): one group (table 0) and
+    one entry each, appended at counts[0] / counts[1]."""
+    sb, ns, tb, nt = s_off[b], s_off[b + 1] - s_off[b], t_off[b], t_off[b + 1] - t_off[b]
     w_c, first = (se[ns_c - 1] if ns_c > 0 else 0), nt_c
-    for k in range(ns_c, ns if w_c == n_tb else ns_c):
+    n_g, n_e = counts[0], counts[1]
+    for k in range(ns_c, ns if w_c == tb_off[b + 1] - tb_off[b] else ns_c):
         for c in range(first, nt):
             if partner[t_ids[tb + c]] == s_ids[sb + k]:
-                g[n_g, 0], g[n_g, 1], g[n_g, 2], g[n_g, 3], g[n_g, 4] = b, k, k + 1, c, c + 1
-                covered[sb + k] = True
-                e_row[n_e], e_s[n_e], e_t[n_e] = b, s_offset[b] - 1 + k, t_offset[b] - 1 + c
-                e_off[n_e], e_len[n_e], e_fits[n_e], e_plain[n_e] = 0, 0, True, False
+                groups[0, n_g], groups[1, n_g], groups[2, n_g] = b, sb + k, 1
+                groups[3, n_g], groups[4, n_g], groups[5, n_g] = tb + c, 1, 0
+                entries[0, n_e], entries[1, n_e] = b, s_offset[b] - 1 + k
+                entries[2, n_e], entries[3, n_e] = t_offset[b] - 1 + c, 0
+                in_group[b, k] = True
+                counts[4] += 1
                 n_g, n_e, first = n_g + 1, n_e + 1, c + 1
                 break
-    return n_g, n_e, n_exact
+    counts[0], counts[1] = n_g, n_e

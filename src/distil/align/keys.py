@@ -14,13 +14,23 @@ import numpy as np
 
 
 @numba.njit(cache=True, inline="always")
+def hash_start(flag):  # pragma: no cover - compiled
+    # FNV-1a over the flag: the hash of an empty key
+    return (np.uint64(14695981039346656037) ^ np.uint64(flag)) * np.uint64(1099511628211)
+
+
+@numba.njit(cache=True, inline="always")
+def hash_more(h, data, a, n):  # pragma: no cover - compiled
+    # the hash h of a key extended by the bytes data[a:a + n]
+    for i in range(a, a + n):
+        h = (h ^ np.uint64(data[i])) * np.uint64(1099511628211)
+    return h
+
+
+@numba.njit(cache=True, inline="always")
 def _hash(data, a, n, flag):  # pragma: no cover - compiled
     # FNV-1a over the flag and the bytes data[a:a + n]
-    prime = np.uint64(1099511628211)
-    h = (np.uint64(14695981039346656037) ^ np.uint64(flag)) * prime
-    for i in range(a, a + n):
-        h = (h ^ np.uint64(data[i])) * prime
-    return h
+    return hash_more(hash_start(flag), data, a, n)
 
 
 @numba.njit(cache=True, inline="always")
@@ -72,30 +82,34 @@ def lookup_keys(
 ):  # pragma: no cover - compiled
     """Value of each selected non-empty key in a `KeyIndex` (slots from `key_slots`), -1 where
     it is absent, `default` where it is not selected or empty: (int64 (N,), number absent)."""
-    size = slots.shape[0]
     out = np.empty(off.shape[0], np.int64)
     n_miss = 0
     for q in range(off.shape[0]):
         if not select[q] or length[q] == 0:
             out[q] = default
             continue
-        out[q] = -1
-        if size == 0:
-            n_miss += 1
-            continue
-        s = np.int64(_hash(data, off[q], length[q], flag[q]) & np.uint64(size - 1))
-        while slots[s] >= 0:
-            r = slots[s]
-            if (
-                k_len[r] == length[q]
-                and k_flag[r] == flag[q]
-                and same_bytes(k_data, k_off[r], data, off[q], length[q])
-            ):
-                out[q] = k_value[r]
-                break
-            s = (s + 1) & (size - 1)
+        h = _hash(data, off[q], length[q], flag[q])
+        out[q] = probe(k_data, k_off, k_len, k_flag, k_value, slots, h, data, off[q], length[q],
+                       flag[q])  # fmt: skip
         n_miss += out[q] < 0
     return out, n_miss
+
+
+@numba.njit(cache=True, inline="always")
+def probe(k_data, k_off, k_len, k_flag, k_value, slots, h, data, a, n, flag):
+    # pragma: no cover - compiled
+    """Value of the key data[a:a + n] with `flag` in a `KeyIndex` (its arrays), h its hash
+    (`hash_start`, then `hash_more`); -1 if absent."""
+    size = slots.shape[0]
+    if size == 0:
+        return -1
+    s = np.int64(h & np.uint64(size - 1))
+    while slots[s] >= 0:
+        r = slots[s]
+        if k_len[r] == n and k_flag[r] == flag and same_bytes(k_data, k_off[r], data, a, n):
+            return k_value[r]
+        s = (s + 1) & (size - 1)
+    return -1
 
 
 @numba.njit(cache=True)

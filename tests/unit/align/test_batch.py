@@ -253,7 +253,7 @@ def test_same_alignment_from_lists_arrays_tensors_and_padded_views(
 
 
 def test_group_tensors_are_separate_contiguous_int64():
-    # the five group outputs are views of one allocation (`outputs.group_tensors`): each must
+    # the four padded outputs are views of one allocation (`outputs.padded_cpu`): each must
     # be its own region (writing one changes no other) and what the losses index with (int64)
     ag, _ = build_alignment([ROW0, ROW1, ROW2], S, T, MatchTables(S, T), ProjectionTables(S, T))
     names = ("group_row_G", "student_pos_G_S", "student_tok_G_S", "teacher_pos_G_T")
@@ -266,3 +266,49 @@ def test_group_tensors_are_separate_contiguous_int64():
         for m, y in enumerate(tensors):
             expected = torch.full_like(y, -7) if m <= k else before[m]
             assert torch.equal(y, expected), (names[k], names[m])
+
+
+def _spans_batch():
+    # the hand-computed rows, and every row of a real cross-family batch (n:m groups, EOS pairs)
+    s_tok = train_tokenizer("char", default_corpus(300, seed=3), 512)
+    t_tok = train_tokenizer("bpe", default_corpus(300, seed=4), 400)
+    s_vb, t_vb = vocab_bytes(s_tok), vocab_bytes(t_tok)
+    rows = []
+    for k, line in enumerate(default_corpus(12, seed=9)):
+        s_ids = s_tok(" " + line, add_special_tokens=False)["input_ids"]
+        text = student_byte_spans(s_ids, s_vb)[0]
+        t_ids, t_ends, t_bytes = encode_with_byte_ends(t_tok, text.decode(), t_vb)
+        rows.append(RowInputs(s_ids, 3 + k, t_ids, 5, t_ends, t_bytes))
+    return rows, s_vb, t_vb
+
+
+def test_padded_tensors_are_expanded_from_spans_alike_on_every_device():
+    # the builder leaves the padded tensors to `GroupSpans`: the compiled CPU expansion and the
+    # tensor ops that run on a GPU give the same tensors (widths >= 1, -1 padding), also for a
+    # batch without groups
+    rows, s_vb, t_vb = _spans_batch()
+    no_groups = RowInputs([5], 1, [], 1, np.zeros(0, np.int64), b"")
+    cases = [([ROW0, ROW1, ROW2], S, T), (rows, s_vb, t_vb), ([no_groups], S, T)]
+    for batch, s_vb, t_vb in cases:
+        ag, _ = build_alignment(
+            batch, s_vb, t_vb, MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb)
+        )
+        assert ag.spans is not None
+        assert ag.__dict__["_student_pos_G_S"] is None  # not expanded until read
+        by_ops = ag.spans.padded_by_tensor_ops(ag.group_row_G)
+        compiled = (ag.student_pos_G_S, ag.student_tok_G_S, ag.teacher_pos_G_T, ag.teacher_tok_G_T)
+        for a, b in zip(compiled, by_ops, strict=True):
+            assert a.dtype == b.dtype == torch.int64 and torch.equal(a, b)
+            assert a.shape[1] >= 1
+
+
+def test_moving_an_alignment_moves_its_spans_and_pads_there():
+    rows, s_vb, t_vb = _spans_batch()
+    ag, _ = build_alignment(rows, s_vb, t_vb, MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb))
+    moved = ag.to("cpu")
+    assert moved.__dict__["_student_tok_G_S"] is None and moved.spans is not None
+    assert torch.equal(moved.student_tok_G_S, ag.student_tok_G_S)
+    assert torch.equal(moved.teacher_pos_G_T, ag.teacher_pos_G_T)
+    # an expanded alignment moves its padded tensors as they are
+    again = ag.to("cpu")
+    assert torch.equal(again.__dict__["_student_pos_G_S"], ag.student_pos_G_S)
