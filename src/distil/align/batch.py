@@ -142,7 +142,8 @@ def _plain(
 ) -> tuple[AlignmentGroups, torch.Tensor] | None:
     """`build_alignment` in one compiled call (`fast.plain_batch`) when every row is plain and
     every key cached; None otherwise (nothing changed)."""
-    index = student_vb.index()
+    index, t_index = student_vb.index(), teacher_vb.index()
+    n_memo = len(t_index.data) + 1
     empty = np.zeros(len(proj_tables.tables), np.bool_)
     empty[proj_tables.empty_ids()] = True
     ok, *arrays, n_covered, n_bytes, n_exact = plain_batch(
@@ -150,6 +151,8 @@ def _plain(
         index.data, index.start, s_offset, t_offset, student_vb.is_special,
         teacher_vb.is_special, partners(student_vb, teacher_vb),
         match_tables.keys.arrays(), proj_tables.keys.arrays(), empty, len(match_tables.tables),
+        t_index.data, t_index.start, match_tables.keys.prefix_memo(n_memo),
+        proj_tables.keys.prefix_memo(n_memo),
     )  # fmt: skip
     if not ok:
         return None

@@ -24,25 +24,27 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from distil.align.keys import hash_more, hash_start, probe
+from distil.align.keys import HASH_START, hash_key, hash_more, probe, same_bytes
 from distil.align.outputs import renumber
 
 
 @numba.njit(cache=True)
 def plain_batch(
     s_ids, s_off, t_ids, t_ends, t_off, t_bytes, tb_off, v_data, v_start, s_offset, t_offset,
-    s_special, t_special, partner, match_index, proj_index, proj_empty, n_match,
+    s_special, t_special, partner, match_index, proj_index, proj_empty, n_match, tv_data,
+    tv_start, match_memo, proj_memo,
 ):  # fmt: skip  # pragma: no cover - compiled
     """(ok, row, s_first, s_len, t_first, t_len, in_group, match_local, match_used, p_row, p_s,
     p_t, proj_local, proj_used, n_covered, n_bytes, n_exact): `build_alignment`'s arrays and
     counts (the groups as `GroupSpans` fields), or ok False (the rest empty) when a row is not
     plain or a key is not cached. v_data, v_start: the student's byte index; match_index /
-    proj_index: the six arrays of each `KeyIndex`; proj_empty: bool per projection table;
-    n_match: the match tables."""
+    proj_index: the arrays of each `KeyIndex`; proj_empty: bool per projection table;
+    n_match: the match tables; tv_data, tv_start: the teacher's byte index; match_memo /
+    proj_memo: each `KeyIndex`'s `prefix_memo` over the teacher's byte index."""
     n_rows, n_s = s_off.shape[0] - 1, s_ids.shape[0]
     # groups (row, first and length of each side, match table) and projection entries (row,
     # predicting positions, table): at most one of each per student token
-    groups = np.empty((6, n_s), np.int64)
+    groups = np.empty((7, n_s), np.int64)  # and each group's prefix-memo base
     entries = np.empty((4, n_s), np.int64)
     width = 0
     for b in range(n_rows):
@@ -58,11 +60,15 @@ def plain_batch(
         if w < 0:
             return _not_plain()
         counts[2] += w
-        ok = _row_groups(
-            b, ns_c, nt_c, se, s_off, t_ends, t_off, t_bytes, tb_off, s_offset, t_offset,
-            match_index, proj_index, proj_empty, groups, entries, in_group, counts,
-        )  # fmt: skip
-        if not ok:
+        g0 = counts[0]
+        if not _row_groups(
+            b, ns_c, nt_c, se, s_off, t_ids, t_ends, t_off, t_bytes, tb_off, s_offset, t_offset,
+            proj_index, proj_empty, tv_data, tv_start, proj_memo, groups, entries, in_group,
+            counts,
+        ) or not _row_matches(
+            b, g0, counts[0], se, groups, s_off, t_ends, t_off, t_bytes, tb_off, match_index,
+            match_memo,
+        ):  # fmt: skip
             return _not_plain()
         _row_specials(
             b, ns_c, nt_c, se, s_ids, s_off, t_ids, t_off, tb_off, s_offset, t_offset, partner,
@@ -130,18 +136,22 @@ def _row_ends(
 
 @numba.njit(cache=True)
 def _row_groups(
-    b, ns_c, nt_c, se, s_off, t_ends, t_off, t_bytes, tb_off, s_offset, t_offset, match_index,
-    proj_index, proj_empty, groups, entries, in_group, counts,
+    b, ns_c, nt_c, se, s_off, t_ids, t_ends, t_off, t_bytes, tb_off, s_offset, t_offset,
+    proj_index, proj_empty, tv_data, tv_start, proj_memo, groups, entries, in_group, counts,
 ):  # fmt: skip  # pragma: no cover - compiled
-    """Row b's groups (the two-pointer walk over the content tokens) with their match-table
-    ids, and the kept projection entries of their student tokens, appended at counts[0] /
-    counts[1]; False when a key has no cached table."""
-    sb, tb = s_off[b], t_off[b]
-    tbo, n_tb = tb_off[b], tb_off[b + 1] - tb_off[b]
-    te = t_ends[tb : tb + t_off[b + 1] - tb]
+    """Row b's groups (the two-pointer walk over the content tokens) and the kept projection
+    entries of their student tokens, appended at counts[0] / counts[1]; False when a key has
+    no cached table. Per student token: the last teacher token starting at or before it, keyed
+    by the bytes the teacher is behind, looked up by hash (`keys.probe`, the hash extended
+    from the previous key of the same teacher token) or in the prefix memo: for a group of one
+    teacher token and several student tokens whose text spells the token's own bytes (checked:
+    a normalizer may have changed them), every key is a prefix of that token, remembered at
+    memo index base + the key's end (groups[6]; -1 for any other group). (One function: with a
+    helper called per group, numba ran the batch 1.5x slower.)"""
+    sb, tb, tbo, n_tb = s_off[b], t_off[b], tb_off[b], tb_off[b + 1] - tb_off[b]
+    te = t_ends[tb : t_off[b + 1]]
+    p_data, p_slots = proj_index
     n_g, n_e = counts[0], counts[1]
-    m_data, m_off, m_len, m_flag, m_value, m_slots = match_index
-    p_data, p_off, p_len, p_flag, p_value, p_slots = proj_index
     i = j = s0 = t0 = 0
     while i < ns_c and j < nt_c and se[i] <= n_tb:
         if se[i] != te[j]:
@@ -152,39 +162,33 @@ def _row_groups(
         groups[3, n_g], groups[4, n_g] = tb + t0, t1 - t0
         counts[3] += se[i] - (se[s0 - 1] if s0 > 0 else 0)
         counts[4] += s1 - s0
-        in_group[b, s0:s1] = True
-        # the last tokens' starts: the bytes between them key the match table (a 1:1 group
-        # has a == c, table 0)
-        a, c = (se[s1 - 2] if s1 > 1 else 0), (te[t1 - 2] if t1 > 1 else 0)
-        groups[5, n_g] = 0
-        if a != c:
-            lo, n = min(a, c), abs(a - c)
-            h = hash_more(hash_start(a > c), t_bytes, tbo + lo, n)
-            groups[5, n_g] = probe(
-                m_data, m_off, m_len, m_flag, m_value, m_slots, h, t_bytes, tbo + lo, n, a > c
-            )
-            if groups[5, n_g] < 0:
-                return False
+        base, tid, x0 = -1, t_ids[tb + t0], (te[t0 - 1] if t0 > 0 else 0)
+        if t1 - t0 == 1 and s1 - s0 > 1 and 0 <= tid < tv_start.shape[0] - 1:
+            a0, n0 = tv_start[tid], tv_start[tid + 1] - tv_start[tid]
+            if n0 == te[t0] - x0 and same_bytes(tv_data, a0, t_bytes, tbo + x0, n0):
+                base = a0 - x0
+        groups[6, n_g] = base
         n_g += 1
-        # per student token: the last teacher token starting at or before it, keyed by the
-        # bytes the teacher is behind (hashed on from the previous key of the same token)
-        q, h_q, h_at, h = t0, -1, 0, hash_start(False)
+        q, h_q, h_at, h = t0, -1, 0, HASH_START
         for k in range(s0, s1):
+            in_group[b, k] = True
             s_at = se[k - 1] if k > 0 else 0
             while q + 1 < t1 and te[q] <= s_at:
                 q += 1
             x = te[q - 1] if q > 0 else 0
             table = 0
             if s_at > x:
-                if h_q != q:
-                    h_q, h_at, h = q, x, hash_start(False)
-                h, h_at = hash_more(h, t_bytes, tbo + h_at, s_at - h_at), s_at
-                table = probe(
-                    p_data, p_off, p_len, p_flag, p_value, p_slots, h, t_bytes, tbo + x,
-                    s_at - x, False,
-                )  # fmt: skip
+                table = proj_memo[base + s_at] if base >= 0 else -1
                 if table < 0:
-                    return False
+                    if h_q != q:
+                        h_q, h_at, h = q, x, HASH_START
+                    h, h_at = hash_more(h, t_bytes, tbo + h_at, s_at - h_at), s_at
+                    key = hash_key(h, False)
+                    table = probe(p_data, p_slots, key, t_bytes, tbo + x, s_at - x, False)
+                    if table < 0:
+                        return False
+                    if base >= 0:
+                        proj_memo[base + s_at] = table
             # kept when the teacher token covers the student token and its table is not empty
             if se[k] <= te[q] and not proj_empty[table]:
                 entries[0, n_e], entries[1, n_e] = b, s_offset[b] - 1 + k
@@ -192,6 +196,35 @@ def _row_groups(
                 n_e += 1
         i, j, s0, t0 = s1, t1, s1, t1
     counts[0], counts[1] = n_g, n_e
+    return True
+
+
+@numba.njit(cache=True)
+def _row_matches(
+    b, g0, g1, se, groups, s_off, t_ends, t_off, t_bytes, tb_off, match_index, match_memo
+):  # pragma: no cover - compiled
+    """The match-table ids (groups[5]) of row b's groups g0:g1, keyed by the bytes between the
+    last tokens' starts (a 1:1 group has none: table 0); False when a key has no cached
+    table."""
+    sb, tb, tbo = s_off[b], t_off[b], tb_off[b]
+    m_data, m_slots = match_index
+    for g in range(g0, g1):
+        s1, t1 = groups[1, g] - sb + groups[2, g], groups[3, g] - tb + groups[4, g]
+        base = groups[6, g]
+        a, c = (se[s1 - 2] if s1 > 1 else 0), (t_ends[tb + t1 - 2] if t1 > 1 else 0)
+        groups[5, g] = 0
+        if a == c:
+            continue
+        table = match_memo[base + a] if base >= 0 else -1
+        if table < 0:
+            lo, n = min(a, c), abs(a - c)
+            key = hash_key(hash_more(HASH_START, t_bytes, tbo + lo, n), a > c)
+            table = probe(m_data, m_slots, key, t_bytes, tbo + lo, n, a > c)
+            if table < 0:
+                return False
+            if base >= 0:
+                match_memo[base + a] = table
+        groups[5, g] = table
     return True
 
 

@@ -12,25 +12,27 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-
-@numba.njit(cache=True, inline="always")
-def hash_start(flag):  # pragma: no cover - compiled
-    # FNV-1a over the flag: the hash of an empty key
-    return (np.uint64(14695981039346656037) ^ np.uint64(flag)) * np.uint64(1099511628211)
+HASH_START = np.uint64(14695981039346656037)  # FNV-1a's offset basis: the hash of no bytes
 
 
 @numba.njit(cache=True, inline="always")
 def hash_more(h, data, a, n):  # pragma: no cover - compiled
-    # the hash h of a key extended by the bytes data[a:a + n]
+    # FNV-1a: the bytes hash h extended by the bytes data[a:a + n] (HASH_START: no bytes yet)
     for i in range(a, a + n):
         h = (h ^ np.uint64(data[i])) * np.uint64(1099511628211)
     return h
 
 
 @numba.njit(cache=True, inline="always")
+def hash_key(h, flag):  # pragma: no cover - compiled
+    # a key's hash from its bytes hash (`hash_more`) and its flag, folded in last so that two
+    # keys with the same bytes share the work
+    return (h ^ np.uint64(2 + flag)) * np.uint64(1099511628211)
+
+
+@numba.njit(cache=True, inline="always")
 def _hash(data, a, n, flag):  # pragma: no cover - compiled
-    # FNV-1a over the flag and the bytes data[a:a + n]
-    return hash_more(hash_start(flag), data, a, n)
+    return hash_key(hash_more(HASH_START, data, a, n), flag)
 
 
 @numba.njit(cache=True, inline="always")
@@ -77,11 +79,10 @@ def first_seen(data, off, length, flag, select):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def lookup_keys(
-    k_data, k_off, k_len, k_flag, k_value, slots, data, off, length, flag, select, default
-):  # pragma: no cover - compiled
-    """Value of each selected non-empty key in a `KeyIndex` (slots from `key_slots`), -1 where
-    it is absent, `default` where it is not selected or empty: (int64 (N,), number absent)."""
+def lookup_keys(k_data, slots, data, off, length, flag, select, default):
+    # pragma: no cover - compiled
+    """Value of each selected non-empty key in a `KeyIndex` (its arrays), -1 where it is
+    absent, `default` where it is not selected or empty: (int64 (N,), number absent)."""
     out = np.empty(off.shape[0], np.int64)
     n_miss = 0
     for q in range(off.shape[0]):
@@ -89,41 +90,48 @@ def lookup_keys(
             out[q] = default
             continue
         h = _hash(data, off[q], length[q], flag[q])
-        out[q] = probe(k_data, k_off, k_len, k_flag, k_value, slots, h, data, off[q], length[q],
-                       flag[q])  # fmt: skip
+        out[q] = probe(k_data, slots, h, data, off[q], length[q], flag[q])
         n_miss += out[q] < 0
     return out, n_miss
 
 
 @numba.njit(cache=True, inline="always")
-def probe(k_data, k_off, k_len, k_flag, k_value, slots, h, data, a, n, flag):
-    # pragma: no cover - compiled
+def probe(k_data, slots, h, data, a, n, flag):  # pragma: no cover - compiled
     """Value of the key data[a:a + n] with `flag` in a `KeyIndex` (its arrays), h its hash
-    (`hash_start`, then `hash_more`); -1 if absent."""
+    (`hash_more`, then `hash_key`); -1 if absent. A slot holds what a probe reads (the key's
+    hash, length and flag, offset into k_data, value), so that a miss costs one slot."""
     size = slots.shape[0]
     if size == 0:
         return -1
     s = np.int64(h & np.uint64(size - 1))
-    while slots[s] >= 0:
-        r = slots[s]
-        if k_len[r] == n and k_flag[r] == flag and same_bytes(k_data, k_off[r], data, a, n):
-            return k_value[r]
+    sig = np.int64(h)
+    while slots[s, 1] >= 0:
+        if (
+            slots[s, 0] == sig
+            and slots[s, 1] == 2 * n + flag
+            and same_bytes(k_data, slots[s, 2], data, a, n)
+        ):
+            return slots[s, 3]
         s = (s + 1) & (size - 1)
     return -1
 
 
 @numba.njit(cache=True)
-def key_slots(k_data, k_off, k_len, k_flag):  # pragma: no cover - compiled
-    """The open-addressing slots of distinct keys (entry index, -1 free) for `lookup_keys`."""
+def key_slots(k_data, k_off, k_len, k_flag, k_value):  # pragma: no cover - compiled
+    """The open-addressing slots of distinct keys for `probe`: int64 (size, 4) rows of (hash,
+    2 * length + flag, offset, value), length -1 in a free slot."""
     size = 16
     while size < 2 * k_off.shape[0]:
         size *= 2
-    slots = np.full(size, -1, np.int64)
+    slots = np.zeros((size, 4), np.int64)
+    slots[:, 1] = -1
     for q in range(k_off.shape[0]):
-        s = np.int64(_hash(k_data, k_off[q], k_len[q], k_flag[q]) & np.uint64(size - 1))
-        while slots[s] >= 0:
+        h = _hash(k_data, k_off[q], k_len[q], k_flag[q])
+        s = np.int64(h & np.uint64(size - 1))
+        while slots[s, 1] >= 0:
             s = (s + 1) & (size - 1)
-        slots[s] = q
+        slots[s, 0], slots[s, 1] = np.int64(h), 2 * k_len[q] + k_flag[q]
+        slots[s, 2], slots[s, 3] = k_off[q], k_value[q]
     return slots
 
 
@@ -136,6 +144,7 @@ class KeyIndex:
         self._flags: list[bool] = []
         self._values: list[int] = []
         self._arrays: tuple | None = None
+        self._memo: np.ndarray | None = None
 
     def add(self, key: bytes, flag: bool, value: int) -> None:
         self._keys.append(key)
@@ -148,17 +157,25 @@ class KeyIndex:
         data[off:off + length], -1 if absent, `default` if not selected or empty."""
         return lookup_keys(*self.arrays(), data, off, length, flag, select, default)
 
-    def arrays(self) -> tuple[np.ndarray, ...]:
-        """(k_data, k_off, k_len, k_flag, values, slots): the keys as `lookup_keys` reads them,
-        rebuilt after an `add`."""
+    def prefix_memo(self, size: int) -> np.ndarray:
+        """int32 (size,), -1 where not known yet: the value of each key that is a prefix of a
+        vocabulary token, at the token's offset in its byte index plus the key's length
+        (`fast.plain_batch` fills it as it looks keys up; a key's value never changes)."""
+        if self._memo is None or len(self._memo) != size:
+            self._memo = np.full(size, -1, np.int32)
+        return self._memo
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(k_data, slots): the keys' bytes and the slots `probe` reads (`key_slots`), rebuilt
+        after an `add`."""
         if self._arrays is None:
             joined = b"".join(self._keys)
             # read-only either way: one numba signature for the compiled lookups
             k_data = np.frombuffer(joined or b"\0", np.uint8)
             k_len = np.array([len(k) for k in self._keys], dtype=np.int64)
             k_off = (np.cumsum(k_len) - k_len).astype(np.int64)
-            k_flag = np.array(self._flags, dtype=np.bool_)
-            slots = key_slots(k_data, k_off, k_len, k_flag) if self._keys else np.zeros(0, np.int64)
+            k_flag = np.array(self._flags, dtype=np.int64)
             values = np.array(self._values, dtype=np.int64)
-            self._arrays = (k_data, k_off, k_len, k_flag, values, slots)
+            slots = key_slots(k_data, k_off, k_len, k_flag, values)
+            self._arrays = (k_data, slots if self._keys else np.zeros((0, 4), np.int64))
         return self._arrays

@@ -373,3 +373,27 @@ def test_warm_plain_batches_take_the_one_call_path(toks, monkeypatch):
             taken.clear()
             check_batch(toks, [*plain_rows, odd], pair, HAND_OFFSETS)
             assert not taken[-1], f"{pair}: {odd} is not plain"
+
+
+def test_a_teacher_token_whose_text_is_not_its_bytes_gets_no_remembered_tables(monkeypatch):
+    """The one-call path remembers table ids per (teacher token, key length) only for a token
+    whose text spells its own bytes: here the teacher's 'xy' also stands for the text 'ab' (as
+    after a normalizer), whose keys ('a') are not the prefixes of 'xy' ('x')."""
+    import distil.align.batch as batch
+
+    s_vb = VocabBytes.from_token_bytes([b"", b"a", b"b", b"x", b"y"], {0: "eos"})
+    t_vb = VocabBytes.from_token_bytes([b"", b"xy", b"ab", b"a", b"b", b"x", b"y"], {0: "eos"})
+    as_ab = RowInputs([1, 2], 3, [1], 2, np.array([2]), b"ab")  # 'xy' over the text 'ab'
+    own = RowInputs([3, 4], 3, [1], 2, np.array([2]), b"xy")  # 'xy' over its own bytes
+    rows = [as_ab, own, as_ab, own]
+    general = batch._plain
+    monkeypatch.setattr(batch, "_plain", lambda *a: None)
+    want, want_in = build_alignment(rows, s_vb, t_vb, MatchTables(s_vb, t_vb),
+                                    ProjectionTables(s_vb, t_vb))  # fmt: skip
+    monkeypatch.setattr(batch, "_plain", general)
+    tables = (MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb))
+    for _ in range(3):  # cold (general passes), then warm twice (the memos filled, then read)
+        got, got_in = build_alignment(rows, s_vb, t_vb, *tables)
+        assert torch.equal(got_in, want_in)
+        assert_same_groups(got, want)
+    assert got.proj_table_N.tolist() == want.proj_table_N.tolist()
