@@ -13,7 +13,7 @@
 Only torch, numpy, numba and the stdlib are imported here; tokenizers are passed in.
 """
 
-from distil.align.batch import RowInputs, build_alignment
+from distil.align.batch import PaddedRows, RowInputs, build_alignment
 from distil.align.token_align import (
     RowAlignment,
     align_completion,
@@ -35,6 +35,7 @@ from distil.align.vocab_map import (
 
 __all__ = [
     "MatchTables",
+    "PaddedRows",
     "ProjectionTables",
     "RowAlignment",
     "RowInputs",

@@ -53,8 +53,25 @@ class RowInputs:
     t_bytes: bytes
 
 
+@dataclass
+class PaddedRows:
+    """A micro-batch's rows as the collator holds them: each model's padded input ids (numpy,
+    e.g. views of the batch's id tensors), where each row's completion starts in them and how
+    many tokens it has, and per row the teacher's byte ends and text (as in `RowInputs`). The
+    completions are gathered from the padded ids in one compiled pass."""
+
+    s_ids_B_L: np.ndarray
+    s_offset_B: np.ndarray
+    s_len_B: np.ndarray
+    t_ids_B_L: np.ndarray
+    t_offset_B: np.ndarray
+    t_len_B: np.ndarray
+    t_ends: Sequence[np.ndarray]
+    t_bytes: Sequence[bytes]
+
+
 def build_alignment(
-    rows: Sequence[RowInputs],
+    rows: Sequence[RowInputs] | PaddedRows,
     student_vb: VocabBytes,
     teacher_vb: VocabBytes,
     match_tables: MatchTables,
@@ -68,14 +85,19 @@ def build_alignment(
     (S_max, T_max >= 1); projection tensors are (N,). Ids and byte ends may be lists, numpy
     arrays or tensors (arrays skip the conversion of Python ints). The whole batch is aligned in
     compiled passes (`token_align.align_flat`); the tables are looked up once per distinct byte
-    key, in the order in which the keys first appear.
+    key, in the order in which the keys first appear. `rows` may also be a `PaddedRows`.
     """
-    flat = FlatRows.pack(
-        [r.s_ids for r in rows], [r.t_ids for r in rows], [r.t_ends for r in rows],
-        [r.t_bytes for r in rows],
-    )  # fmt: skip
-    s_offset = np.fromiter((r.s_offset for r in rows), np.int64, len(rows))
-    t_offset = np.fromiter((r.t_offset for r in rows), np.int64, len(rows))
+    if isinstance(rows, PaddedRows):
+        flat = FlatRows.from_padded(rows)
+        s_offset = rows.s_offset_B.astype(np.int64, copy=False)
+        t_offset = rows.t_offset_B.astype(np.int64, copy=False)
+    else:
+        flat = FlatRows.pack(
+            [r.s_ids for r in rows], [r.t_ids for r in rows], [r.t_ends for r in rows],
+            [r.t_bytes for r in rows],
+        )  # fmt: skip
+        s_offset = np.fromiter((r.s_offset for r in rows), np.int64, len(rows))
+        t_offset = np.fromiter((r.t_offset for r in rows), np.int64, len(rows))
     fast = _plain(flat, s_offset, t_offset, student_vb, teacher_vb, match_tables, proj_tables)
     if fast is not None:
         return fast

@@ -69,6 +69,31 @@ class FlatRows:
             off[2],
         )
 
+    @classmethod
+    def from_padded(cls, rows) -> FlatRows:
+        """From a `batch.PaddedRows`: the completions gathered from the padded ids."""
+        s_ids, s_off = gather_rows(rows.s_ids_B_L, rows.s_offset_B, rows.s_len_B)
+        t_ids, t_off = gather_rows(rows.t_ids_B_L, rows.t_offset_B, rows.t_len_B)
+        tb_off = np.zeros(len(rows.t_bytes) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, rows.t_bytes), np.int64, len(rows.t_bytes)), out=tb_off[1:])
+        t_ends = _flat(rows.t_ends, int(t_off[-1]))
+        data = np.frombuffer(b"".join(rows.t_bytes), dtype=np.uint8)
+        return cls(s_ids, s_off, t_ids, t_ends, t_off, data, tb_off)
+
+
+@numba.njit(cache=True)
+def gather_rows(ids, offset, length):  # pragma: no cover - compiled
+    """Row b's ids[b, offset[b]:offset[b] + length[b]] concatenated: (flat int64, row offsets)."""
+    n_rows = ids.shape[0]
+    off = np.zeros(n_rows + 1, np.int64)
+    for b in range(n_rows):
+        off[b + 1] = off[b] + length[b]
+    out = np.empty(off[n_rows], np.int64)
+    for b in range(n_rows):
+        for k in range(length[b]):
+            out[off[b] + k] = ids[b, offset[b] + k]
+    return out, off
+
 
 def _flat(parts: Sequence[Sequence[int] | np.ndarray], n: int) -> np.ndarray:
     if not parts:

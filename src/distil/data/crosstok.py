@@ -20,8 +20,8 @@ import torch
 
 from distil.align import (
     MatchTables,
+    PaddedRows,
     ProjectionTables,
-    RowInputs,
     build_alignment,
     completion_text,
     encode_with_byte_ends,
@@ -170,21 +170,17 @@ class CrossTokenizer:
         t_ids, t_mask = right_pad(
             [p + ids for p, ids, _, _ in teacher], self.teacher_tok.pad_token_id
         )
-        # ids as views of the padded tensors (no second conversion of Python ints)
-        s_np, t_np = batch.input_ids_B_L.numpy(), t_ids.numpy()
-        rows = [
-            RowInputs(
-                s_ids=s_np[r, len(s.prompt_ids) : len(s.prompt_ids) + len(s.completion_ids)],
-                s_offset=len(s.prompt_ids),
-                t_ids=t_np[r, len(t_prompt) : len(t_prompt) + len(t_comp)],
-                t_offset=len(t_prompt),
-                t_ends=t_ends,
-                t_bytes=t_bytes,
-            )
-            for r, (s, (t_prompt, t_comp, t_ends, t_bytes)) in enumerate(
-                zip(samples, teacher, strict=True)
-            )
-        ]
+        # the completions as the padded id tensors hold them (no second conversion of ints)
+        rows = PaddedRows(
+            s_ids_B_L=batch.input_ids_B_L.numpy(),
+            s_offset_B=np.fromiter((len(s.prompt_ids) for s in samples), np.int64, len(samples)),
+            s_len_B=np.fromiter((len(s.completion_ids) for s in samples), np.int64, len(samples)),
+            t_ids_B_L=t_ids.numpy(),
+            t_offset_B=np.fromiter((len(t[0]) for t in teacher), np.int64, len(teacher)),
+            t_len_B=np.fromiter((len(t[1]) for t in teacher), np.int64, len(teacher)),
+            t_ends=[t[2] for t in teacher],
+            t_bytes=[t[3] for t in teacher],
+        )
         alignment, in_group = build_alignment(
             rows, self.student_vb, self.teacher_vb, self.match_tables, self.proj_tables
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distil.align.batch import RowInputs, build_alignment
+from distil.align.batch import PaddedRows, RowInputs, build_alignment
 from distil.align.token_align import encode_with_byte_ends, student_byte_spans
 from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes, vocab_bytes
 from distil.testing import default_corpus, train_tokenizer
@@ -198,8 +198,8 @@ def test_dp_row_exact_groups_use_group_relative_bytes(bpe_tokenizer):
 def test_same_alignment_from_lists_arrays_tensors_and_padded_views(
     bpe_tokenizer, unigram_tokenizer
 ):
-    """The collator hands ids over as views of its padded tensors; lists, arrays and tensors
-    give the same alignment. Row 1 ends with the EOS pair (the general passes), the others
+    """The collator hands its padded id arrays over (`PaddedRows`); lists, arrays, tensors and
+    views of padded tensors give the same alignment. Row 1 ends with the EOS pair (the general passes), the others
     have no zero-length token (the plain walk)."""
     texts = [" " + t for t in default_corpus(3, seed=5)]
     rows, s_vb, t_vb = rows_for(bpe_tokenizer, unigram_tokenizer, texts, [3, 4, 5], [6, 2, 9])
@@ -234,6 +234,17 @@ def test_same_alignment_from_lists_arrays_tensors_and_padded_views(
             for b, x in enumerate(rows)
         ],
     }  # fmt: skip
+    # `PaddedRows`: each row's completion where its offset says, in padded id arrays
+    s_at = np.full((3, max(x.s_offset + len(x.s_ids) for x in rows) + 1), 7)
+    t_at = np.full((3, max(x.t_offset + len(x.t_ids) for x in rows) + 1), 7)
+    for b, x in enumerate(rows):
+        s_at[b, x.s_offset : x.s_offset + len(x.s_ids)] = x.s_ids
+        t_at[b, x.t_offset : x.t_offset + len(x.t_ids)] = x.t_ids
+    forms["padded rows"] = PaddedRows(
+        s_at, np.array([x.s_offset for x in rows]), np.array([len(x.s_ids) for x in rows]),
+        t_at, np.array([x.t_offset for x in rows]), np.array([len(x.t_ids) for x in rows]),
+        [np.asarray(x.t_ends, np.int64) for x in rows], [x.t_bytes for x in rows],
+    )  # fmt: skip
     ref, ref_in = build_alignment(
         rows, s_vb, t_vb, MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb)
     )
