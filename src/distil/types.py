@@ -90,20 +90,24 @@ class TeacherTargets:
 class GroupSpans:
     """The padded group tensors of `AlignmentGroups` in compact form, as the aligner builds them.
 
-    Group g's student tokens are `student_ids[student_first_G[g] : + student_len_G[g]]` (the
-    batch's completion ids, flat over rows), predicted at positions `student_first_G[g] + i +
-    student_shift_B[row]`; the same for the teacher. A micro-batch moved to the GPU moves these
+    Group g (of batch row r = group_row_G[g]) has the student tokens
+    `student_ids_R_L[student_idrow_B[r], student_first_G[g] : + student_len_G[g]]`, predicted at
+    positions `student_first_G[g] + i + student_shift_B[r]`; the same for the teacher. The ids
+    are the collator's padded input ids (row r of the batch is row r of them, shift -1), or the
+    batch's completions concatenated into one row. A micro-batch moved to the GPU moves these
     (G ints per field and the ids) and is padded there: the padded tensors are
-    (1 + 2 * S_max + 2 * T_max) ints per group, several times more to write and to copy.
+    (2 * S_max + 2 * T_max) ints per group, several times more to write and to copy.
     """
 
     student_first_G: torch.Tensor
     student_len_G: torch.Tensor
-    student_ids: torch.Tensor
+    student_ids_R_L: torch.Tensor
+    student_idrow_B: torch.Tensor
     student_shift_B: torch.Tensor
     teacher_first_G: torch.Tensor
     teacher_len_G: torch.Tensor
-    teacher_ids: torch.Tensor
+    teacher_ids_R_L: torch.Tensor
+    teacher_idrow_B: torch.Tensor
     teacher_shift_B: torch.Tensor
 
     def to(self, device: torch.device | str) -> GroupSpans:
@@ -112,7 +116,7 @@ class GroupSpans:
     def padded(self, row_G: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(student_pos_G_S, student_tok_G_S, teacher_pos_G_T, teacher_tok_G_T), padded with -1
         (widths >= 1): compiled loops on the CPU, a few tensor ops on any other device."""
-        if self.student_ids.device.type == "cpu":
+        if self.student_ids_R_L.device.type == "cpu":
             from distil.align.outputs import padded_cpu
 
             return padded_cpu(self, row_G)
@@ -120,21 +124,23 @@ class GroupSpans:
 
     def padded_by_tensor_ops(self, row_G: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """`padded` with tensor ops on the spans' device (one sync per side for the width)."""
-        s = _pad_side(row_G, self.student_first_G, self.student_len_G, self.student_ids,
-                      self.student_shift_B)  # fmt: skip
-        t = _pad_side(row_G, self.teacher_first_G, self.teacher_len_G, self.teacher_ids,
-                      self.teacher_shift_B)  # fmt: skip
+        s = _pad_side(row_G, self.student_first_G, self.student_len_G, self.student_ids_R_L,
+                      self.student_idrow_B, self.student_shift_B)  # fmt: skip
+        t = _pad_side(row_G, self.teacher_first_G, self.teacher_len_G, self.teacher_ids_R_L,
+                      self.teacher_idrow_B, self.teacher_shift_B)  # fmt: skip
         return (*s, *t)
 
 
-def _pad_side(row_G, first_G, len_G, ids, shift_B) -> tuple[torch.Tensor, torch.Tensor]:
+def _pad_side(row_G, first_G, len_G, ids_R_L, idrow_B, shift_B) -> tuple[torch.Tensor, ...]:
     # one side's (G, W) positions and ids with tensor ops (the width: one sync)
     width = max(int(len_G.max()), 1) if len(len_G) else 1
     at = torch.arange(width, device=len_G.device)
     valid = at < len_G[:, None]
-    flat = first_G[:, None] + at
-    pos = torch.where(valid, flat + shift_B[row_G][:, None], -1)
-    tok = ids[flat.clamp(max=max(len(ids) - 1, 0))] if len(ids) else torch.zeros_like(flat)
+    col = first_G[:, None] + at
+    pos = torch.where(valid, col + shift_B[row_G][:, None], -1)
+    if ids_R_L.numel() == 0:
+        return pos, torch.full_like(col, -1)
+    tok = ids_R_L[idrow_B[row_G][:, None], col.clamp(max=ids_R_L.shape[1] - 1)]
     return pos, torch.where(valid, tok.long(), -1)
 
 

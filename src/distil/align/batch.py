@@ -30,7 +30,7 @@ from distil.align.keys import first_seen
 from distil.align.outputs import finish
 from distil.align.token_align import BatchAlignment, align_flat, partners
 from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes
-from distil.align.walk import FlatRows, group_keys
+from distil.align.walk import FlatRows, group_keys, teacher_text
 from distil.types import AlignmentGroups, GroupSpans
 
 
@@ -87,20 +87,31 @@ def build_alignment(
     compiled passes (`token_align.align_flat`); the tables are looked up once per distinct byte
     key, in the order in which the keys first appear. `rows` may also be a `PaddedRows`.
     """
+    flat = None
     if isinstance(rows, PaddedRows):
-        flat = FlatRows.from_padded(rows)
-        s_offset = rows.s_offset_B.astype(np.int64, copy=False)
-        t_offset = rows.t_offset_B.astype(np.int64, copy=False)
+        # the fast path reads the completions where the padded ids hold them
+        student = _side(rows.s_ids_B_L, np.arange(len(rows.s_len_B)), rows.s_offset_B, rows.s_len_B)
+        teacher = _side(rows.t_ids_B_L, np.arange(len(rows.t_len_B)), rows.t_offset_B, rows.t_len_B)
+        s_offset, t_offset = student[2], teacher[2]
+        text = teacher_text(rows.t_ends, rows.t_bytes, teacher[3])
     else:
         flat = FlatRows.pack(
             [r.s_ids for r in rows], [r.t_ids for r in rows], [r.t_ends for r in rows],
             [r.t_bytes for r in rows],
         )  # fmt: skip
+        student, teacher = _flat_sides(flat)
         s_offset = np.fromiter((r.s_offset for r in rows), np.int64, len(rows))
         t_offset = np.fromiter((r.t_offset for r in rows), np.int64, len(rows))
-    fast = _plain(flat, s_offset, t_offset, student_vb, teacher_vb, match_tables, proj_tables)
+        text = (flat.t_ends, flat.t_off, flat.t_bytes, flat.tb_off)
+    fast = _plain(
+        student, teacher, text, s_offset, t_offset, student_vb, teacher_vb, match_tables,
+        proj_tables,
+    )  # fmt: skip
     if fast is not None:
         return fast
+    if flat is None:
+        flat = FlatRows.from_padded(rows, text)
+        student, teacher = _flat_sides(flat)
     ba = align_flat(flat, student_vb, teacher_vb)
     g = ba.groups
     kind, flag, m_off, m_len, e_row, e_s, e_t, e_off, e_len, e_fits, e_plain = group_keys(
@@ -116,22 +127,39 @@ def build_alignment(
     )  # fmt: skip
     metrics = _metrics(ba, len(arrays[8]), n_covered, n_inexact)
     exact_G = torch.from_numpy(ba.exact)
-    return _result(arrays, flat, s_offset, t_offset, match_tables, proj_tables, exact_G, metrics)
+    spans = (student, teacher, s_offset, t_offset)
+    return _result(arrays, spans, match_tables, proj_tables, exact_G, metrics)
+
+
+def _side(ids, idrow, start, length) -> tuple[np.ndarray, ...]:
+    # one model's completions as `fast.plain_batch` and `GroupSpans` read them
+    as64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
+    return as64(ids), as64(idrow), as64(start), as64(length)
+
+
+def _flat_sides(flat: FlatRows) -> tuple[tuple, tuple]:
+    # the concatenated completions as one row of ids
+    n = len(flat.s_off) - 1
+    student = _side(flat.s_ids[None], np.zeros(n), flat.s_off[:-1], np.diff(flat.s_off))
+    teacher = _side(flat.t_ids[None], np.zeros(n), flat.t_off[:-1], np.diff(flat.t_off))
+    return student, teacher
 
 
 def _result(
-    arrays, flat: FlatRows, s_offset, t_offset, match_tables: MatchTables,
-    proj_tables: ProjectionTables, exact_G, metrics,
+    arrays, spans: tuple, match_tables: MatchTables, proj_tables: ProjectionTables, exact_G,
+    metrics,
 ) -> tuple[AlignmentGroups, torch.Tensor]:  # fmt: skip
     """(AlignmentGroups, in_group_B_C) from the compiled passes' arrays (row, student first and
     length, teacher first and length, in_group, match ids, match tables used, p_row, p_s, p_t,
-    proj ids, proj tables used); the padded group tensors left to `GroupSpans`."""
+    proj ids, proj tables used); the padded group tensors left to `GroupSpans` (spans: both
+    sides' (ids, idrow, start, length), the completions' offsets in the inputs)."""
     t = torch.from_numpy
     (row, s_first, s_len, t_first, t_len, in_group, match_ids, match_used, p_row, p_s, p_t,
      proj_ids, proj_used) = arrays  # fmt: skip
-    spans = GroupSpans(
-        t(s_first), t(s_len), t(flat.s_ids), t(s_offset - 1 - flat.s_off[:-1]),
-        t(t_first), t(t_len), t(flat.t_ids), t(t_offset - 1 - flat.t_off[:-1]),
+    (s_ids, s_idrow, s_start, _), (t_ids, t_idrow, t_start, _), s_offset, t_offset = spans
+    group_spans = GroupSpans(
+        t(s_first), t(s_len), t(s_ids), t(s_idrow), t(s_offset - 1 - s_start),
+        t(t_first), t(t_len), t(t_ids), t(t_idrow), t(t_offset - 1 - t_start),
     )  # fmt: skip
     result = AlignmentGroups(
         t(row),
@@ -148,13 +176,15 @@ def _result(
         proj_tables=_pick(proj_tables.tables, proj_used),
         exact_G=exact_G,
         metrics=metrics,
-        spans=spans,
+        spans=group_spans,
     )
     return result, t(in_group)
 
 
 def _plain(
-    flat: FlatRows,
+    student: tuple,
+    teacher: tuple,
+    text: tuple,
     s_offset: np.ndarray,
     t_offset: np.ndarray,
     student_vb: VocabBytes,
@@ -163,22 +193,22 @@ def _plain(
     proj_tables: ProjectionTables,
 ) -> tuple[AlignmentGroups, torch.Tensor] | None:
     """`build_alignment` in one compiled call (`fast.plain_batch`) when every row is plain and
-    every key cached; None otherwise (nothing changed)."""
+    every key cached; None otherwise (nothing changed). student / teacher: `_side`; text:
+    `walk.teacher_text`."""
     index, t_index = student_vb.index(), teacher_vb.index()
     n_memo = len(t_index.data) + 1
     empty = np.zeros(len(proj_tables.tables), np.bool_)
     empty[proj_tables.empty_ids()] = True
     ok, *arrays, n_covered, n_bytes, n_exact = plain_batch(
-        flat.s_ids, flat.s_off, flat.t_ids, flat.t_ends, flat.t_off, flat.t_bytes, flat.tb_off,
-        index.data, index.start, s_offset, t_offset, student_vb.is_special,
-        teacher_vb.is_special, partners(student_vb, teacher_vb),
+        student, teacher, *text, index.data, index.start, s_offset, t_offset,
+        student_vb.is_special, teacher_vb.is_special, partners(student_vb, teacher_vb),
         match_tables.keys.arrays(), proj_tables.keys.arrays(), empty, len(match_tables.tables),
         t_index.data, t_index.start, match_tables.keys.prefix_memo(n_memo),
         proj_tables.keys.prefix_memo(n_memo),
     )  # fmt: skip
     if not ok:
         return None
-    n_g, n_s = len(arrays[0]), len(flat.s_ids)
+    n_g, n_s = len(arrays[0]), int(student[3].sum())
     metrics = {
         "groups": float(n_g),
         "student_tokens_in_groups": float(n_covered),
@@ -190,7 +220,8 @@ def _plain(
         "projection_entries": float(len(arrays[8])),
     }
     exact_G = torch.ones(n_g, dtype=torch.bool)
-    return _result(arrays, flat, s_offset, t_offset, match_tables, proj_tables, exact_G, metrics)
+    spans = (student, teacher, s_offset, t_offset)
+    return _result(arrays, spans, match_tables, proj_tables, exact_G, metrics)
 
 
 def _match_ids(kind, flag, off, length, rows, data, match: MatchTables) -> np.ndarray:
@@ -236,8 +267,9 @@ def _proj_ids(off, length, plain, data, proj: ProjectionTables) -> np.ndarray:
 def _pick(
     tables: list[tuple[torch.Tensor, torch.Tensor]], used: np.ndarray
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    # the tables a batch uses, by cache id (`outputs.renumber`: 0 always first)
-    return [tables[i] for i in used.tolist()]
+    # the tables a batch uses, by cache id (`outputs.renumber`: 0 always first, in cache
+    # order, so all of them are the cache's list as it is)
+    return tables[:] if len(used) == len(tables) else [tables[i] for i in used.tolist()]
 
 
 def _metrics(ba: BatchAlignment, n_proj: int, covered: int, inexact: int) -> dict[str, float]:

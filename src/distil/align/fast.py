@@ -30,49 +30,58 @@ from distil.align.outputs import renumber
 
 @numba.njit(cache=True)
 def plain_batch(
-    s_ids, s_off, t_ids, t_ends, t_off, t_bytes, tb_off, v_data, v_start, s_offset, t_offset,
+    student, teacher, t_ends, t_off, t_bytes, tb_off, v_data, v_start, s_offset, t_offset,
     s_special, t_special, partner, match_index, proj_index, proj_empty, n_match, tv_data,
     tv_start, match_memo, proj_memo,
 ):  # fmt: skip  # pragma: no cover - compiled
     """(ok, row, s_first, s_len, t_first, t_len, in_group, match_local, match_used, p_row, p_s,
     p_t, proj_local, proj_used, n_covered, n_bytes, n_exact): `build_alignment`'s arrays and
     counts (the groups as `GroupSpans` fields), or ok False (the rest empty) when a row is not
-    plain or a key is not cached. v_data, v_start: the student's byte index; match_index /
+    plain or a key is not cached. student / teacher: (ids (R, L), idrow, start, length) per
+    batch row: its completion is ids[idrow[b], start[b]:start[b] + length[b]] (`GroupSpans`);
+    t_ends / t_off: the teacher's byte ends, flat over the rows; v_data, v_start: the
+    student's byte index; match_index /
     proj_index: the arrays of each `KeyIndex`; proj_empty: bool per projection table;
     n_match: the match tables; tv_data, tv_start: the teacher's byte index; match_memo /
     proj_memo: each `KeyIndex`'s `prefix_memo` over the teacher's byte index."""
-    n_rows, n_s = s_off.shape[0] - 1, s_ids.shape[0]
+    s_ids, s_idrow, s_start, s_len = student
+    t_ids, t_idrow, t_start, t_len = teacher
+    n_rows, n_s = s_len.shape[0], 0
+    for b in range(n_rows):
+        n_s += s_len[b]
     # groups (row, first and length of each side, match table) and projection entries (row,
     # predicting positions, table): at most one of each per student token
     groups = np.empty((7, n_s), np.int64)  # and each group's prefix-memo base
     entries = np.empty((4, n_s), np.int64)
     width = 0
     for b in range(n_rows):
-        width = max(width, s_off[b + 1] - s_off[b])
+        width = max(width, s_len[b])
     in_group = np.zeros((n_rows, width), np.bool_)
     se = np.empty(width, np.int64)  # the row's student byte ends
     counts = np.zeros(5, np.int64)  # groups, entries, bytes, bytes in groups, tokens in groups
     for b in range(n_rows):
+        s_row = s_ids[s_idrow[b], s_start[b] : s_start[b] + s_len[b]]
+        t_row = t_ids[t_idrow[b], t_start[b] : t_start[b] + t_len[b]]
         w, ns_c, nt_c = _row_ends(
-            b, s_ids, s_off, t_ids, t_ends, t_off, t_bytes, tb_off, v_data, v_start,
-            s_special, t_special, se,
+            b, s_row, t_row, t_ends, t_off, t_bytes, tb_off, v_data, v_start, s_special,
+            t_special, se,
         )  # fmt: skip
         if w < 0:
             return _not_plain()
         counts[2] += w
         g0 = counts[0]
         if not _row_groups(
-            b, ns_c, nt_c, se, s_off, t_ids, t_ends, t_off, t_bytes, tb_off, s_offset, t_offset,
-            proj_index, proj_empty, tv_data, tv_start, proj_memo, groups, entries, in_group,
-            counts,
+            b, ns_c, nt_c, se, s_start[b], t_row, t_start[b], t_ends, t_off, t_bytes, tb_off,
+            s_offset, t_offset, proj_index, proj_empty, tv_data, tv_start, proj_memo, groups,
+            entries, in_group, counts,
         ) or not _row_matches(
-            b, g0, counts[0], se, groups, s_off, t_ends, t_off, t_bytes, tb_off, match_index,
-            match_memo,
+            b, g0, counts[0], se, groups, s_start[b], t_start[b], t_ends, t_off, t_bytes,
+            tb_off, match_index, match_memo,
         ):  # fmt: skip
             return _not_plain()
         _row_specials(
-            b, ns_c, nt_c, se, s_ids, s_off, t_ids, t_off, tb_off, s_offset, t_offset, partner,
-            groups, entries, in_group, counts,
+            b, ns_c, nt_c, se, s_row, s_start[b], t_row, t_start[b], tb_off, s_offset, t_offset,
+            partner, groups, entries, in_group, counts,
         )  # fmt: skip
     n_g, n_e = counts[0], counts[1]
     match_local, match_used = renumber(groups[5, :n_g], n_match)
@@ -93,18 +102,16 @@ def _not_plain():  # pragma: no cover - compiled
 
 @numba.njit(cache=True)
 def _row_ends(
-    b, s_ids, s_off, t_ids, t_ends, t_off, t_bytes, tb_off, v_data, v_start, s_special,
-    t_special, se,
-):  # fmt: skip  # pragma: no cover - compiled
+    b, s_row, t_row, t_ends, t_off, t_bytes, tb_off, v_data, v_start, s_special, t_special, se
+):  # pragma: no cover - compiled
     """Row b's student byte ends into se, checking on the way that its bytes start with the
     teacher's: (student bytes, content tokens of each side before the trailing specials), or
     (-1, 0, 0) when the row is not plain."""
-    sb, ns = s_off[b], s_off[b + 1] - s_off[b]
-    tbo, n_tb = tb_off[b], tb_off[b + 1] - tb_off[b]
+    ns, tbo, n_tb = s_row.shape[0], tb_off[b], tb_off[b + 1] - tb_off[b]
     size = v_start.shape[0] - 1
     w, ns_c = 0, ns
     for k in range(ns):
-        i = s_ids[sb + k]
+        i = s_row[k]
         if i < 0 or i >= size:
             return -1, 0, 0
         if v_start[i + 1] == v_start[i]:  # zero bytes: only a special, only at the end
@@ -120,10 +127,10 @@ def _row_ends(
         se[k] = w
     if w < n_tb:
         return -1, 0, 0
-    tb, nt = t_off[b], t_off[b + 1] - t_off[b]
+    tb, nt = t_off[b], t_row.shape[0]
     prev, nt_c = 0, nt
     for j in range(nt):  # teacher ends strictly increasing, but for specials at the end
-        end, i = t_ends[tb + j], t_ids[tb + j]
+        end, i = t_ends[tb + j], t_row[j]
         if end <= prev:
             if end < prev or i < 0 or i >= t_special.shape[0] or not t_special[i]:
                 return -1, 0, 0
@@ -136,7 +143,7 @@ def _row_ends(
 
 @numba.njit(cache=True)
 def _row_groups(
-    b, ns_c, nt_c, se, s_off, t_ids, t_ends, t_off, t_bytes, tb_off, s_offset, t_offset,
+    b, ns_c, nt_c, se, sb, t_row, t_first, t_ends, t_off, t_bytes, tb_off, s_offset, t_offset,
     proj_index, proj_empty, tv_data, tv_start, proj_memo, groups, entries, in_group, counts,
 ):  # fmt: skip  # pragma: no cover - compiled
     """Row b's groups (the two-pointer walk over the content tokens) and the kept projection
@@ -148,7 +155,7 @@ def _row_groups(
     a normalizer may have changed them), every key is a prefix of that token, remembered at
     memo index base + the key's end (groups[6]; -1 for any other group). (One function: with a
     helper called per group, numba ran the batch 1.5x slower.)"""
-    sb, tb, tbo, n_tb = s_off[b], t_off[b], tb_off[b], tb_off[b + 1] - tb_off[b]
+    tb, tbo, n_tb = t_off[b], tb_off[b], tb_off[b + 1] - tb_off[b]
     te = t_ends[tb : t_off[b + 1]]
     p_data, p_slots = proj_index
     n_g, n_e = counts[0], counts[1]
@@ -159,10 +166,10 @@ def _row_groups(
             continue
         s1, t1 = i + 1, j + 1
         groups[0, n_g], groups[1, n_g], groups[2, n_g] = b, sb + s0, s1 - s0
-        groups[3, n_g], groups[4, n_g] = tb + t0, t1 - t0
+        groups[3, n_g], groups[4, n_g] = t_first + t0, t1 - t0
         counts[3] += se[i] - (se[s0 - 1] if s0 > 0 else 0)
         counts[4] += s1 - s0
-        base, tid, x0 = -1, t_ids[tb + t0], (te[t0 - 1] if t0 > 0 else 0)
+        base, tid, x0 = -1, t_row[t0], (te[t0 - 1] if t0 > 0 else 0)
         if t1 - t0 == 1 and s1 - s0 > 1 and 0 <= tid < tv_start.shape[0] - 1:
             a0, n0 = tv_start[tid], tv_start[tid + 1] - tv_start[tid]
             if n0 == te[t0] - x0 and same_bytes(tv_data, a0, t_bytes, tbo + x0, n0):
@@ -201,15 +208,16 @@ def _row_groups(
 
 @numba.njit(cache=True)
 def _row_matches(
-    b, g0, g1, se, groups, s_off, t_ends, t_off, t_bytes, tb_off, match_index, match_memo
-):  # pragma: no cover - compiled
+    b, g0, g1, se, groups, s_first, t_first, t_ends, t_off, t_bytes, tb_off, match_index,
+    match_memo,
+):  # fmt: skip  # pragma: no cover - compiled
     """The match-table ids (groups[5]) of row b's groups g0:g1, keyed by the bytes between the
     last tokens' starts (a 1:1 group has none: table 0); False when a key has no cached
     table."""
-    sb, tb, tbo = s_off[b], t_off[b], tb_off[b]
+    tb, tbo = t_off[b], tb_off[b]
     m_data, m_slots = match_index
     for g in range(g0, g1):
-        s1, t1 = groups[1, g] - sb + groups[2, g], groups[3, g] - tb + groups[4, g]
+        s1, t1 = groups[1, g] - s_first + groups[2, g], groups[3, g] - t_first + groups[4, g]
         base = groups[6, g]
         a, c = (se[s1 - 2] if s1 > 1 else 0), (t_ends[tb + t1 - 2] if t1 > 1 else 0)
         groups[5, g] = 0
@@ -230,20 +238,20 @@ def _row_matches(
 
 @numba.njit(cache=True)
 def _row_specials(
-    b, ns_c, nt_c, se, s_ids, s_off, t_ids, t_off, tb_off, s_offset, t_offset, partner, groups,
-    entries, in_group, counts,
+    b, ns_c, nt_c, se, s_row, s_first, t_row, t_first, tb_off, s_offset, t_offset, partner,
+    groups, entries, in_group, counts,
 ):  # fmt: skip  # pragma: no cover - compiled
     """Row b's trailing specials, 1:1 in order with a teacher special of the same role when the
     content spelled the teacher's whole text (`walk._special_pairs`): one group (table 0) and
     one entry each, appended at counts[0] / counts[1]."""
-    sb, ns, tb, nt = s_off[b], s_off[b + 1] - s_off[b], t_off[b], t_off[b + 1] - t_off[b]
+    ns, nt = s_row.shape[0], t_row.shape[0]
     w_c, first = (se[ns_c - 1] if ns_c > 0 else 0), nt_c
     n_g, n_e = counts[0], counts[1]
     for k in range(ns_c, ns if w_c == tb_off[b + 1] - tb_off[b] else ns_c):
         for c in range(first, nt):
-            if partner[t_ids[tb + c]] == s_ids[sb + k]:
-                groups[0, n_g], groups[1, n_g], groups[2, n_g] = b, sb + k, 1
-                groups[3, n_g], groups[4, n_g], groups[5, n_g] = tb + c, 1, 0
+            if partner[t_row[c]] == s_row[k]:
+                groups[0, n_g], groups[1, n_g], groups[2, n_g] = b, s_first + k, 1
+                groups[3, n_g], groups[4, n_g], groups[5, n_g] = t_first + c, 1, 0
                 entries[0, n_e], entries[1, n_e] = b, s_offset[b] - 1 + k
                 entries[2, n_e], entries[3, n_e] = t_offset[b] - 1 + c, 0
                 in_group[b, k] = True

@@ -46,9 +46,10 @@ def padded_cpu(spans, row_G: torch.Tensor) -> tuple[torch.Tensor, ...]:
     teacher_tok_G_T) in one compiled pass."""
     arrays = [
         x.numpy()
-        for x in (row_G, spans.student_first_G, spans.student_len_G, spans.student_ids,
-                  spans.student_shift_B, spans.teacher_first_G, spans.teacher_len_G,
-                  spans.teacher_ids, spans.teacher_shift_B)
+        for x in (row_G, spans.student_first_G, spans.student_len_G, spans.student_ids_R_L,
+                  spans.student_idrow_B, spans.student_shift_B, spans.teacher_first_G,
+                  spans.teacher_len_G, spans.teacher_ids_R_L, spans.teacher_idrow_B,
+                  spans.teacher_shift_B)
     ]  # fmt: skip
     return tuple(map(torch.from_numpy, _padded(*arrays)))
 
@@ -62,7 +63,7 @@ def _width(length):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _padded(row, s_first, s_len, s_ids, s_shift, t_first, t_len, t_ids, t_shift):
+def _padded(row, s_first, s_len, s_ids, s_idrow, s_shift, t_first, t_len, t_ids, t_idrow, t_shift):
     # pragma: no cover - compiled
     n_g = row.shape[0]
     s_w, t_w = _width(s_len), _width(t_len)
@@ -77,19 +78,20 @@ def _padded(row, s_first, s_len, s_ids, s_shift, t_first, t_len, t_ids, t_shift)
     t_tok = block[2 * size_s + size_t :].reshape(n_g, t_w)
     for q in range(n_g):
         b, a, n_s, c, n_t = row[q], s_first[q], s_len[q], t_first[q], t_len[q]
+        sr, tr = s_idrow[b], t_idrow[b]
         for i in range(s_w):  # predicting positions, ids; -1 after the group's tokens
             s_pos[q, i] = a + i + s_shift[b] if i < n_s else -1
-            s_tok[q, i] = s_ids[a + i] if i < n_s else -1
+            s_tok[q, i] = s_ids[sr, a + i] if i < n_s else -1
         for i in range(t_w):
             t_pos[q, i] = c + i + t_shift[b] if i < n_t else -1
-            t_tok[q, i] = t_ids[c + i] if i < n_t else -1
+            t_tok[q, i] = t_ids[tr, c + i] if i < n_t else -1
     return s_pos, s_tok, t_pos, t_tok
 
 
 @numba.njit(cache=True)
 def renumber(ids, n_tables):  # pragma: no cover - compiled
     """(local int64 (N,), used int64 (U,)): the cache ids `ids` renumbered over the tables they
-    use, in cache order, table 0 always kept as local 0."""
+    use, in cache order, table 0 always kept as local 0. `ids` is overwritten with `local`."""
     local_of = np.full(n_tables, -1, np.int64)
     local_of[0] = 0
     for i in range(ids.shape[0]):
@@ -103,10 +105,9 @@ def renumber(ids, n_tables):  # pragma: no cover - compiled
     for t in range(n_tables):
         if local_of[t] >= 0:
             used[local_of[t]] = t
-    local = np.empty(ids.shape[0], np.int64)
     for i in range(ids.shape[0]):
-        local[i] = local_of[ids[i]]
-    return local, used
+        ids[i] = local_of[ids[i]]
+    return ids, used
 
 
 @numba.njit(cache=True)

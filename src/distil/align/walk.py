@@ -70,15 +70,24 @@ class FlatRows:
         )
 
     @classmethod
-    def from_padded(cls, rows) -> FlatRows:
-        """From a `batch.PaddedRows`: the completions gathered from the padded ids."""
+    def from_padded(cls, rows, text: tuple | None = None) -> FlatRows:
+        """From a `batch.PaddedRows`: the completions gathered from the padded ids; text: its
+        `teacher_text` when already made."""
         s_ids, s_off = gather_rows(rows.s_ids_B_L, rows.s_offset_B, rows.s_len_B)
-        t_ids, t_off = gather_rows(rows.t_ids_B_L, rows.t_offset_B, rows.t_len_B)
-        tb_off = np.zeros(len(rows.t_bytes) + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, rows.t_bytes), np.int64, len(rows.t_bytes)), out=tb_off[1:])
-        t_ends = _flat(rows.t_ends, int(t_off[-1]))
-        data = np.frombuffer(b"".join(rows.t_bytes), dtype=np.uint8)
+        t_ids, _ = gather_rows(rows.t_ids_B_L, rows.t_offset_B, rows.t_len_B)
+        t_ends, t_off, data, tb_off = text or teacher_text(rows.t_ends, rows.t_bytes, rows.t_len_B)
         return cls(s_ids, s_off, t_ids, t_ends, t_off, data, tb_off)
+
+
+def teacher_text(t_ends, t_bytes, t_len) -> tuple[np.ndarray, ...]:
+    """The rows' teacher byte ends and texts concatenated: (ends, their row offsets, the texts'
+    bytes (uint8, read-only), their row offsets)."""
+    t_off = np.zeros(len(t_len) + 1, np.int64)
+    np.cumsum(t_len, out=t_off[1:])
+    tb_off = np.zeros(len(t_bytes) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, t_bytes), np.int64, len(t_bytes)), out=tb_off[1:])
+    data = np.frombuffer(b"".join(t_bytes), dtype=np.uint8)
+    return _flat(t_ends, int(t_off[-1])), t_off, data, tb_off
 
 
 @numba.njit(cache=True)
