@@ -17,7 +17,8 @@ warm-up:
   batch warm/cold  `build_alignment` for the micro-batch (groups + match and projection table
                    ids + padded tensors + in-group mask), given the ids as the collator holds
                    them (`PaddedRows`: its padded id arrays, completion starts and lengths, byte
-                   ends as arrays); warm: the table caches of a previous call (and the prefix
+                   ends as arrays, which rows' teacher text is a prefix of the student's bytes:
+                   the collator's `bytes.startswith` per row, not timed); warm: the table caches of a previous call (and the prefix
                    memos they fill); batch lists: warm, from per-row Python id lists; cold: fresh
                    `MatchTables` and `ProjectionTables` built inside the timed call (the byte
                    tables `vocab_bytes` and their sorted byte index stay warm, their one-off
@@ -151,6 +152,7 @@ class Row:
     t_offsets: list[tuple[int, int]]
     t_ends: np.ndarray
     t_bytes: bytes
+    t_prefix: bool  # t_bytes a prefix of the student's bytes (as the collator finds it)
 
 
 def corpus_lines(n: int, real: bool) -> list[str]:
@@ -181,12 +183,16 @@ def make_rows(s_tok, s_vb, t_tok, t_vb, n_rows: int, n_tokens: int, real: bool) 
             text, k = text + " " + lines[k], k + 1
             ids = s_tok(text, add_special_tokens=False)["input_ids"]
         s_ids = ids[:n_tokens]
-        t_text = completion_text(student_byte_spans(s_ids, s_vb)[0])
+        s_bytes = student_byte_spans(s_ids, s_vb)[0]
+        t_text = completion_text(s_bytes)
         enc = t_tok(t_text, add_special_tokens=False, return_offsets_mapping=True)
         t_ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
         table = [t_vb.token_bytes[i] for i in t_ids]
         t_ends = text_byte_ends(t_text, offsets, table)
-        rows.append(Row(s_ids, t_ids, t_text, offsets, t_ends, t_text.encode()))
+        t_bytes = t_text.encode()
+        rows.append(
+            Row(s_ids, t_ids, t_text, offsets, t_ends, t_bytes, s_bytes.startswith(t_bytes))
+        )
     return rows
 
 
@@ -213,7 +219,7 @@ def align_variants(s_name: str, t_name: str, rows: list[Row], s_vb, t_vb) -> dic
         np.array([len(r.s_ids) for r in rows]),
         right_pad([[0] * 16 + r.t_ids for r in rows], 0)[0].numpy(), np.full(n, 16),
         np.array([len(r.t_ids) for r in rows]), [r.t_ends for r in rows],
-        [r.t_bytes for r in rows],
+        [r.t_bytes for r in rows], np.array([r.t_prefix for r in rows]),
     )  # fmt: skip
     warm = (MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb))
     return {

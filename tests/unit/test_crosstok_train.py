@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from distil.config import build_config
 from distil.data.crosstok import CrossTokenizer
@@ -217,3 +218,56 @@ def test_a_token_across_the_seam_sends_its_row_to_the_per_row_path(bpe_tokenizer
     for sample, row in zip(rows, got, strict=True):
         want = cross.teacher_inputs(sample)
         assert list(row[1]) == list(want[1]) and np.asarray(row[2]).tolist() == list(want[2])
+
+
+@pytest.mark.parametrize("student, teacher", [("bpe", "unigram"), ("char", "bpe")])
+def test_rows_known_to_be_prefixes_align_as_when_compared(student, teacher, request):
+    """The collator tells the aligner which rows' teacher text is a prefix of the student's
+    completion bytes (`PaddedRows.t_prefix_B`), so that it skips comparing them; the flags are
+    right (a completion cut inside a character: yes; one with a broken character inside, whose
+    text has U+FFFD: no) and the alignment is the same as with every row compared."""
+    s_tok = request.getfixturevalue(f"{student}_tokenizer")
+    t_tok = request.getfixturevalue(f"{teacher}_tokenizer")
+    cross = CrossTokenizer(s_tok, t_tok)
+    samples = []
+    for k, text in enumerate([" the answer is 42", " café 中文 🙂", "ab é", " 12 + 30"]):
+        ids = s_tok(text, add_special_tokens=False)["input_ids"]
+        if k == 2:
+            ids = ids[:-1]  # stopped inside a character (bpe) or after it (char)
+        prompt = [{"role": "user", "content": f"question {k}"}]
+        s_prompt = encode_prompts(s_tok, [prompt])[0]
+        samples.append(Sample(k, list(s_prompt), [*ids, s_tok.eos_token_id], "on_policy",
+                              prompt=prompt))  # fmt: skip
+    broken = b"\xa9 x"  # a continuation byte without its lead: invalid UTF-8
+    if cross.student_vb.by_bytes.get(b"\xa9") is not None:
+        ids = [
+            cross.student_vb.by_bytes[b"\xa9"],
+            *s_tok(" x", add_special_tokens=False)["input_ids"],
+        ]
+        samples.append(Sample(9, list(samples[0].prompt_ids), ids, "on_policy",
+                              prompt=samples[0].prompt))  # fmt: skip
+    rows, prefix = cross._teacher_rows(samples)
+    for s, row, flag in zip(samples, rows, prefix.tolist(), strict=True):
+        assert flag == cross.student_bytes(s.completion_ids).startswith(row[3])
+    if len(samples) == 5:
+        assert cross.student_bytes(samples[4].completion_ids) == broken and not prefix[4]
+    assert prefix[:4].all()
+    import distil.align.batch as align_batch
+
+    plain, taken = align_batch._plain, []
+    align_batch._plain = lambda *a: taken.append(plain(*a) is not None) or plain(*a)
+    try:
+        ascii_rows = [samples[0], samples[3]]  # (the char tokenizer has no 'é', '中', ...)
+        cross.collate(ascii_rows, 0)  # builds the tables: the next calls are warm
+        got = cross.collate(ascii_rows, 0)
+        every_row = cross._teacher_rows
+        cross._teacher_rows = lambda rows: (every_row(rows)[0], np.zeros(len(rows), np.bool_))
+        want = cross.collate(ascii_rows, 0)
+    finally:
+        align_batch._plain = plain
+    assert taken[-2:] == [True, True]  # both through the one-call path
+    for name in ("group_row_G", "student_pos_G_S", "student_tok_G_S", "teacher_pos_G_T",
+                 "teacher_tok_G_T", "match_table_G", "proj_row_N", "proj_student_pos_N",
+                 "proj_teacher_pos_N", "proj_table_N"):  # fmt: skip
+        assert torch.equal(getattr(got.alignment, name), getattr(want.alignment, name)), name
+    assert torch.equal(got.mask_B_T, want.mask_B_T)

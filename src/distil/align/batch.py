@@ -57,8 +57,11 @@ class RowInputs:
 class PaddedRows:
     """A micro-batch's rows as the collator holds them: each model's padded input ids (numpy,
     e.g. views of the batch's id tensors), where each row's completion starts in them and how
-    many tokens it has, and per row the teacher's byte ends and text (as in `RowInputs`). The
-    completions are gathered from the padded ids in one compiled pass."""
+    many tokens it has, and per row the teacher's byte ends and text (as in `RowInputs`).
+    t_prefix_B (optional, bool per row): the caller made the row's teacher text from the
+    student's completion bytes and found its bytes a prefix of them (`bytes.startswith`: the
+    text of an unfinished last character is dropped), so the aligner need not compare them
+    again byte by byte; it must hold."""
 
     s_ids_B_L: np.ndarray
     s_offset_B: np.ndarray
@@ -68,6 +71,7 @@ class PaddedRows:
     t_len_B: np.ndarray
     t_ends: Sequence[np.ndarray]
     t_bytes: Sequence[bytes]
+    t_prefix_B: np.ndarray | None = None
 
 
 def build_alignment(
@@ -94,6 +98,8 @@ def build_alignment(
         teacher = _side(rows.t_ids_B_L, np.arange(len(rows.t_len_B)), rows.t_offset_B, rows.t_len_B)
         s_offset, t_offset = student[2], teacher[2]
         text = teacher_text(rows.t_ends, rows.t_bytes, teacher[3])
+        known = rows.t_prefix_B
+        prefix = np.zeros(len(s_offset), np.bool_) if known is None else known.astype(np.bool_)
     else:
         flat = FlatRows.pack(
             [r.s_ids for r in rows], [r.t_ids for r in rows], [r.t_ends for r in rows],
@@ -103,8 +109,9 @@ def build_alignment(
         s_offset = np.fromiter((r.s_offset for r in rows), np.int64, len(rows))
         t_offset = np.fromiter((r.t_offset for r in rows), np.int64, len(rows))
         text = (flat.t_ends, flat.t_off, flat.t_bytes, flat.tb_off)
+        prefix = np.zeros(len(rows), np.bool_)
     fast = _plain(
-        student, teacher, text, s_offset, t_offset, student_vb, teacher_vb, match_tables,
+        student, teacher, (*text, prefix), s_offset, t_offset, student_vb, teacher_vb, match_tables,
         proj_tables,
     )  # fmt: skip
     if fast is not None:
@@ -194,7 +201,7 @@ def _plain(
 ) -> tuple[AlignmentGroups, torch.Tensor] | None:
     """`build_alignment` in one compiled call (`fast.plain_batch`) when every row is plain and
     every key cached; None otherwise (nothing changed). student / teacher: `_side`; text:
-    `walk.teacher_text`."""
+    `walk.teacher_text` and the rows known to be prefixes (`PaddedRows.t_prefix_B`)."""
     index, t_index = student_vb.index(), teacher_vb.index()
     n_memo = len(t_index.data) + 1
     empty = np.zeros(len(proj_tables.tables), np.bool_)

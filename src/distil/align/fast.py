@@ -30,8 +30,8 @@ from distil.align.outputs import renumber
 
 @numba.njit(cache=True)
 def plain_batch(
-    student, teacher, t_ends, t_off, t_bytes, tb_off, v_data, v_start, s_offset, t_offset,
-    s_special, t_special, partner, match_index, proj_index, proj_empty, n_match, tv_data,
+    student, teacher, t_ends, t_off, t_bytes, tb_off, t_prefix, v_data, v_start, s_offset,
+    t_offset, s_special, t_special, partner, match_index, proj_index, proj_empty, n_match, tv_data,
     tv_start, match_memo, proj_memo,
 ):  # fmt: skip  # pragma: no cover - compiled
     """(ok, row, s_first, s_len, t_first, t_len, in_group, match_local, match_used, p_row, p_s,
@@ -39,7 +39,8 @@ def plain_batch(
     counts (the groups as `GroupSpans` fields), or ok False (the rest empty) when a row is not
     plain or a key is not cached. student / teacher: (ids (R, L), idrow, start, length) per
     batch row: its completion is ids[idrow[b], start[b]:start[b] + length[b]] (`GroupSpans`);
-    t_ends / t_off: the teacher's byte ends, flat over the rows; v_data, v_start: the
+    t_ends / t_off: the teacher's byte ends, flat over the rows; t_prefix: bool per row, its
+    t_bytes known to be a prefix of its student bytes (not compared again); v_data, v_start: the
     student's byte index; match_index /
     proj_index: the arrays of each `KeyIndex`; proj_empty: bool per projection table;
     n_match: the match tables; tv_data, tv_start: the teacher's byte index; match_memo /
@@ -63,8 +64,8 @@ def plain_batch(
         s_row = s_ids[s_idrow[b], s_start[b] : s_start[b] + s_len[b]]
         t_row = t_ids[t_idrow[b], t_start[b] : t_start[b] + t_len[b]]
         w, ns_c, nt_c = _row_ends(
-            b, s_row, t_row, t_ends, t_off, t_bytes, tb_off, v_data, v_start, s_special,
-            t_special, se,
+            b, s_row, t_row, t_ends, t_off, t_bytes, tb_off, t_prefix[b], v_data, v_start,
+            s_special, t_special, se,
         )  # fmt: skip
         if w < 0:
             return _not_plain()
@@ -102,11 +103,12 @@ def _not_plain():  # pragma: no cover - compiled
 
 @numba.njit(cache=True)
 def _row_ends(
-    b, s_row, t_row, t_ends, t_off, t_bytes, tb_off, v_data, v_start, s_special, t_special, se
-):  # pragma: no cover - compiled
+    b, s_row, t_row, t_ends, t_off, t_bytes, tb_off, prefix, v_data, v_start, s_special,
+    t_special, se,
+):  # fmt: skip  # pragma: no cover - compiled
     """Row b's student byte ends into se, checking on the way that its bytes start with the
-    teacher's: (student bytes, content tokens of each side before the trailing specials), or
-    (-1, 0, 0) when the row is not plain."""
+    teacher's (unless `prefix` says they do): (student bytes, content tokens of each side
+    before the trailing specials), or (-1, 0, 0) when the row is not plain."""
     ns, tbo, n_tb = s_row.shape[0], tb_off[b], tb_off[b + 1] - tb_off[b]
     size = v_start.shape[0] - 1
     w, ns_c = 0, ns
@@ -120,10 +122,13 @@ def _row_ends(
             ns_c = min(ns_c, k)
         elif ns_c < ns:
             return -1, 0, 0
-        for a in range(v_start[i], v_start[i + 1]):
-            if w < n_tb and v_data[a] != t_bytes[tbo + w]:
-                return -1, 0, 0
-            w += 1
+        if prefix:
+            w += v_start[i + 1] - v_start[i]
+        else:
+            for a in range(v_start[i], v_start[i + 1]):
+                if w < n_tb and v_data[a] != t_bytes[tbo + w]:
+                    return -1, 0, 0
+                w += 1
         se[k] = w
     if w < n_tb:
         return -1, 0, 0

@@ -106,11 +106,17 @@ class CrossTokenizer:
         """`teacher_inputs` of every sample, with one tokenizer call for the batch and the byte
         ends of all rows in one compiled pass (`text_ends.rows_text_ends`); a row whose prompt and
         completion share a teacher token goes through `teacher_inputs` alone. Same results."""
+        return self._teacher_rows(samples)[0]
+
+    def _teacher_rows(self, samples: Sequence[Sample]) -> tuple[list[tuple], np.ndarray]:
+        # `teacher_inputs_batch`, and per row whether the teacher's text bytes are a prefix of
+        # the student's completion bytes (`PaddedRows.t_prefix_B`; a memcmp here)
         if not samples:
-            return []
+            return [], np.zeros(0, np.bool_)
         tok, vb = self.teacher_tok, self.teacher_vb
         prompts = [self.teacher_prompt_text(s) for s in samples]
-        texts = [completion_text(self.student_bytes(s.completion_ids)) for s in samples]
+        raw = [self.student_bytes(s.completion_ids) for s in samples]
+        texts = [completion_text(r) for r in raw]
         enc = tok(
             [p + t for p, t in zip(prompts, texts, strict=True)],
             add_special_tokens=False,
@@ -149,7 +155,10 @@ class CrossTokenizer:
                 out[r] = self._finish_teacher(
                     samples[r], prompt_ids, t_ids, ends[tok_off[q] : tok_off[q + 1]], data[q]
                 )
-        return out
+        # (an id outside the student's table spells nothing in `raw`; the aligner takes such a
+        # row out of the one-call path before it reads any bytes)
+        prefix = [r.startswith(o[3]) for r, o in zip(raw, out, strict=True)]
+        return out, np.asarray(prefix, np.bool_)
 
     def to_student(self, teacher_completion_ids: Sequence[int]) -> tuple[list[int], str]:
         """A teacher-written completion (seq-KD) in student tokens, EOS kept if it stopped."""
@@ -166,7 +175,7 @@ class CrossTokenizer:
     def collate(self, samples: Sequence[Sample], pad_id: int) -> Batch:
         """Student batch + teacher inputs + AlignmentGroups; loss mask = tokens in groups."""
         batch = collate(samples, pad_id)
-        teacher = self.teacher_inputs_batch(samples)
+        teacher, prefix = self._teacher_rows(samples)
         t_ids, t_mask = right_pad(
             [p + ids for p, ids, _, _ in teacher], self.teacher_tok.pad_token_id
         )
@@ -180,6 +189,7 @@ class CrossTokenizer:
             t_len_B=np.fromiter((len(t[1]) for t in teacher), np.int64, len(teacher)),
             t_ends=[t[2] for t in teacher],
             t_bytes=[t[3] for t in teacher],
+            t_prefix_B=prefix,
         )
         alignment, in_group = build_alignment(
             rows, self.student_vb, self.teacher_vb, self.match_tables, self.proj_tables
