@@ -43,7 +43,9 @@ Part `collate`: milliseconds per micro-batch of `CrossTokenizer.collate` (the da
 cross-tokenizer step: student batch, the teacher's tokens and byte ends, padding, alignment,
 loss mask) and of its teacher side, per row (`teacher_inputs`) vs batched
 (`teacher_inputs_batch`: one tokenizer call, one compiled pass for the byte ends; asserted
-equal); the whole collate with either teacher side; the alignment build's share; whether the
+equal); the whole collate with either teacher side (the per-row one also makes the rows'
+prefix flags, `PaddedRows.t_prefix_B`, as the batched one does); the alignment build's share;
+whether the
 warm build took the one-call path (`fast.plain_batch`). Synthetic and real pairs, 64 rows of
 at most 256 student tokens after a short plain-text prompt, every second one ending with EOS.
 
@@ -468,12 +470,17 @@ def collate_table(pairs, n_rows: int, n_tokens: int, repeats: int, real: bool):
 
 
 def collate_variants(cross, samples, pad_id: int) -> dict[str, Callable]:
+    def one_by_one(rows):  # the teacher side a row at a time, and the same prefix flags
+        out = [cross.teacher_inputs(s) for s in rows]
+        raw = [cross.student_bytes(s.completion_ids) for s in rows]
+        return out, np.asarray([r.startswith(o[3]) for r, o in zip(raw, out, strict=True)])
+
     def collate_per_row():  # the collate with the teacher side one row at a time
-        cross.teacher_inputs_batch = lambda rows: [cross.teacher_inputs(s) for s in rows]
+        cross._teacher_rows = one_by_one
         try:
             return cross.collate(samples, pad_id)
         finally:
-            del cross.teacher_inputs_batch  # the class's method again
+            del cross._teacher_rows  # the class's method again
 
     return {
         "per row": lambda: [cross.teacher_inputs(s) for s in samples],

@@ -1,13 +1,17 @@
 """One cross-tokenizer micro-batch -> `AlignmentGroups` (the tensors the losses gather with).
 
-The rows' completions are aligned together (`token_align.align_flat`); then, per group, the
-candidate table for its last positions (`MatchTables`), and per student token in a group, the
-teacher position whose distribution predicts it with the sparse map from teacher to student
-next tokens (`ProjectionTables`), all as compiled passes over the batch (`walk.group_keys`,
-`walk.projection_entries`, `outputs.group_tensors`); Python runs only once per table that is
-not cached yet. Positions are *predicting* positions: completion token j of a model whose
-completion starts at input index `offset` is predicted by logit row offset - 1 + j. The
-collator passes ids as views of its padded id tensors, so no Python int is converted here.
+A warm micro-batch of plain rows is aligned in one compiled call (`fast.plain_batch`); any
+other goes through the general passes: the rows' completions are aligned together
+(`token_align.align_flat`); then, per group, the candidate table for its last positions
+(`MatchTables`), and per student token in a group, the teacher position whose distribution
+predicts it with the sparse map from teacher to student next tokens (`ProjectionTables`), all
+as compiled passes over the batch (`walk.group_keys`, `walk.projection_entries`,
+`outputs.finish`); Python runs only once per table that is not cached yet. Positions are
+*predicting* positions: completion token j of a model whose completion starts at input index
+`offset` is predicted by logit row offset - 1 + j. The collator hands over its padded id arrays
+(`PaddedRows`), so no Python int is converted here. The groups leave as `GroupSpans` (first
+token and length per side); the padded (G, width) tensors are expanded from them on first
+read, on the device the batch is on.
 
 Groups whose bytes differ between the two sides (`exact=False`, DP rows only) have no byte
 context to compare inside them: they get one projection entry, at their first positions with
@@ -86,7 +90,8 @@ def build_alignment(
     Returns (alignment, in_group_B_C): `in_group_B_C[b, j]` (bool, C = the longest student
     completion) is True when row b's student completion token j is inside a group (the trainer
     masks the others out of the loss). Group tensors are (G, S_max) / (G, T_max) padded with -1
-    (S_max, T_max >= 1); projection tensors are (N,). Ids and byte ends may be lists, numpy
+    (S_max, T_max >= 1; expanded from `alignment.spans` on first read); projection tensors are
+    (N,). Ids and byte ends may be lists, numpy
     arrays or tensors (arrays skip the conversion of Python ints). The whole batch is aligned in
     compiled passes (`token_align.align_flat`); the tables are looked up once per distinct byte
     key, in the order in which the keys first appear. `rows` may also be a `PaddedRows`.

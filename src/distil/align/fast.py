@@ -5,18 +5,24 @@ bytes and no token on either side spells zero bytes, but for specials that end t
 EOS of a finished completion), and every table key they need is cached already. For those,
 `plain_batch` does in one pass per row what `walk.student_spans`, `walk.align_rows`,
 `walk.group_keys`, the key lookups and `outputs.finish` do in separate passes over
-intermediate arrays: each student token's byte end from the byte table, checked against the
-teacher's bytes as it goes; the two-pointer groups, written as `GroupSpans` fields; each
-group's match-table id and each student token's projection entry, their keys read from the
-teacher's bytes (equal to the student's inside a plain row) and looked up in the cache as they
-come (a projection key's hash extended from the previous one while the teacher token stays
-the same); the trailing specials paired by role; then the batch's tables renumbered. Nothing
-is written twice and no intermediate array outlives its row, which matters as much as the
-work: a batch's arrays that spill out of the core's cache make every pass after them slower.
+intermediate arrays, reading the ids where the collator's padded arrays hold them: each
+student token's byte end from the byte table, checked against the teacher's bytes as it goes
+(unless the collator found the texts equal already); the two-pointer groups, written as
+`GroupSpans` fields; each student token's projection entry and each group's match-table id,
+their keys read from the teacher's bytes (equal to the student's inside a plain row) and looked
+up as they come; the trailing specials paired by role; then the batch's tables renumbered.
+
+A key is looked up by its hash (`keys.probe`; a projection key's hash extended from the
+previous key of the same teacher token), or, inside a group of one teacher token that spells
+its own bytes, in a prefix memo: every key there is a prefix of that token, so its table id is
+kept at (token, key length) and a token seen before needs no hashing. Nothing is written twice
+and no intermediate array outlives its row, which matters as much as the work: a batch's
+arrays that spill out of the core's cache make every pass after them slower.
+
 Anything else (a row that is not plain, a key with no table yet) makes it return `ok = False`
-without having changed anything, and the caller runs the general passes, which build the
-missing tables in their order; the result is the same either way (tested against the per-row
-reference).
+(the memos only hold ids of cached tables, so nothing wrong is kept), and the caller runs the
+general passes, which build the missing tables in their order; the result is the same either
+way (tested against the per-row reference).
 """
 
 from __future__ import annotations

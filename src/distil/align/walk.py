@@ -13,7 +13,7 @@ a plain group its projection entry (teacher position and remainder key) as (offs
 slices of the student bytes; `keys.KeyIndex` looks the keys of cached tables up in one pass
 and `keys.first_seen` finds the distinct missing ones, so that Python runs once per new table,
 not per group or token (`token_align` and `batch` have the rules in words);
-`projection_entries` and `outputs.group_tensors` shape the outputs.
+`projection_entries` and `outputs.finish` shape the outputs.
 """
 
 from __future__ import annotations
