@@ -15,11 +15,14 @@ warm-up:
                    walk closing a group wherever both sides end a token at the same byte
   per row          distil's `align_completion` per row, teacher byte ends given
   batch warm/cold  `build_alignment` for the micro-batch (groups + match and projection table
-                   ids + padded tensors + in-group mask), given the ids as the collator holds
+                   ids + group spans + in-group mask; the padded group tensors are expanded
+                   from the spans on first read, timed apart as pad ms), given the ids as the
+                   collator holds
                    them (`PaddedRows`: its padded id arrays, completion starts and lengths, byte
                    ends as arrays, which rows' teacher text is a prefix of the student's bytes:
-                   the collator's `bytes.startswith` per row, not timed); warm: the table caches of a previous call (and the prefix
-                   memos they fill); batch lists: warm, from per-row Python id lists; cold: fresh
+                   the collator's `bytes.startswith` per row, not timed); warm: the table
+                   caches of a previous call (and the prefix memos they fill); batch lists:
+                   warm, from per-row Python id lists; cold: fresh
                    `MatchTables` and `ProjectionTables` built inside the timed call (the byte
                    tables `vocab_bytes` and their sorted byte index stay warm, their one-off
                    cost is printed apart)

@@ -237,8 +237,11 @@ class AlignmentGroups:
             return v
 
         # the stored values: padded tensors not expanded yet stay None (expanded on `device`)
+        stored = {
+            f.name: self.__dict__.get("_" + f.name) for f in fields(self) if f.name in _PADDED
+        }
         return AlignmentGroups(**{
-            f.name: move(self.__dict__["_" + f.name] if f.name in _PADDED else getattr(self, f.name))
+            f.name: move(stored[f.name] if f.name in stored else getattr(self, f.name))
             for f in fields(self)
         })  # fmt: skip
 

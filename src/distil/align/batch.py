@@ -91,10 +91,10 @@ def build_alignment(
     completion) is True when row b's student completion token j is inside a group (the trainer
     masks the others out of the loss). Group tensors are (G, S_max) / (G, T_max) padded with -1
     (S_max, T_max >= 1; expanded from `alignment.spans` on first read); projection tensors are
-    (N,). Ids and byte ends may be lists, numpy
-    arrays or tensors (arrays skip the conversion of Python ints). The whole batch is aligned in
-    compiled passes (`token_align.align_flat`); the tables are looked up once per distinct byte
-    key, in the order in which the keys first appear. `rows` may also be a `PaddedRows`.
+    (N,). `rows`: a `PaddedRows` (the collator's form) or `RowInputs` whose ids and byte ends
+    may be lists, numpy arrays or tensors (arrays skip the conversion of Python ints). The
+    whole batch is aligned in compiled passes; the tables are looked up once per distinct byte
+    key, in the order in which the keys first appear.
     """
     flat = None
     if isinstance(rows, PaddedRows):
@@ -174,11 +174,11 @@ def _result(
         t(t_first), t(t_len), t(t_ids), t(t_idrow), t(t_offset - 1 - t_start),
     )  # fmt: skip
     result = AlignmentGroups(
-        t(row),
-        None,
-        None,
-        None,
-        None,  # type: ignore[arg-type]
+        group_row_G=t(row),
+        student_pos_G_S=None,  # type: ignore[arg-type]  # expanded from `spans` when read
+        student_tok_G_S=None,  # type: ignore[arg-type]
+        teacher_pos_G_T=None,  # type: ignore[arg-type]
+        teacher_tok_G_T=None,  # type: ignore[arg-type]
         match_table_G=t(match_ids),
         match_tables=_pick(match_tables.tables, match_used),
         proj_row_N=t(p_row),

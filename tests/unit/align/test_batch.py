@@ -199,8 +199,8 @@ def test_same_alignment_from_lists_arrays_tensors_and_padded_views(
     bpe_tokenizer, unigram_tokenizer
 ):
     """The collator hands its padded id arrays over (`PaddedRows`); lists, arrays, tensors and
-    views of padded tensors give the same alignment. Row 1 ends with the EOS pair (the general passes), the others
-    have no zero-length token (the plain walk)."""
+    views of padded tensors give the same alignment. Row 1 ends with the EOS pair (the general
+    passes), the others have no zero-length token (the plain walk)."""
     texts = [" " + t for t in default_corpus(3, seed=5)]
     rows, s_vb, t_vb = rows_for(bpe_tokenizer, unigram_tokenizer, texts, [3, 4, 5], [6, 2, 9])
     s_eos = bpe_tokenizer.convert_tokens_to_ids(bpe_tokenizer.eos_token)
