@@ -17,12 +17,11 @@ warm-up:
   batch warm/cold  `build_alignment` for the micro-batch (groups + match and projection table
                    ids + group spans + in-group mask; the padded group tensors are expanded
                    from the spans on first read, timed apart as pad ms), given the ids as the
-                   collator holds
-                   them (`PaddedRows`: its padded id arrays, completion starts and lengths, byte
-                   ends as arrays, which rows' teacher text is a prefix of the student's bytes:
-                   the collator's `bytes.startswith` per row, not timed); warm: the table
-                   caches of a previous call (and the prefix memos they fill); batch lists:
-                   warm, from per-row Python id lists; cold: fresh
+                   collator holds them (`PaddedRows`: its padded id arrays, completion starts
+                   and lengths, byte ends as arrays, which rows' teacher text is a prefix of
+                   the student's bytes: the collator's `bytes.startswith` per row, not timed);
+                   warm: the table caches of a previous call (and the prefix memos they fill);
+                   batch lists: warm, from per-row Python id lists; cold: fresh
                    `MatchTables` and `ProjectionTables` built inside the timed call (the byte
                    tables `vocab_bytes` and their sorted byte index stay warm, their one-off
                    cost is printed apart)
@@ -48,8 +47,7 @@ loss mask) and of its teacher side, per row (`teacher_inputs`) vs batched
 (`teacher_inputs_batch`: one tokenizer call, one compiled pass for the byte ends; asserted
 equal); the whole collate with either teacher side (the per-row one also makes the rows'
 prefix flags, `PaddedRows.t_prefix_B`, as the batched one does); the alignment build's share;
-whether the
-warm build took the one-call path (`fast.plain_batch`). Synthetic and real pairs, 64 rows of
+whether the warm build took the one-call path (`fast.plain_batch`). Synthetic and real pairs, 64 rows of
 at most 256 student tokens after a short plain-text prompt, every second one ending with EOS.
 
     OMP_NUM_THREADS=1 python bench/align.py --part align    # about 2 min

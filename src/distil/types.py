@@ -236,14 +236,10 @@ class AlignmentGroups:
                 return [tuple(x.to(device) for x in pair) for pair in v]
             return v
 
-        # the stored values: padded tensors not expanded yet stay None (expanded on `device`)
-        stored = {
-            f.name: self.__dict__.get("_" + f.name) for f in fields(self) if f.name in _PADDED
-        }
-        return AlignmentGroups(**{
-            f.name: move(stored[f.name] if f.name in stored else getattr(self, f.name))
-            for f in fields(self)
-        })  # fmt: skip
+        def stored(name: str):  # a padded tensor not expanded yet stays None (expanded on device)
+            return self.__dict__["_" + name] if name in _PADDED else getattr(self, name)
+
+        return AlignmentGroups(**{f.name: move(stored(f.name)) for f in fields(self)})
 
 
 @dataclass

@@ -99,8 +99,9 @@ def build_alignment(
     flat = None
     if isinstance(rows, PaddedRows):
         # the fast path reads the completions where the padded ids hold them
-        student = _side(rows.s_ids_B_L, np.arange(len(rows.s_len_B)), rows.s_offset_B, rows.s_len_B)
-        teacher = _side(rows.t_ids_B_L, np.arange(len(rows.t_len_B)), rows.t_offset_B, rows.t_len_B)
+        idrow = np.arange(len(rows.s_len_B))  # batch row b is row b of the padded ids
+        student = _side(rows.s_ids_B_L, idrow, rows.s_offset_B, rows.s_len_B)
+        teacher = _side(rows.t_ids_B_L, idrow, rows.t_offset_B, rows.t_len_B)
         s_offset, t_offset = student[2], teacher[2]
         text = teacher_text(rows.t_ends, rows.t_bytes, teacher[3])
         known = rows.t_prefix_B

@@ -47,10 +47,10 @@ def plain_batch(
     batch row: its completion is ids[idrow[b], start[b]:start[b] + length[b]] (`GroupSpans`);
     t_ends / t_off: the teacher's byte ends, flat over the rows; t_prefix: bool per row, its
     t_bytes known to be a prefix of its student bytes (not compared again); v_data, v_start: the
-    student's byte index; match_index /
-    proj_index: the arrays of each `KeyIndex`; proj_empty: bool per projection table;
-    n_match: the match tables; tv_data, tv_start: the teacher's byte index; match_memo /
-    proj_memo: each `KeyIndex`'s `prefix_memo` over the teacher's byte index."""
+    student's byte index; match_index / proj_index: the arrays of each `KeyIndex`; proj_empty:
+    bool per projection table; n_match: the match tables; tv_data, tv_start: the teacher's byte
+    index; match_memo / proj_memo: each `KeyIndex`'s `prefix_memo` over the teacher's byte
+    index."""
     s_ids, s_idrow, s_start, s_len = student
     t_ids, t_idrow, t_start, t_len = teacher
     n_rows, n_s = s_len.shape[0], 0
