@@ -27,7 +27,7 @@ def run(tmp_path, raw, name, ranks):
     return [json.loads(x) for x in lines]
 
 
-def test_two_ranks_with_bf16_weights_follow_one_process(tmp_path, make_train_config):
+def test_two_ranks_with_bf16_weights_follow_one_process(tmp_path, make_train_config, pair_dirs):
     raw = make_train_config(
         train={"max_steps": 3, "lambda": 0.0, "grad_accum_steps": 2, "bf16_weights": True},
         generation={"num_generations": 1},
@@ -40,10 +40,22 @@ def test_two_ranks_with_bf16_weights_follow_one_process(tmp_path, make_train_con
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=5e-2)
     from safetensors.torch import load_file
 
+    w0 = load_file(str(pair_dirs[1] / "model.safetensors"))  # the student before training
     w1 = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
     w2 = load_file(str(tmp_path / "two" / "final" / "model.safetensors"))
-    assert {t.dtype for t in w2.values()} == {torch.float32}
-    for name, t in w1.items():
-        # measured: 8.6e-4 at most; 3.9e-3 when each rank folds its first micro-batch before
-        # the all-reduce (that micro-batch then never reaches the other rank)
-        torch.testing.assert_close(w2[name], t, atol=1.5e-3, rtol=0)
+    assert {t.dtype for t in w2.values()} == {torch.float32} and w0.keys() == w1.keys()
+    # The two runs' weight updates agree up to rounding: |u2 - u1| / |u1| over all weights,
+    # u = final - initial. A norm, not an element-wise bound: AdamW's normalized step moves a
+    # weight whose gradient is rounding noise by up to lr per step either way, so the largest
+    # element-wise gap depends on the processor's summation order (measured 8.6e-4 on an Intel
+    # Xeon, 1.7e-3 on an AMD EPYC). Measured on the AMD EPYC, one core, one thread: 0.008; 0.41
+    # when each rank folds its first micro-batch before the all-reduce (that micro-batch then
+    # never reaches the other rank).
+    gap = norm(w2[n] - w1[n] for n in w1)
+    update = norm(w1[n] - w0[n].float() for n in w1)
+    assert gap / update < 0.05, (gap, update)
+
+
+def norm(tensors) -> float:
+    """The L2 norm of several tensors taken as one vector."""
+    return sum(float((t.float() ** 2).sum()) for t in tensors) ** 0.5

@@ -283,7 +283,7 @@ def test_async_runs_are_deterministic_with_teacher_written_slices(tmp_path, make
 
 
 # The CLI in a child process: every micro-batch slowed down, and every generate call from the
-# 4th on (window 3, sampled while step 3 trains) sleeps a minute.
+# 4th on (window 3, sampled while step 3 trains) sleeps an hour.
 SLOW_SAMPLER_CLI = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
@@ -296,7 +296,7 @@ def slow_step(*a, **k):
 def slow_generate(*a, **k):
     calls[0] += 1
     if calls[0] >= 4:
-        time.sleep(60)
+        time.sleep(3600)
     return real_generate(*a, **k)
 loop.micro_step, HFGenerator.generate = slow_step, slow_generate
 from distil.cli import main
@@ -336,10 +336,9 @@ def test_sigterm_does_not_wait_for_the_window_in_flight_and_resumes_exactly(
         assert child.poll() is None and time.monotonic() < deadline, child.stderr.read()
         time.sleep(0.05)
     child.send_signal(signal.SIGTERM)  # step 3 is training, window 3 is sleeping
-    sent = time.monotonic()
-    _, err = child.communicate(timeout=120)
+    # the hour-long generate call is not waited for: waiting would end in TimeoutExpired here
+    _, err = child.communicate(timeout=600)
     assert child.returncode == 143, err
-    assert time.monotonic() - sent < 40  # the minute-long generate call was not waited for
     assert "training stopped by SIGTERM after step 3" in err and "Traceback" not in err
     ckpt = tmp_path / "stopped" / "checkpoints" / "step-00000003"
     assert (ckpt / SAMPLER_FILE).exists()

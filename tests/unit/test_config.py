@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hang_guard import finishes
 
 from distil.config import (
     DistilConfig,
@@ -248,15 +249,13 @@ def test_inf_and_nan_are_not_numbers_here():
 
 
 def test_window_hint_for_a_huge_batch_returns_at_once():
-    import time
-
-    start = time.perf_counter()
-    (msg,) = problems_of(
+    # a divisor search up to 10**11 would not return: the guard fails the test if it hangs
+    (msg,) = finishes(
+        problems_of,
         load_config,
         None,
         ["train.per_device_batch_size=100000000001", "generation.num_generations=2"],
     )
-    assert time.perf_counter() - start < 1.0
     assert "a divisor of 100000000001 " in msg
     (small,) = problems_of(
         load_config, None, ["train.per_device_batch_size=12", "generation.num_generations=5"]

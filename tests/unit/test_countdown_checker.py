@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from fractions import Fraction
 
 import pytest
+from hang_guard import finishes
 
 from distil.errors import ConfigError
 from distil.eval.countdown import (
@@ -241,9 +241,8 @@ def test_tinyzero_quirks_power_floor_division_and_floats():
 
 
 def test_tinyzero_huge_power_fails_fast_instead_of_hanging():
-    start = time.perf_counter()
-    assert tinyzero_score(P + "<answer>99 ** 99 ** 99</answer>", [99, 99, 99], 1) == 0.1
-    assert time.perf_counter() - start < 1.0
+    # computing 99 ** 99 ** 99 never ends: the guard fails the test if the score does not return
+    assert finishes(tinyzero_score, P + "<answer>99 ** 99 ** 99</answer>", [99, 99, 99], 1) == 0.1
 
 
 # --- pass@k --------------------------------------------------------------------------------------
@@ -311,13 +310,17 @@ def test_tags_match_ascii_case_insensitively_only(text):
     assert outcome(text) == "missing_answer_tags"
 
 
+def _verdicts(text):
+    return check(text, NUMS, TARGET).outcome, tinyzero_score(P + text, NUMS, TARGET)
+
+
 def test_tag_search_is_linear():
-    # 80,000 characters of opening tags: the old lazy regex took seconds (quadratic)
-    for text in ["<answer>" * 10_000, "<answer>" * 10_000 + "1</answer>", "</answer>" * 9_000]:
-        start = time.perf_counter()
-        check(text, NUMS, TARGET)
-        tinyzero_score(P + text, NUMS, TARGET)
-        assert time.perf_counter() - start < 1.0
+    # 800,000 characters of tags: a linear scan takes about a second; the old lazy regex was
+    # quadratic (seconds at 80,000 characters, so many minutes here), which the guard catches
+    n = 100_000
+    assert finishes(_verdicts, "<answer>" * n) == ("missing_answer_tags", 0.0)
+    assert finishes(_verdicts, "<answer>" * n + "1</answer>")[0] == "invalid_number_usage"
+    assert finishes(_verdicts, "</answer>" * n) == ("missing_answer_tags", 0.0)
 
 
 def test_lone_surrogates_and_odd_text_get_a_verdict():

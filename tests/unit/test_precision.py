@@ -356,23 +356,23 @@ def test_generation_on_bf16_weights_recasts_nothing(make_train_config, mode, bac
 
 
 def test_static_cache_under_autocast_on_fp32_weights_is_a_config_error(make_train_config):
-    from distil.train.setup import build
-
+    # distil's own behaviour: the check names both keys, says why, and offers fixes that pass.
+    # (Whether torch itself fails inside the static cache on such a run depends on the processor's
+    # kernels, so the test does not assert it.)
     raw = make_train_config(train={"bf16": True}, generation={"backend": "hf_static"})
-    with pytest.raises(ConfigError, match=r"Fix: train\.bf16_weights=true"):
+    with pytest.raises(ConfigError) as err:
         build_config(raw)
-    # what it prevents: the first generate call fails inside the cache
-    from distil.config.rules import _CHECKS, _static_cache_under_autocast
-
-    _CHECKS.remove(_static_cache_under_autocast)
-    try:
-        c = build(build_config(raw))
-    finally:
-        _CHECKS.append(_static_cache_under_autocast)
-    from distil.generation.base import SamplingParams
-
-    prompts = [c.tokenizer("nums: 3 5 target: 8")["input_ids"]]
-    with pytest.raises(RuntimeError, match="same dtype"):
-        c.buffer.student.generator.generate(prompts, SamplingParams(4, 1.0, 1.0, 0, 1))
-    raw["student"]["dtype"] = "bfloat16"  # bf16 weights under autocast are fine
-    build_config(raw)
+    msg = str(err.value)
+    assert "generation.backend" in msg and "train.bf16" in msg
+    assert "'hf_static'" in msg and "fp32 weights" in msg
+    assert "Fix: train.bf16_weights=true" in msg and "generation.backend=hf" in msg
+    # each fix the message offers is accepted, and so are bf16 weights under autocast
+    for fix in (
+        {"train": {"bf16": True, "bf16_weights": True}},
+        {"generation": {"backend": "hf"}},
+        {"student": {"dtype": "bfloat16"}},
+    ):
+        fixed = make_train_config(train={"bf16": True}, generation={"backend": "hf_static"})
+        for section, values in fix.items():
+            fixed[section].update(values)
+        build_config(fixed)

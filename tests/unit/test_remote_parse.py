@@ -3,7 +3,6 @@ the retry policy is bounded, and the config rules name what a server cannot do."
 
 import math
 import sys
-import time
 
 import httpx
 import pytest
@@ -117,22 +116,43 @@ def test_5xx_and_connection_errors_are_retried_then_succeed():
     assert calls == ["/v1/models"] * 3
 
 
-def test_a_dead_server_ends_in_a_clear_error_after_bounded_tries():
+class FakeClock:
+    """The client's clock: sleeping advances it, nothing else does (no wall-clock in the test)."""
+
+    def __init__(self):
+        self.now, self.waits = 1000.0, []
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.waits.append(seconds)
+        self.now += seconds
+
+
+def test_a_dead_server_ends_in_a_clear_error_after_bounded_tries(monkeypatch):
+    import distil.teacher.remote_client as rc
+
+    clock = FakeClock()
+    monkeypatch.setattr(rc, "time", clock)
     calls = []
 
     def handler(request):
         calls.append(1)
         raise httpx.ConnectError("connection refused")
 
-    start = time.monotonic()
     with pytest.raises(RemoteTeacherError, match=r"did not answer GET /models after 4 tries") as e:
         _client(handler).request("GET", "/models")
-    assert len(calls) == 4 and time.monotonic() - start < 5
+    assert len(calls) == 4 and clock.waits == [0.01, 0.02, 0.02]  # doubled, capped at max_wait_s
     assert "http://teacher/v1" in str(e.value) and "connection refused" in str(e.value)
 
 
-def test_total_time_bounds_the_retries():
-    policy = RetryPolicy(tries=100, first_wait_s=0.05, max_wait_s=0.05, total_s=0.3)
+def test_total_time_bounds_the_retries(monkeypatch):
+    import distil.teacher.remote_client as rc
+
+    clock = FakeClock()
+    monkeypatch.setattr(rc, "time", clock)
+    policy = RetryPolicy(tries=100, first_wait_s=0.25, max_wait_s=0.25, total_s=1.0)
     calls = []
 
     def handler(request):
@@ -141,7 +161,8 @@ def test_total_time_bounds_the_retries():
 
     with pytest.raises(RemoteTeacherError, match="HTTP 502: bad gateway"):
         _client(handler, policy).request("GET", "/models")
-    assert 2 <= len(calls) <= 8
+    # waits of 0.25 s while the next one still ends within total_s = 1 s: four waits, five tries
+    assert len(calls) == 5 and clock.waits == [0.25] * 4
 
 
 @pytest.mark.parametrize(
