@@ -12,9 +12,10 @@ from distil.teacher.base import sparse_topk
 from distil.teacher.cache import CacheError
 from distil.teacher.cached import dense_from_topk
 from distil.teacher.live import LiveTeacher
+from distil.teacher.select import SCORERS
 from distil.teacher.writer import cache_teacher
 from distil.testing import build_model_dir, build_peaked_teacher, config_with, read_metrics
-from distil.train import loop, setup
+from distil.train import loop
 from distil.types import TeacherTargets
 
 K = 8
@@ -78,7 +79,7 @@ def test_training_from_a_cross_cache_equals_the_live_top_k_teacher(
             train={"output_dir": str(tmp_path / "cached")},
         )
     )
-    monkeypatch.setitem(setup.SCORERS, "live", f"{__name__}:TopKLive")
+    monkeypatch.setitem(SCORERS, "live", f"{__name__}:TopKLive")
     loop.train(config_with(raw, loss={"name": loss}, train={"output_dir": str(tmp_path / "live")}))
     live, cached = losses(tmp_path / "live"), losses(tmp_path / "cached")
     assert len(live) == len(cached) == 3 and all(x > 0 for x in live)

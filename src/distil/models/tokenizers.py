@@ -41,6 +41,15 @@ def encode_prompts(
     return ids
 
 
+def reference_ids(tok, text: str | None, max_tokens: int, eos: int) -> list[int] | None:
+    """A dataset completion as token ids: its first `max_tokens` tokens, or all of them plus
+    `eos` when they fit; None when the example has no completion."""
+    if text is None:
+        return None
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    return ids[:max_tokens] if len(ids) >= max_tokens else [*ids, eos]
+
+
 def stop_token_ids(tok, model=None) -> list[int]:
     """Every id that ends a completion: the tokenizer's EOS and the model's generation EOS ids."""
     ids: list[int] = []

@@ -33,8 +33,7 @@ def prepare_rows(cfg: DistilConfig, tok):
     """(examples, prompt ids, completion ids) of the config's data, as the trainer builds them."""
     from distil.data.datasets import config_examples
     from distil.data.lengths import check_lengths
-    from distil.models.tokenizers import encode_prompts, stop_token_ids
-    from distil.train.setup import _reference_ids
+    from distil.models.tokenizers import encode_prompts, reference_ids, stop_token_ids
 
     examples = config_examples(cfg.data)
     check_lengths(examples, tok, cfg.data, completions_used=True)
@@ -43,7 +42,7 @@ def prepare_rows(cfg: DistilConfig, tok):
     )
     eos = stop_token_ids(tok)[0]
     completions = [
-        _reference_ids(tok, e.completion, cfg.data.max_completion_tokens, eos) for e in examples
+        reference_ids(tok, e.completion, cfg.data.max_completion_tokens, eos) for e in examples
     ]
     missing = [i for i, c in enumerate(completions) if c is None]
     if missing:
