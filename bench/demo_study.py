@@ -145,6 +145,7 @@ def final_eval(root: Path, name: str, n: int) -> float:
     """Greedy accuracy of runs/<name>/final (or models/<name>) on the first n test problems."""
     from distil.config import EvalConfig
     from distil.eval.runner import evaluate_model
+    from distil.tasks.countdown import Countdown
 
     p = _paths(root)
     model = p["runs"] / name / "final"
@@ -158,7 +159,7 @@ def final_eval(root: Path, name: str, n: int) -> float:
         template="countdown_plain",
     )
     t0 = time.perf_counter()
-    acc = evaluate_model(str(model), cfg, name=name, progress=False).summary["accuracy"]
+    acc = evaluate_model(str(model), Countdown(cfg), name=name, progress=False).summary["accuracy"]
     record = p["runs"] / name / "final_eval.json"
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"n": n, "accuracy": acc, "seconds": time.perf_counter() - t0}))

@@ -43,7 +43,7 @@ PRESETS = {
 
 
 def build(root: Path, preset: dict, seed: int = 0):
-    from distil.data.countdown import generate_dataset
+    from distil.tasks.countdown import generate_dataset
     from distil.testing import default_corpus, tiny_model, train_tokenizer
 
     tok = train_tokenizer("bpe", default_corpus(4000), 512)
@@ -111,7 +111,7 @@ def run_bare(root: Path, dirs, preset, steps: int, device: str, bf16: bool) -> l
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from distil.data.countdown import get_template, read_rows
+    from distil.tasks.countdown import get_template, read_rows
 
     tok = AutoTokenizer.from_pretrained(dirs["student"])
     student = AutoModelForCausalLM.from_pretrained(dirs["student"]).to(device)

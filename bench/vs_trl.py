@@ -86,20 +86,20 @@ def build_setup(root: Path, n_prompts: int):
     align.py's GoldSetup (each model's tokenizer also in a directory of its own for TRL) and
     the parameter counts."""
     from align import GoldSetup
-    from distil.data.countdown_io import generate_dataset
-    from distil.data.datasets import load_examples
-    from distil.models.scratch import init_model, train_tokenizer_from_data
+    from distil.models.scratch import init_model, make_tokenizer
+    from distil.tasks.countdown import generate_dataset
+    from distil.tasks.prompts import corpus_from_data, examples_from
     from distil.testing import save_tokenizer
     from step_breakdown import PRESETS
 
     generate_dataset(root / "countdown", n=n_prompts, test_n=16, template="countdown_plain")
     data = root / "chat.jsonl"
     with data.open("w") as fh:
-        for ex in load_examples(
+        for ex in examples_from(
             str(root / "countdown" / "train.jsonl"), template="countdown_plain"
         ):
             fh.write(json.dumps({"prompt": ex.prompt, "completion": ex.completion}) + "\n")
-    tok = train_tokenizer_from_data("bpe", str(data), root / "tokenizer", vocab_size=512)
+    tok = make_tokenizer("bpe", corpus_from_data(str(data)), root / "tokenizer", vocab_size=512)
     params = {}
     for seed, name in enumerate(("teacher", "student")):
         hidden, layers, heads, inter = PRESETS["demo"][name]

@@ -109,7 +109,7 @@ def tiny_llama_model(bpe_tokenizer):
 @pytest.fixture(scope="session")
 def countdown_dir(tmp_path_factory) -> Path:
     """64 train / 16 test Countdown problems (3 numbers), plain template, seed 0."""
-    from distil.data.countdown import generate_dataset
+    from distil.tasks.countdown import generate_dataset
 
     out = tmp_path_factory.mktemp("countdown")
     generate_dataset(out, n=64, test_n=16, template="countdown_plain", seed=0)

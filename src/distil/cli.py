@@ -130,16 +130,16 @@ def _check_out(path: str, flag: str = "--out") -> None:
 
 
 def _tokenizer_train(args) -> int:
-    from distil.models.scratch import train_tokenizer_from_data
+    from distil.models.scratch import make_tokenizer
+    from distil.tasks.prompts import corpus_from_data
 
     _check_out(args.out)
 
-    tok = train_tokenizer_from_data(
+    tok = make_tokenizer(
         args.family,
-        args.data,
+        corpus_from_data(args.data, template=args.template),
         args.out,
         vocab_size=args.vocab_size,
-        template=args.template,
         chat_template=args.chat_template,
     )
     print(f"{args.family} tokenizer with {len(tok)} tokens: {args.out}")
@@ -302,7 +302,7 @@ def _add_countdown(sub) -> None:
 
 
 def _countdown_generate(args) -> int:
-    from distil.data.countdown import generate_dataset, parse_numbers
+    from distil.tasks.countdown import generate_dataset, parse_numbers
 
     if args.test_n < 0:
         raise ConfigError(f"--test-n must be >= 0, got {args.test_n}")
@@ -355,6 +355,7 @@ def _eval(args) -> int:
     from distil.config import load_config
     from distil.eval.report import check_out_dir, format_table, unique_names, write_report
     from distil.eval.runner import evaluate_model, load_problem_set, score_file
+    from distil.preflight import check
     from distil.tasks import make_task
 
     if not args.model and not args.completions:
@@ -373,8 +374,9 @@ def _eval(args) -> int:
         "number_usage": args.number_usage,
     }
     overrides = list(args.overrides) + [f"eval.{k}={v}" for k, v in flags.items() if v is not None]
-    cfg = load_config(args.config, overrides).eval
-    task = make_task(cfg)  # an unknown name or a broken import path stops here
+    full = load_config(args.config, overrides)
+    check(full, "eval")  # an unknown task name stops here
+    task = make_task(full.eval)  # a broken import path stops here
     out = args.out or "eval-report"
     check_out_dir(out)
     sources = [("completions", f) for f in args.completions] + [("model", m) for m in args.model]
@@ -389,9 +391,9 @@ def _eval(args) -> int:
         for f, name in zip(args.completions, names, strict=False)
     ]
     if args.model:
-        problems, data = load_problem_set(cfg)
+        problems, data = load_problem_set(task)
         for m, name in zip(args.model, names[len(args.completions) :], strict=True):
-            r = evaluate_model(m, cfg, name=name, problems=problems, progress=not args.no_progress)
+            r = evaluate_model(m, task, name=name, problems=problems, progress=not args.no_progress)
             r.data = data
             results.append(r)
     print(format_table(results))

@@ -37,7 +37,7 @@ class DataError(DistilError, ValueError):
         where = ""
         if path is not None:
             where = f"{path}:{line}: " if line is not None else f"{path}: "
-        self.path, self.line = path, line
+        self.path, self.line, self.message = path, line, message
         super().__init__(where + message)
 
 

@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from distil.config import DistilConfig
 
 
 def _short(text: str, limit: int = 80) -> str:
@@ -37,58 +33,6 @@ def looks_local(source: str) -> bool:
         return True
     head, sep, _ = source.partition("/")
     return bool(sep) and Path(head).is_dir()
-
-
-def source_problems(cfg: DistilConfig) -> tuple[list[str], list[str]]:
-    """(problems, notes) about the config's paths. Local paths must exist with the right kind
-    (directory for models, file or dataset directory for data); hub ids are not checked over
-    the network and get a note instead."""
-    problems: list[str] = []
-    notes: list[str] = []
-    models = [("student", cfg.student)]
-    if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd):
-        models.append(("teacher", cfg.teacher))
-    for name, section in models:
-        if not section.path:
-            continue
-        keys = [("path", section.path)]
-        if section.tokenizer and section.tokenizer != section.path:
-            keys.append(("tokenizer", section.tokenizer))
-        for field, value in keys:
-            _check_source(f"{name}.{field}", value, "model", problems, notes)
-    data = [("data.train", cfg.data.train), ("data.eval", cfg.data.eval)]
-    if cfg.train.eval_every:
-        data.append(("eval.data", cfg.eval.data))
-    for key, value in data:
-        if value:
-            _check_source(key, value, "data", problems, notes)
-    if problem := output_dir_problem(cfg.train.output_dir, "train.output_dir"):
-        problems.append(problem)
-    return problems, notes
-
-
-def _check_source(key: str, value: str, kind: str, problems: list[str], notes: list[str]) -> None:
-    if problem := path_problem(value, key):
-        problems.append(problem)
-        return
-    path = Path(os.path.expanduser(value))
-    if path.exists():
-        if kind == "model" and not path.is_dir():
-            problems.append(
-                f"{key} = {value!r} is a file; a model or tokenizer is a directory written by "
-                "save_pretrained. Fix: point it to that directory"
-            )
-        return
-    if looks_local(value):
-        what = "directory" if kind == "model" else "file or directory"
-        fix = (
-            "`distil init-model` creates a small model"
-            if kind == "model"
-            else "`distil countdown generate --out DIR` writes DIR/train.jsonl and DIR/test.jsonl"
-        )
-        problems.append(f"{key} = {value!r}: no such local {what}. Fix: check the path ({fix})")
-    else:
-        notes.append(f"{key} = {value!r} is taken as a hub id; not checked (no network access)")
 
 
 def path_problem(value: str | Path, key: str) -> str | None:

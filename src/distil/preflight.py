@@ -1,12 +1,17 @@
-"""`distil config validate`: every check `distil train` makes before its first step that needs
-no model weights, so `ok` means training would start.
+"""The world checks, one place for every command: what a valid config (`distil.config`, values
+and their relations only) cannot know.
 
-Beyond a valid config (`distil.config`): local paths exist with the right kind and the output
-directory can be created (`config.source_problems`), the loss is registered, the needed extras
-are installed, the first rows of the data parse and fit the token limits, the tokenizers load,
-have an EOS token and render the prompts, a same-tokenizer loss gets one vocabulary on both
-sides, and the evaluation problems file reads. Hub ids are not fetched; they are returned as
-notes.
+- `check(cfg, command)`: what `train`, `eval`, `generate` and `cache-teacher` need before any
+  weights load: names that must resolve to a plug-in (eval.task, the loss with a remote
+  teacher), models and data to work on, local paths that exist with the right kind, an output
+  directory that can be created, the generation backend's extra and device.
+- `preflight(cfg)`: `distil config validate`, every check `distil train` makes before its first
+  step that needs no model weights, so `ok` means training would start. Beyond `check`: the
+  loss is registered, the needed extras are installed, the first rows of the data parse and fit
+  the token limits, the tokenizers load, have an EOS token and render the prompts, a
+  same-tokenizer loss gets one vocabulary on both sides, and the evaluation problems file reads.
+
+Hub ids are not fetched; they are returned as notes.
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ import importlib.util
 import os
 from pathlib import Path
 
-from distil.config import DistilConfig, training_problems
-from distil.errors import DistilError
-from distil.paths import looks_local, source_problems
+from distil.config import DistilConfig
+from distil.errors import ConfigError, DistilError
+from distil.paths import looks_local, output_dir_problem, path_problem
 
 ROWS_READ = 64  # rows of each data file parsed and measured
 
@@ -25,7 +30,7 @@ ROWS_READ = 64  # rows of each data file parsed and measured
 def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
     """(problems, notes): problems stop `distil train`; notes say what was not checked."""
     notes = source_problems(cfg)[1]
-    problems = training_problems(cfg)
+    problems = command_problems(cfg, "train")
     if problems:  # the checks below read files: only once every path is there
         return problems, notes
     found = _Problems()
@@ -43,6 +48,157 @@ def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
     if same_tokenizer and len(toks) == 2 and not found:
         found += filter(None, [vocab_mismatch(cfg.loss.name, toks["student"], toks["teacher"])])
     return list(found), notes
+
+
+COMMANDS = ("train", "eval", "generate", "cache-teacher")
+
+
+def check(cfg: DistilConfig, command: str) -> None:
+    """Raise one ConfigError listing what `command` needs and this config or machine lacks."""
+    if problems := command_problems(cfg, command):
+        raise ConfigError(problems)
+
+
+def command_problems(cfg: DistilConfig, command: str) -> list[str]:
+    """What `command` (one of COMMANDS) needs beyond a valid config, checked without loading
+    anything; one line per problem, each with its fix."""
+    if command == "train":
+        found = [_student_needed(cfg), _teacher_needed(cfg)]
+        if not cfg.data.train:
+            found.append(
+                "data.train is not set. Fix: point it to a JSONL/parquet "
+                "file, a saved dataset directory or a hub id"
+            )
+        problems = [p for p in found if p is not None] + _names(cfg)
+        return problems + _backend_problems(cfg) + source_problems(cfg)[0]
+    if command == "eval":
+        return _task_named(cfg)
+    if command == "generate":
+        return _task_named(cfg) + _backend_problems(cfg)
+    if command == "cache-teacher":
+        return _cache_teacher_needs(cfg) + _names(cfg)
+    raise ValueError(f"unknown command {command!r} (valid: {', '.join(COMMANDS)})")
+
+
+def _names(cfg: DistilConfig) -> list[str]:
+    """The names a training run resolves: eval.task, and a loss a remote teacher can feed."""
+    from distil.losses import is_cross_tokenizer
+
+    found = _task_named(cfg)
+    name = cfg.loss.name
+    if cfg.teacher.url and is_cross_tokenizer(name) and name != "sampled_chunk_reverse_kl":
+        found.append(
+            f"loss.name = {name!r} with teacher.url: this cross-tokenizer loss reads the "
+            "teacher's full distribution, a server returns its top-k. Fix: "
+            "loss.name=sampled_chunk_reverse_kl (needs only the teacher's log-prob of its own "
+            "tokens), or a local teacher (teacher.url=null)"
+        )
+    return found
+
+
+def _task_named(cfg: DistilConfig) -> list[str]:
+    from distil.tasks.registry import name_problem
+
+    problem = name_problem(cfg.eval.task)
+    return [problem] if problem else []
+
+
+def _teacher_needed(cfg: DistilConfig) -> str | None:
+    needs = (cfg.loss.name != "sft" or cfg.train.seq_kd) and not cfg.teacher.cache
+    if needs and not cfg.teacher.path:
+        why = "train.seq_kd=true" if cfg.loss.name == "sft" else f"loss.name = {cfg.loss.name!r}"
+        return (
+            f"{why} needs a teacher but teacher.path is not set. Fix: set teacher.path to a "
+            "model directory or hub id"
+        )
+    return None
+
+
+def _student_needed(cfg: DistilConfig) -> str | None:
+    if not cfg.student.path:
+        return (
+            "student.path is not set. Fix: set it to a model directory or hub id "
+            "(`distil init-model` creates a small random one to train from scratch)"
+        )
+    return None
+
+
+def _cache_teacher_needs(cfg: DistilConfig) -> list[str]:
+    out = []
+    for key, value in (
+        ("teacher.path", cfg.teacher.path),
+        ("student.path", cfg.student.path),
+        ("data.train", cfg.data.train),
+    ):
+        if not value:
+            out.append(f"{key} is not set; cache-teacher needs it. Fix: set {key}")
+    if cfg.teacher.top_k is None:
+        out.append(
+            "teacher.top_k is not set: the cache stores the teacher's top-k. Fix: set "
+            "teacher.top_k (e.g. teacher.top_k=64)"
+        )
+    return out
+
+
+def _backend_problems(cfg: DistilConfig) -> list[str]:
+    """The generation backend's needs on this machine (vllm: the extra and a CUDA GPU)."""
+    if cfg.generation.backend != "vllm":
+        return []
+    from distil.generation.vllm import backend_problems
+
+    return backend_problems(cfg)
+
+
+def source_problems(cfg: DistilConfig) -> tuple[list[str], list[str]]:
+    """(problems, notes) about the config's paths. Local paths must exist with the right kind
+    (directory for models, file or dataset directory for data); hub ids are not checked over
+    the network and get a note instead."""
+    problems: list[str] = []
+    notes: list[str] = []
+    models = [("student", cfg.student)]
+    if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd):
+        models.append(("teacher", cfg.teacher))
+    for name, section in models:
+        if not section.path:
+            continue
+        keys = [("path", section.path)]
+        if section.tokenizer and section.tokenizer != section.path:
+            keys.append(("tokenizer", section.tokenizer))
+        for field, value in keys:
+            _check_source(f"{name}.{field}", value, "model", problems, notes)
+    data = [("data.train", cfg.data.train), ("data.eval", cfg.data.eval)]
+    if cfg.train.eval_every:
+        data.append(("eval.data", cfg.eval.data))
+    for key, value in data:
+        if value:
+            _check_source(key, value, "data", problems, notes)
+    if problem := output_dir_problem(cfg.train.output_dir, "train.output_dir"):
+        problems.append(problem)
+    return problems, notes
+
+
+def _check_source(key: str, value: str, kind: str, problems: list[str], notes: list[str]) -> None:
+    if problem := path_problem(value, key):
+        problems.append(problem)
+        return
+    path = Path(os.path.expanduser(value))
+    if path.exists():
+        if kind == "model" and not path.is_dir():
+            problems.append(
+                f"{key} = {value!r} is a file; a model or tokenizer is a directory written by "
+                "save_pretrained. Fix: point it to that directory"
+            )
+        return
+    if looks_local(value):
+        what = "directory" if kind == "model" else "file or directory"
+        fix = (
+            "`distil init-model` creates a small model"
+            if kind == "model"
+            else "`distil countdown generate --out DIR` writes DIR/train.jsonl and DIR/test.jsonl"
+        )
+        problems.append(f"{key} = {value!r}: no such local {what}. Fix: check the path ({fix})")
+    else:
+        notes.append(f"{key} = {value!r} is taken as a hub id; not checked (no network access)")
 
 
 class _Problems(list):
@@ -83,7 +239,7 @@ def _settings(cfg: DistilConfig, found: _Problems) -> None:
 
 def _data(cfg: DistilConfig, found: _Problems):
     """The first rows of data.train (also parsed: data.eval and, with eval_every, eval.data)."""
-    from distil.data.datasets import config_examples
+    from distil.tasks.prompts import config_examples
 
     examples = None
     for source in (cfg.data.train, cfg.data.eval):

@@ -18,13 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distil.eval.countdown import (
-    OUTCOMES,
-    _tinyzero_extract,
-    check,
-    extract_answer,
-    tinyzero_score,
-)
+from distil.tasks.countdown import OUTCOMES, check, extract_answer, tinyzero_score
+from distil.tasks.countdown.tinyzero import _tinyzero_extract
 
 FAST = settings(
     max_examples=150,

@@ -188,12 +188,13 @@ def test_malformed_completion_row_names_file_and_line(tmp_path, capsys):
 
 def test_pass_at_k_columns_when_every_problem_has_several_samples():
     from distil.eval.runner import format_table, score
+    from distil.tasks.countdown import Countdown
 
     problems = [
         {"nums": [1, 2], "target": 3, "completions": ["<answer>1+2</answer>", "x", "x", "x"]},
         {"nums": [1, 2], "target": 2, "completions": ["x", "x", "x", "x"]},
     ]
-    result = score("m", problems)
+    result = score("m", problems, task=Countdown())
     # pass@2 for (n=4, c=1) is 1 - C(3,2)/C(4,2) = 0.5; the other problem 0 -> mean 0.25
     assert result.summary["pass_at_k"] == {"1": 0.125, "2": 0.25, "4": 0.5}
     header, _, row = format_table([result]).splitlines()

@@ -287,7 +287,7 @@ def test_output_dir_and_path_problems(tmp_path):
 
 
 def test_training_problems_name_the_key_the_user_set(tmp_path):
-    from distil.config import training_problems
+    from distil.preflight import command_problems
 
     cfg = load_config(
         None,
@@ -297,7 +297,7 @@ def test_training_problems_name_the_key_the_user_set(tmp_path):
             f"data.train={tmp_path}/d.jsonl",
         ],
     )
-    text = "\n".join(training_problems(cfg))
+    text = "\n".join(command_problems(cfg, "train"))
     assert f"student.path = '{tmp_path}/nope': no such local directory" in text
     assert "student.tokenizer" not in text
     assert f"data.train = '{tmp_path}/d.jsonl': no such local file" in text

@@ -8,13 +8,12 @@ import pytest
 from hang_guard import finishes
 
 from distil.errors import ConfigError
-from distil.eval.countdown import (
+from distil.eval.scoring import mean_pass_at_k, pass_at_k
+from distil.tasks.base import Verdict
+from distil.tasks.countdown import (
     OUTCOMES,
-    Verdict,
     check,
     extract_answer,
-    mean_pass_at_k,
-    pass_at_k,
     summarize,
     tinyzero_score,
 )
@@ -40,7 +39,7 @@ def test_outcomes_are_exported_in_checking_order():
 
 def test_correct_answer_fields():
     v = check("<think>44 + 19 = 63</think>\n<answer> (44 + 19) - 35 </answer>", NUMS, TARGET)
-    assert v == Verdict("correct", "(44 + 19) - 35", Fraction(28), "")
+    assert v == Verdict("correct", "(44 + 19) - 35", detail="", value=Fraction(28))
     assert v.correct
 
 

@@ -11,10 +11,11 @@ from collections import Counter
 import pytest
 from hang_guard import finishes
 
-from distil.data import countdown_solver as cd
-from distil.data.countdown import (
+from distil.errors import ConfigError, DataError
+from distil.tasks.countdown import (
     TEMPLATES,
     Problem,
+    check,
     compact,
     count_problems,
     generate_dataset,
@@ -30,8 +31,7 @@ from distil.data.countdown import (
     to_rows,
     write_rows,
 )
-from distil.errors import ConfigError, DataError
-from distil.eval.countdown import check
+from distil.tasks.countdown import solver as cd
 
 # --- solver ------------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import pytest
 from distil.cli import main
 from distil.errors import DataError
 from distil.eval.runner import load_completions
+from distil.tasks.countdown import Countdown
 
 
 def run(capsys, *argv):
@@ -79,7 +80,7 @@ def test_malformed_rows_name_file_and_line(tmp_path, capsys, content, line, mess
     path = tmp_path / "outs.jsonl"
     path.write_bytes(content)
     with pytest.raises(DataError) as info:
-        load_completions(path)
+        load_completions(path, Countdown())
     assert str(info.value).startswith(f"{path}:{line}: ") and message in str(info.value)
     code, out, err = run(capsys, "eval", "--completions", str(path), "--out", str(tmp_path / "r"))
     assert code == 2 and f"{path}:{line}: " in err and "Traceback" not in err
@@ -89,9 +90,9 @@ def test_malformed_rows_name_file_and_line(tmp_path, capsys, content, line, mess
 def test_utf8_bom_and_crlf_are_fine(tmp_path):
     path = tmp_path / "outs.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + _row("<answer>44+19-35</answer>").encode() + b"\r\n")
-    assert load_completions(path)[0]["completions"] == ["<answer>44+19-35</answer>"]
+    assert load_completions(path, Countdown())[0]["completions"] == ["<answer>44+19-35</answer>"]
 
 
 def test_a_directory_is_not_a_completions_file(tmp_path):
     with pytest.raises(DataError, match="is a directory"):
-        load_completions(tmp_path)
+        load_completions(tmp_path, Countdown())

@@ -14,6 +14,7 @@ from distil.cli import main
 from distil.errors import ConfigError
 from distil.eval import runner
 from distil.eval.runner import unique_names
+from distil.tasks.countdown import Countdown
 
 
 def run(capsys, *argv):
@@ -140,7 +141,7 @@ def test_unique_names():
 
 def test_same_sanitized_name_gets_two_verdict_files(tmp_path):
     results = [
-        runner.score(name, [{"nums": [1], "target": 1, "completions": [text]}])
+        runner.score(name, [{"nums": [1], "target": 1, "completions": [text]}], task=Countdown())
         for name, text in [("a/b", "<answer>1</answer>"), ("a_b", "x")]
     ]
     paths = runner.write_report(results, tmp_path)

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from distil.cli import main
 from distil.config import leaf_fields, load_config
-from distil.data.datasets import load_examples
 from distil.errors import DistilError
+from distil.tasks.prompts import examples_from
 
 CHECKS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
 FAST = settings(max_examples=40, deadline=1000, suppress_health_check=CHECKS, database=None)
@@ -273,7 +273,7 @@ LINES = st.lists(st.one_of(ROW.map(str.encode), st.binary(max_size=30)), min_siz
 def _load_data(root: Path, lines: list[bytes], suffix: str, template: str | None) -> None:
     path = root / f"d{suffix}"
     path.write_bytes(b"\n".join(lines))
-    _only_distil_errors(load_examples, str(path), template=template)
+    _only_distil_errors(examples_from, str(path), template=template)
 
 
 @FAST
@@ -332,7 +332,7 @@ def _load_parquet(root: Path, rows, template: str | None) -> None:
         pq.write_table(pa.Table.from_pylist(rows), path)
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         assume(False)  # rows arrow cannot write as one table are not a parquet file
-    _only_distil_errors(load_examples, str(path), template=template)
+    _only_distil_errors(examples_from, str(path), template=template)
 
 
 @FAST

@@ -50,12 +50,12 @@ def test_generate_then_train_off_policy_from_it(tmp_path, raw, countdown_dir):
 
 
 def test_keep_correct_keeps_exactly_the_checked_completions(tmp_path, raw, monkeypatch):
-    from distil.eval import countdown
-    from distil.teacher.generate import generate_dataset
+    from distil.tasks.countdown import task as countdown
+    from distil.teacher.generate import generate_completions
 
     cfg = build_config(raw)
     every = tmp_path / "all.jsonl"
-    generate_dataset(cfg, every, n=2)
+    generate_completions(cfg, every, n=2)
     accepted = countdown.check  # a tiny random model solves nothing: accept even lengths
 
     def fake(text, nums, target, **kw):
@@ -64,19 +64,22 @@ def test_keep_correct_keeps_exactly_the_checked_completions(tmp_path, raw, monke
 
     monkeypatch.setattr(countdown, "check", fake)
     kept = tmp_path / "kept.jsonl"
-    counts = generate_dataset(cfg, kept, n=2, keep="correct")
+    counts = generate_completions(cfg, kept, n=2, keep="correct")
     want = [r for r in read(every) if len(r["completion"]) % 2 == 0]
     assert 0 < len(want) < len(read(every))
     assert read(kept) == want and counts["kept"] == len(want) and counts["completions"] == 128
 
 
-def test_keep_correct_needs_countdown_columns(tmp_path, raw):
+def test_keep_correct_needs_rows_of_the_task(tmp_path, raw):
     from distil.errors import DataError
-    from distil.teacher.generate import generate_dataset
+    from distil.teacher.generate import generate_completions
 
     data = tmp_path / "plain.jsonl"
     data.write_text(json.dumps({"prompt": "hi", "completion": "there"}) + "\n")
     cfg = build_config({**raw, "data": {"train": str(data)}})
-    with pytest.raises(DataError, match=r"plain.jsonl:1: --keep correct checks Countdown"):
-        generate_dataset(cfg, tmp_path / "o.jsonl", keep="correct")
+    with pytest.raises(
+        DataError,
+        match=r"plain.jsonl:1: --keep correct judges completions with the task 'countdown'",
+    ):
+        generate_completions(cfg, tmp_path / "o.jsonl", keep="correct")
     assert not (tmp_path / "o.jsonl").exists()

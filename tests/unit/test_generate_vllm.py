@@ -25,11 +25,12 @@ from vllm_standin import (
     vllm_config,
 )
 
-from distil.config import build_config, training_problems
+from distil.config import build_config
 from distil.errors import ConfigError
 from distil.generation import vllm as vgen
 from distil.generation.base import SamplingParams
 from distil.generation.hf import HFGenerator
+from distil.preflight import command_problems
 from distil.testing import tiny_llama, tiny_qwen2
 
 
@@ -271,7 +272,7 @@ def test_missing_vllm_and_missing_cuda_are_config_errors(monkeypatch):
     assert "pip install 'distil[vllm]'" in problems[0] and "generation.backend=hf" in problems[0]
     assert "needs a CUDA GPU" in problems[1] and "generation.backend = 'vllm'" in problems[1]
     assert vgen.backend_problems(build_config({})) == []  # hf: nothing asked
-    assert set(problems) <= set(training_problems(vllm_config()))  # checked before loading
+    assert set(problems) <= set(command_problems(vllm_config(), "train"))  # checked before loading
     with pytest.raises(ConfigError) as err:
         vgen.VLLMGenerator.from_config(vllm_config(), tiny_llama(V), pad_id=0, stop_ids=[1])
     assert err.value.problems == problems

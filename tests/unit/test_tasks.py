@@ -9,9 +9,9 @@ import pytest
 
 from distil.config import EvalConfig, load_config
 from distil.errors import ConfigError, DataError, MissingExtraError
-from distil.eval import countdown as checker
 from distil.eval.runner import format_table, score
 from distil.tasks import TASKS, Task, Verdict, get_task, make_task
+from distil.tasks.countdown import checker
 from distil.tasks.math import last_boxed
 from distil.tasks.mmlu import extract as mmlu_extract
 
@@ -256,8 +256,14 @@ def test_unknown_task_lists_the_valid_ones():
     with pytest.raises(ConfigError, match="valid: countdown, gsm8k, math, mmlu") as info:
         get_task("gsm9k")
     assert "mypkg.tasks:MyTask" in str(info.value)
-    with pytest.raises(ConfigError, match=r"eval.task = 'gsm9k' is not a registered task"):
-        load_config(None, ["eval.task=gsm9k"])
+    # the config holds the name; whether it resolves is the pre-flight's question (every
+    # command that uses the task asks it before any weights load)
+    from distil.preflight import check
+
+    cfg = load_config(None, ["eval.task=gsm9k"])
+    for command in ("train", "eval", "generate", "cache-teacher"):
+        with pytest.raises(ConfigError, match=r"eval.task = 'gsm9k' is not a registered task"):
+            check(cfg, command)
 
 
 USER_TASK = """
@@ -355,7 +361,7 @@ def test_the_example_task_in_docs_works(tmp_path, monkeypatch):
 def test_a_task_as_data_template_renders_training_prompts(tmp_path):
     import json
 
-    from distil.data.datasets import load_examples
+    from distil.tasks.prompts import examples_from
 
     rows = [
         {"question": "What is 2+2?", "answer": "2+2=4\n#### 4"},
@@ -363,13 +369,13 @@ def test_a_task_as_data_template_renders_training_prompts(tmp_path):
     ]
     path = tmp_path / "gsm8k_train.jsonl"
     path.write_text(json.dumps(rows[0]) + "\n")
-    (ex,) = load_examples(str(path), template="gsm8k", completion_field="answer")
+    (ex,) = examples_from(str(path), template="gsm8k", completion_field="answer")
     t = task("gsm8k")
     assert ex.prompt == t.messages(t.problem(rows[0], WHERE))
     assert ex.prompt[0]["content"].startswith("What is 2+2?\n\nSolve the problem step by step")
     assert ex.completion == "2+2=4\n#### 4"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(DataError, match=r"gsm8k_train\.jsonl:2: column 'answer' must end in"):
-        load_examples(str(path), template="gsm8k", completion_field="answer")
+        examples_from(str(path), template="gsm8k", completion_field="answer")
     with pytest.raises(ConfigError, match="'gsm9k' is neither a Countdown template"):
-        load_examples(str(path), template="gsm9k")
+        examples_from(str(path), template="gsm9k")

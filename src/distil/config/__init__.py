@@ -17,7 +17,7 @@ from distil.config.loading import (
     read_yaml,
 )
 from distil.config.output import diff, flatten, save_resolved, to_dict, to_yaml
-from distil.config.rules import check, resolve, semantic_problems, training_problems
+from distil.config.rules import check, resolve, semantic_problems
 from distil.config.schema import (
     LOCATION_KEYS,
     DataConfig,
@@ -56,5 +56,4 @@ __all__ = [
     "semantic_problems",
     "to_dict",
     "to_yaml",
-    "training_problems",
 ]

@@ -1,6 +1,8 @@
 """Derived values (`resolve`) and the rules that tie several values together, each returning
-the keys involved and a message with the fix; `training_problems` for what `distil train`
-needs beyond a valid config."""
+the keys involved and a message with the fix.
+
+Values and their relations only: whether a name resolves to a plug-in (a task, a loss, a
+backend), whether a path exists and what this machine has are asked by `distil.preflight`."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ from pathlib import Path
 
 from distil.config.output import flatten, to_dict
 from distil.config.schema import DistilConfig
-from distil.paths import source_problems
 
 
 def resolve(cfg: DistilConfig) -> DistilConfig:
@@ -125,14 +126,6 @@ def _divisors(n: int, limit: int = 10**6) -> str:
 
 
 @check
-def _eval_task_named(cfg: DistilConfig):
-    from distil.tasks.registry import name_problem
-
-    problem = name_problem(cfg.eval.task)
-    return (("eval.task",), problem) if problem else None
-
-
-@check
 def _warmup_within_run(cfg: DistilConfig):
     t = cfg.train
     if t.warmup_steps > t.max_steps:
@@ -228,8 +221,6 @@ def _remote_teacher(cfg: DistilConfig):
     t = cfg.teacher
     if not t.url:
         return None
-    from distil.losses import is_cross_tokenizer
-
     found = []
     if not t.url.startswith(("http://", "https://")):
         found.append(
@@ -274,64 +265,7 @@ def _remote_teacher(cfg: DistilConfig):
                 "loss.temperature=1",
             )
         )
-    if is_cross_tokenizer(cfg.loss.name) and cfg.loss.name != "sampled_chunk_reverse_kl":
-        found.append(
-            (
-                ("teacher.url", "loss.name"),
-                f"loss.name = {cfg.loss.name!r} with "
-                "teacher.url: this cross-tokenizer loss reads the teacher's full "
-                "distribution, a server returns its top-k. Fix: "
-                "loss.name=sampled_chunk_reverse_kl (needs only the teacher's log-prob of "
-                "its own tokens), or a local teacher (teacher.url=null)",
-            )
-        )
     if not found:
         return None
     keys = tuple(dict.fromkeys(k for keys, _ in found for k in keys))
     return keys, "; ".join(message for _, message in found)
-
-
-def _teacher_needed(cfg: DistilConfig):
-    needs = (cfg.loss.name != "sft" or cfg.train.seq_kd) and not cfg.teacher.cache
-    if needs and not cfg.teacher.path:
-        why = "train.seq_kd=true" if cfg.loss.name == "sft" else f"loss.name = {cfg.loss.name!r}"
-        return ("teacher.path",), (
-            f"{why} needs a teacher but teacher.path is not set. Fix: set teacher.path to a "
-            "model directory or hub id"
-        )
-    return None
-
-
-def _student_needed(cfg: DistilConfig):
-    if not cfg.student.path:
-        return ("student.path",), (
-            "student.path is not set. Fix: set it to a model directory or hub id "
-            "(`distil init-model` creates a small random one to train from scratch)"
-        )
-    return None
-
-
-def training_problems(cfg: DistilConfig) -> list[str]:
-    """What `distil train` needs beyond a valid config, checked without loading anything:
-    models to train and to learn from, data, and paths that exist (local ones) or can be
-    created (the output directory)."""
-    found = [_student_needed(cfg), _teacher_needed(cfg)]
-    if not cfg.data.train:
-        found.append(
-            (
-                ("data.train",),
-                "data.train is not set. Fix: point it to a JSONL/parquet "
-                "file, a saved dataset directory or a hub id",
-            )
-        )
-    problems = [message for p in found if p is not None for message in [p[1]]]
-    return problems + _backend_problems(cfg) + source_problems(cfg)[0]
-
-
-def _backend_problems(cfg: DistilConfig) -> list[str]:
-    """The generation backend's needs on this machine (vllm: the extra and a CUDA GPU)."""
-    if cfg.generation.backend != "vllm":
-        return []
-    from distil.generation.vllm import backend_problems
-
-    return backend_problems(cfg)

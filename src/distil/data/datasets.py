@@ -9,26 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from distil.errors import DataError
 from distil.types import Example, Messages
 
-
-def config_examples(data: Any, source: str | None = None, limit: int | None = None):
-    """`load_examples` with the data section's settings (split, subset, fields, template), for
-    `source` (default: data.train). One place, so trainer, cache, generate and validate read the
-    same rows."""
-    return load_examples(
-        source or data.train,
-        split=data.split,
-        subset=data.subset,
-        prompt_field=data.prompt_field,
-        completion_field=data.completion_field,
-        template=data.template,
-        limit=limit,
-    )
+# render(row, where) -> (prompt, completion): a prompt built from the row's columns
+Render = Callable[[dict[str, Any], dict[str, Any]], "tuple[Messages | str, str | None]"]
 
 
 def load_examples(
@@ -38,20 +27,19 @@ def load_examples(
     subset: str | None = None,
     prompt_field: str = "prompt",
     completion_field: str = "completion",
-    template: str | None = None,
+    render: Render | None = None,
     limit: int | None = None,
 ) -> list[Example]:
     """Load `source` (a .jsonl/.json/.parquet file, a `save_to_disk` dir, or a hub id).
 
-    With a Countdown `template`, prompts (and completions, from `solution`) are re-rendered from
-    each row's `nums` and `target`, so one dataset serves every template. With a task name as
-    `template` (gsm8k, math, mmlu, module:Class), prompts are the task's (distil.tasks, zero-shot),
-    so training sees the prompts the evaluation uses; completions stay `completion_field`.
+    Without `render`, the prompt is the `prompt_field` column and the completion the
+    `completion_field` column. `render(row, where) -> (prompt, completion)` builds both from the
+    row instead (`distil.tasks.prompts.renderer` makes one for a `data.template`: a Countdown
+    template or a task's prompts), raising DataError(..., **where) for a row it cannot use.
     """
-    rows = _read_rows(source, split, limit, subset)
+    rows = read_rows(source, split, limit, subset)
     if not rows:
         raise DataError("the dataset holds no rows", path=source)
-    render = _renderer(template, completion_field) if template else None
     examples = []
     for where, row in rows:
         if not isinstance(row, dict):
@@ -60,17 +48,19 @@ def load_examples(
             prompt, completion = render(row, where)
         else:
             prompt = _prompt(row, prompt_field, where)
-            completion = _completion(row.get(completion_field), completion_field, where)
+            completion = completion_text(row.get(completion_field), completion_field, where)
         meta = {k: v for k, v in row.items() if k not in (prompt_field, completion_field)}
         meta["_where"] = f"{where['path']}:{where['line']}"  # for messages about this row
         examples.append(Example(len(examples), prompt, completion, meta))
     return examples
 
 
-def _read_rows(
-    source: str, split: str, limit: int | None = None, subset: str | None = None
+def read_rows(
+    source: str, split: str = "train", limit: int | None = None, subset: str | None = None
 ) -> list[tuple[dict[str, Any], Any]]:
-    """[(where, row)] with `where` = dict(path=..., line=...) for error messages."""
+    """[(where, row)] of a local .jsonl/.json/.parquet file, a `save_to_disk` directory (`split`
+    picks a split of a saved DatasetDict) or a hub dataset (`subset` is its config name, e.g.
+    "main" for openai/gsm8k), with `where` = dict(path=..., line=...) for error messages."""
     from distil.paths import DATA_SUFFIXES, looks_local, path_problem
 
     if problem := path_problem(source, "data"):
@@ -97,7 +87,7 @@ def _read_rows(
             f"{'/'.join(DATA_SUFFIXES)}). Fix: check the path",
             path=source,
         )
-    return _read_hub(source, split, subset)
+    return read_hub(source, split, subset)
 
 
 def _read_parquet(path: Path, limit: int | None) -> list[tuple[dict[str, Any], Any]]:
@@ -210,20 +200,22 @@ def _check_text(row: Any, where: dict[str, Any]) -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    return _short(" ".join(str(exc).split()), 300)
+    return short(" ".join(str(exc).split()), 300)
 
 
-def _read_hub(
-    source: str, split: str, subset: str | None = None
+def read_hub(
+    source: str, split: str, subset: str | None = None, *, fix: str = ""
 ) -> list[tuple[dict[str, Any], Any]]:
+    """[(where, row)] of a hub dataset; `fix` ends the message when it cannot be loaded."""
     from datasets import load_dataset
 
     try:
         ds = load_dataset(source, subset, split=split)
     except Exception as exc:  # datasets raises many types for unreachable/unknown ids
+        shown = f"'{source}'" + (f" (subset '{subset}')" if subset else "")
         raise DataError(
-            f"could not load '{source}' (split '{split}') as a hub dataset (no local file or "
-            f"directory has this name): {_one_line(exc)}"
+            f"could not load {shown}, split '{split}', as a hub dataset (no local file or "
+            f"directory has this name): {_one_line(exc)}" + (f". Fix: {fix}" if fix else "")
         ) from exc
     return [({"path": source, "line": i + 1}, r) for i, r in enumerate(ds)]
 
@@ -236,12 +228,13 @@ def _prompt(row: dict[str, Any], field: str, where: dict[str, Any]) -> Messages 
         return [{"role": m["role"], "content": m["content"]} for m in value]
     raise DataError(
         f"column '{field}' must be a non-empty string or a list of chat messages "
-        f"({{'role', 'content'}}), got {_short(value)}; set data.prompt_field to the prompt column",
+        f"({{'role', 'content'}}), got {short(value)}; set data.prompt_field to the prompt column",
         **where,
     )
 
 
-def _completion(value: Any, field: str, where: dict[str, Any]) -> str | None:
+def completion_text(value: Any, field: str, where: dict[str, Any]) -> str | None:
+    """A completion column's text: a string, or the last assistant turn of chat messages."""
     if value is None or isinstance(value, str):
         return value
     if _is_messages(value):
@@ -250,7 +243,7 @@ def _completion(value: Any, field: str, where: dict[str, Any]) -> str | None:
             return turns[-1]
     raise DataError(
         f"column '{field}' must be text or chat messages with an assistant turn, got "
-        f"{_short(value)}",
+        f"{short(value)}",
         **where,
     )
 
@@ -268,59 +261,7 @@ def _is_messages(value: Any) -> bool:
     )
 
 
-def _renderer(name: str, completion_field: str):
-    from distil.data.countdown import TEMPLATES
-    from distil.tasks.registry import TASKS, is_import_path
-
-    if name in TEMPLATES:
-        return _countdown_renderer(name)
-    if not (name in TASKS or is_import_path(name)):
-        from distil.errors import ConfigError
-
-        raise ConfigError(
-            f"data.template = {name!r} is neither a Countdown template ({', '.join(TEMPLATES)}) "
-            f"nor a task ({', '.join(TASKS)}, or module:Class). Fix: use one of those, or null "
-            "to keep the data's prompt column"
-        )
-    from distil.config import EvalConfig
-    from distil.tasks import make_task
-
-    task = make_task(EvalConfig(task=name, num_fewshot=0))
-
-    def render(row: dict[str, Any], where: dict[str, Any]):
-        prompt = task.messages(task.problem(row, where))
-        return prompt, _completion(row.get(completion_field), completion_field, where)
-
-    return render
-
-
-def _countdown_renderer(name: str):
-    from distil.data.countdown import Problem, get_template
-
-    template = get_template(name)
-
-    def render(row: dict[str, Any], where: dict[str, Any]):
-        nums, target = row.get("nums"), row.get("target")
-        # type() is int, not isinstance: JSON true/false would pass as 1/0
-        if not (isinstance(nums, list) and nums and all(type(x) is int and x > 0 for x in nums)):
-            raise DataError(
-                f"'nums' must be a list of positive integers (not booleans), got {_short(nums)}",
-                **where,
-            )
-        if type(target) is not int:
-            raise DataError(
-                f"'target' must be an integer (not a boolean), got {_short(target)}", **where
-            )
-        solution = row.get("solution")
-        completion = None
-        if isinstance(solution, str) and solution:
-            completion = template.completion(Problem(tuple(nums), target, solution))
-        return template.messages(nums, target), completion
-
-    return render
-
-
-def _short(value: Any, limit: int = 80) -> str:
+def short(value: Any, limit: int = 80) -> str:
     try:
         text = repr(value)
     except ValueError:  # an int over Python's 4,300-digit str limit

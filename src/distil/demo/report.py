@@ -50,19 +50,22 @@ def rows(run: DemoRun) -> list[Row]:
 def evaluate_all(run: DemoRun) -> list:
     from distil.config import EvalConfig
     from distil.eval.runner import evaluate_model, load_problems
+    from distil.tasks.countdown import Countdown
 
-    cfg = EvalConfig(
-        data=str(run.paths["data"] / "test.jsonl"),
-        n=run.preset.n_test,
-        max_new_tokens=32,
-        batch_size=128,
-        template="countdown_plain",
+    task = Countdown(
+        EvalConfig(
+            data=str(run.paths["data"] / "test.jsonl"),
+            n=run.preset.n_test,
+            max_new_tokens=32,
+            batch_size=128,
+            template="countdown_plain",
+        )
     )
-    problems = load_problems(cfg)
+    problems = load_problems(task)
     results = []
     for row in rows(run):
         results.append(
-            evaluate_model(str(run.out / row.model), cfg, name=row.label, problems=problems)
+            evaluate_model(str(run.out / row.model), task, name=row.label, problems=problems)
         )
         console.print(f"{row.label}: {100 * results[-1].summary['accuracy']:.1f}%")
     return results
@@ -167,7 +170,7 @@ def write_outputs(run: DemoRun, results: list) -> dict[str, Any]:
 
 def categories(results: list) -> str:
     """The checker's verdicts per model (why the wrong answers were wrong)."""
-    from distil.eval.runner import COLUMNS
+    from distil.tasks.countdown import COLUMNS
 
     head = ["Model", "Correct", *(c for c, _ in COLUMNS)]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]

@@ -73,7 +73,7 @@ def train_stage(run: DemoRun, config: str, overrides: dict[str, Any]) -> dict[st
 
 
 def make_data(run: DemoRun) -> None:
-    from distil.data.countdown import generate_dataset, read_rows
+    from distil.tasks.countdown import generate_dataset, read_rows
 
     p = run.preset
     data = run.paths["data"]
@@ -114,19 +114,19 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def make_tokenizers(run: DemoRun) -> None:
-    from distil.models.scratch import train_tokenizer_from_data
+    from distil.models.scratch import make_tokenizer
+    from distil.tasks.prompts import corpus_from_data
 
     toks = run.paths["tokenizers"]
     train = run.paths["data"] / "train.jsonl"
     with run.timed("tokenizers") as stage:
         made = {}
         for fam in ("bpe", "char"):
-            made[fam] = train_tokenizer_from_data(
+            made[fam] = make_tokenizer(
                 fam,
-                str(train),
+                corpus_from_data(str(train), template="countdown_plain"),
                 toks / fam,
                 vocab_size=run.preset.bpe_vocab,
-                template="countdown_plain",
                 chat_template="compact",
             )
             run.commands.append(

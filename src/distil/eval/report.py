@@ -9,15 +9,11 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from distil.errors import ConfigError, DataError
-from distil.eval.countdown import OUTCOMES
-from distil.tasks.countdown import COLUMNS
-
-if TYPE_CHECKING:
-    from distil.eval.runner import EvalResult
-
+from distil.eval.scoring import EvalResult
+from distil.files import atomic_write
 
 # ----------------------------------------------------------------------------- names
 
@@ -70,7 +66,7 @@ def format_table(results: Sequence[EvalResult]) -> str:
     """The Markdown table, one row per model: correct, accuracy, one column per failure category
     of the task, pass@k columns when several samples were drawn; then, for tasks with groups
     (MMLU's subjects), a second table of accuracy per group."""
-    columns = results[0].columns if results else COLUMNS
+    columns = results[0].columns if results else []
     ks = sorted({k for r in results for k in r.summary.get("pass_at_k", {}) if k != "1"}, key=int)
     head = ["Model", "Correct", "Accuracy"] + [c for c, _ in columns] + [f"pass@{k}" for k in ks]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -162,8 +158,8 @@ def write_report(results: Sequence[EvalResult], out_dir: str | Path) -> dict[str
         | r.summary
         for r in results
     ]
-    outcomes = list(results[0].outcomes) if results else list(OUTCOMES)
-    task = results[0].task if results else "countdown"
+    outcomes = list(results[0].outcomes) if results else []
+    task = results[0].task if results else None
     payload = {"task": task, "outcomes": outcomes, "models": models}
     _atomic_write(paths["json"], json.dumps(payload, indent=2) + "\n")
     markdown = format_table(results) + "\n\n" + format_sources(results, files) + "\n"
@@ -180,10 +176,10 @@ def _safe(name: str) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:  # backslashreplace: a name from a non-UTF-8 path never stops the report
-        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
-        tmp.replace(path)
+    def write(tmp: str) -> None:  # backslashreplace: a name from a non-UTF-8 path never stops it
+        Path(tmp).write_text(text, encoding="utf-8", errors="backslashreplace")
+
+    try:
+        atomic_write(path, write)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise DataError(f"cannot write the report: {exc}", path=str(path)) from exc

@@ -4,14 +4,14 @@
     distil eval --model runs/x/final --n 1000          # generate with transformers, then score
     distil eval --task gsm8k --data test.jsonl --model runs/x/final
 
-The task (distil.tasks: countdown, gsm8k, math, mmlu or a user's class by import path) renders
-the prompts and judges each completion. The report is one table row per model (correct,
-accuracy, the task's failure categories, pass@k; per-group accuracy for tasks with groups),
-written as Markdown and JSON,
-plus the per-example verdicts as JSONL, one file per model. Each row records where it came from:
-the model directory or completions file, and the problems file with its row count and sha256.
+Every function receives the task (distil.tasks: countdown, gsm8k, math, mmlu or a user's class
+by import path), built once by the caller; it renders the prompts and judges each completion.
+The report is one table row per model (correct, accuracy, the task's failure categories,
+pass@k; per-group accuracy for tasks with groups), written as Markdown and JSON, plus the
+per-example verdicts as JSONL, one file per model. Each row records where it came from: the
+model directory or completions file, and the problems file with its row count and sha256.
 
-What survives and what stops (issue 16): every completion text gets a verdict, however
+What survives and what stops: every completion text gets a verdict, however
 degenerate (empty, 80,000 characters of tags, lone surrogates, a value of 10,000 digits): the
 checker never raises. A malformed *row* (not UTF-8, not JSON, JSON nested past Python's limit or
 with an integer past 4,300 digits, no nums/target/completion, wrong types) is a DataError naming
@@ -22,19 +22,13 @@ report files are written atomically, verdicts first and report.md last.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
-from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from distil.config import EvalConfig
-from distil.errors import ConfigError, DataError
-from distil.eval.countdown import OUTCOMES, mean_pass_at_k
+from distil.errors import DataError
 from distil.eval.report import (  # noqa: F401  the report API, re-exported
     check_out_dir,
     format_sources,
@@ -42,114 +36,13 @@ from distil.eval.report import (  # noqa: F401  the report API, re-exported
     unique_names,
     write_report,
 )
+from distil.eval.scoring import EvalResult, eval_metrics, score  # noqa: F401  re-exported
+from distil.files import file_info
 from distil.tasks.base import Task, Where, brief
-from distil.tasks.countdown import COLUMNS as _COUNTDOWN_COLUMNS
-from distil.tasks.countdown import Countdown
-from distil.tasks.registry import make_task
-
-COLUMNS = list(_COUNTDOWN_COLUMNS)  # Countdown's failure columns (the demo's table uses them)
 
 
-@dataclass
-class EvalResult:
-    """One model's (or completions file's) verdicts. `kind` is "model" or "completions", `path`
-    the model directory or file evaluated, `data` where the problems came from (file_info)."""
-
-    name: str
-    summary: dict[str, Any]
-    rows: list[dict[str, Any]] = field(default_factory=list)  # one per problem, with verdicts
-    kind: str = "model"
-    path: str | None = None
-    data: dict[str, Any] | None = None
-    task: str = "countdown"
-    outcomes: tuple[str, ...] = OUTCOMES
-    columns: list[tuple[str, str]] = field(default_factory=lambda: list(COLUMNS))
-
-
-# ----------------------------------------------------------------------------- scoring
-
-
-def _countdown(number_usage: str) -> Countdown:
-    return Countdown(EvalConfig(task="countdown", number_usage=number_usage))
-
-
-def score(
-    name: str,
-    problems: Sequence[dict[str, Any]],
-    *,
-    number_usage: str = "exact",
-    task: Task | None = None,
-) -> EvalResult:
-    """Check every completion of every problem (the task's columns plus `completions`) with
-    `task` (default: Countdown with `number_usage`)."""
-    task = task if task is not None else _countdown(number_usage)
-    rows, outcomes, counts, groups = [], Counter(), [], {}
-    for i, prob in enumerate(problems):
-        outs = []
-        for text in prob["completions"]:
-            v = task.check(text, prob)
-            if v.outcome not in task.outcomes:
-                raise ConfigError(
-                    f"task {task.name or type(task).__name__} returned the outcome "
-                    f"{v.outcome!r}, not one of its outcomes ({', '.join(task.outcomes)}). Fix: "
-                    "add it to the task's `outcomes`"
-                )
-            outcomes[v.outcome] += 1
-            outs.append(
-                {"completion": text, "outcome": v.outcome, "answer": v.answer, "detail": v.detail}
-            )
-        n_ok = sum(o["outcome"] == "correct" for o in outs)
-        counts.append((len(outs), n_ok))
-        if (g := task.group(prob)) is not None:
-            total, ok = groups.get(g, (0, 0))
-            groups[g] = (total + len(outs), ok + n_ok)
-        shown = {k: v for k, v in prob.items() if k not in ("id", "completions") and k[0] != "_"}
-        rows.append({"id": prob.get("id", i), **shown, "correct": n_ok, "samples": outs})
-    total = sum(outcomes.values())
-    summary: dict[str, Any] = {
-        "total": total,
-        "accuracy": outcomes["correct"] / total if total else 0.0,
-    }
-    summary.update({outcome: outcomes[outcome] for outcome in task.outcomes})
-    summary["problems"] = len(problems)
-    n = min((c[0] for c in counts), default=1)
-    summary["pass_at_k"] = {str(k): mean_pass_at_k(counts, k) for k in _pass_ks(n)}
-    # mean@k: the mean over problems of each problem's share of correct samples
-    summary["mean_at_k"] = sum(c / m for m, c in counts) / len(counts) if counts else 0.0
-    if groups:
-        summary["groups"] = {
-            g: {"total": t, "correct": c, "accuracy": c / t if t else 0.0}
-            for g, (t, c) in sorted(groups.items())
-        }
-    return EvalResult(
-        name,
-        summary,
-        rows,
-        task=task.name,
-        outcomes=tuple(task.outcomes),
-        columns=task.table_columns(),
-    )
-
-
-def eval_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """The summary as flat `eval/*` metrics for the training log: accuracy, total, the count of
-    every outcome, mean@k, pass@k (`eval/pass@2`) and per-group accuracy (`eval/group/<g>`)."""
-    out = {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
-    out.update({f"eval/pass@{k}": v for k, v in summary.get("pass_at_k", {}).items()})
-    for g, stats in summary.get("groups", {}).items():
-        out[f"eval/group/{g}"] = stats["accuracy"]
-    return out
-
-
-def score_file(
-    path: str | Path,
-    *,
-    name: str | None = None,
-    number_usage: str = "exact",
-    task: Task | None = None,
-) -> EvalResult:
+def score_file(path: str | Path, *, task: Task, name: str | None = None) -> EvalResult:
     """Load a completions file (load_completions) and score it; the result records the file."""
-    task = task if task is not None else _countdown(number_usage)
     problems = load_completions(path, task)
     result = score(name or Path(path).stem, problems, task=task)
     result.kind, result.path = "completions", os.path.abspath(path)
@@ -157,20 +50,10 @@ def score_file(
     return result
 
 
-def _pass_ks(n: int) -> list[int]:
-    ks, k = [], 1
-    while k <= n:
-        ks.append(k)
-        k *= 2
-    if n not in ks:
-        ks.append(n)
-    return ks
-
-
 # ----------------------------------------------------------------------------- completions files
 
 
-def load_completions(path: str | Path, task: Task | None = None) -> list[dict[str, Any]]:
+def load_completions(path: str | Path, task: Task) -> list[dict[str, Any]]:
     """Read a JSONL of outputs: the task's columns (Countdown: `nums`, `target`, top level or
     under `metadata`) and the text as `completion`, `completions` (list), `response`, or chat
     `messages` (assistant turns).
@@ -185,7 +68,6 @@ def load_completions(path: str | Path, task: Task | None = None) -> list[dict[st
         raw_lines = path.read_bytes().split(b"\n")
     except OSError as exc:
         raise DataError(f"cannot read: {exc.strerror or exc}", path=str(path)) from exc
-    task = task if task is not None else _countdown("exact")
     problems = []
     for line_no, raw in enumerate(raw_lines, 1):
         line = _decode_line(raw, str(path), line_no)
@@ -245,7 +127,7 @@ def _completion_texts(row: dict[str, Any], path: str, line: int) -> list[str] | 
         texts = row["completions"]
         if not (isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts)):
             raise DataError(
-                f"'completions' must be a non-empty list of strings, got {_brief(texts)}",
+                f"'completions' must be a non-empty list of strings, got {brief(texts)}",
                 path=path,
                 line=line,
             )
@@ -254,7 +136,7 @@ def _completion_texts(row: dict[str, Any], path: str, line: int) -> list[str] | 
         if key in row:
             if not isinstance(row[key], str):
                 raise DataError(
-                    f"'{key}' must be a string, got {_brief(row[key])}", path=path, line=line
+                    f"'{key}' must be a string, got {brief(row[key])}", path=path, line=line
                 )
             return [row[key]]
     msgs = row.get("messages")
@@ -267,57 +149,52 @@ def _completion_texts(row: dict[str, Any], path: str, line: int) -> list[str] | 
     return None
 
 
-_brief = brief
-
-
 # ----------------------------------------------------------------------------- problems + models
 
 
-def load_problems(cfg: EvalConfig) -> list[dict[str, Any]]:
-    """The problems to evaluate: the first `cfg.n` of `cfg.data`, or freshly generated ones."""
-    return load_problem_set(cfg)[0]
+def load_problem_set(task: Task) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(problems, where they came from), by `task`: for a file, `file_info` plus the rows used;
+    for a hub dataset its id, subset and split; for generated Countdown problems, the
+    generator's settings."""
+    return task.load()
 
 
-def load_problem_set(cfg: EvalConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(problems, where they came from), by the task of `cfg`: for a file, `file_info` plus the
-    rows used; for a hub dataset its id, subset and split; for generated Countdown problems,
-    the generator's settings."""
-    return make_task(cfg).load()
+def load_problems(task: Task) -> list[dict[str, Any]]:
+    """The problems to evaluate: the first `task.cfg.n` of `task.cfg.data` (or generated)."""
+    return task.load()[0]
 
 
-def file_info(path: str | Path, *, rows: int) -> dict[str, Any]:
-    """{"path" (absolute), "rows", "bytes", "sha256"}: enough to tell two data files apart."""
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-            size += len(chunk)
-    return {
-        "path": os.path.abspath(path),
-        "rows": rows,
-        "bytes": size,
-        "sha256": digest.hexdigest(),
-    }
+def with_model_template(task: Task, model_path: str) -> Task:
+    """`task` prompting with the Countdown template recorded with the model when eval.template
+    is unset (the same task otherwise)."""
+    from distil.models.load import read_model_meta
+
+    template = read_model_meta(model_path).get("template")
+    if task.cfg.template or not template:
+        return task
+    copy = type(task)(task.cfg.model_copy(update={"template": template}))
+    copy.name = task.name
+    return copy
 
 
 def generate_for_model(
     model_path: str,
     problems: list[dict[str, Any]],
-    cfg: EvalConfig,
+    task: Task,
     *,
     progress: bool = True,
     model=None,
     tokenizer=None,
     generator=None,
 ) -> list[dict[str, Any]]:
-    """Generate `cfg.samples` completions per problem, batched, with `generator` (a training
-    run's, over `model`) or transformers `generate`; prompts from the task of `cfg` (a
-    Countdown template: cfg.template, else the model's)."""
+    """Generate `task.cfg.samples` completions per problem, batched, with `generator` (a
+    training run's, over `model`) or transformers `generate`; prompts from `task` (a Countdown
+    template: eval.template, else the model's)."""
     import torch
 
     from distil.generation.base import SamplingParams
     from distil.generation.hf import HFGenerator
-    from distil.models.load import load_model, load_tokenizer, read_model_meta
+    from distil.models.load import load_model, load_tokenizer
     from distil.models.tokenizers import encode_prompts, stop_token_ids
     from distil.progress import progress_bar
 
@@ -325,8 +202,8 @@ def generate_for_model(
     if model is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model = load_model(model_path, key="eval model", device=device)
-    template = cfg.template or read_model_meta(model_path).get("template")
-    task = make_task(cfg.model_copy(update={"template": template}))
+    cfg = task.cfg
+    task = with_model_template(task, model_path)
     gen = generator or HFGenerator(
         model, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, model)
     )
@@ -348,7 +225,7 @@ def generate_for_model(
 
 def evaluate_model(
     model_path: str,
-    cfg: EvalConfig,
+    task: Task,
     *,
     name: str | None = None,
     problems: list[dict[str, Any]] | None = None,
@@ -358,18 +235,18 @@ def evaluate_model(
     generator=None,
 ) -> EvalResult:
     """Generate and score; the summary records the generation seconds."""
-    problems = problems if problems is not None else load_problems(cfg)
+    problems = problems if problems is not None else load_problems(task)
     start = time.perf_counter()
     with_completions = generate_for_model(
         model_path,
         problems,
-        cfg,
+        task,
         progress=progress,
         model=model,
         tokenizer=tokenizer,
         generator=generator,
     )
-    result = score(name or Path(model_path).name, with_completions, task=make_task(cfg))
+    result = score(name or Path(model_path).name, with_completions, task=task)
     result.summary["seconds"] = round(time.perf_counter() - start, 2)
     result.path = os.path.abspath(model_path) if os.path.exists(model_path) else model_path
     return result

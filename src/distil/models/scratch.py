@@ -3,8 +3,8 @@
     distil tokenizer train --family bpe --vocab-size 512 --data data/train.jsonl --out tok/bpe
     distil init-model --tokenizer tok/bpe --hidden-size 256 --layers 6 --out models/teacher
 
-Tokenizers are trained with the `tokenizers` library on the prompts and completions of a
-dataset; models are random-init Llama/Qwen2 causal LMs sized to the tokenizer. Both are saved
+Tokenizers are trained with the `tokenizers` library on lines of text (a dataset's prompts and
+completions); models are random-init Llama/Qwen2 causal LMs sized to the tokenizer. Both are saved
 with `save_pretrained`, so every other command loads them like any hub checkpoint.
 """
 
@@ -30,31 +30,16 @@ from distil.models import tokenizer_families as families
 CHAT_TEMPLATES = ("family", "compact")
 
 
-def corpus_from_data(path: str, *, template: str | None = None, limit: int | None = None):
-    """Lines to train a tokenizer on: each example's prompt contents and its completion."""
-    from distil.data.datasets import load_examples
-
-    examples = load_examples(path, template=template, limit=limit)
-    lines = []
-    for ex in examples:
-        prompt = (
-            ex.prompt if isinstance(ex.prompt, str) else " ".join(m["content"] for m in ex.prompt)
-        )
-        lines.append(prompt if ex.completion is None else f"{prompt} -> {ex.completion}")
-    return lines
-
-
-def train_tokenizer_from_data(
+def make_tokenizer(
     family: str,
-    data: str,
+    lines: list[str],
     out: str | Path,
     *,
     vocab_size: int = 512,
-    template: str | None = None,
     chat_template: str = "family",
-    limit: int | None = 20000,
 ):
-    """Train a `family` tokenizer on `data`, save it to `out`, return it.
+    """Train a `family` tokenizer on `lines` (`distil.tasks.prompts.corpus_from_data` reads
+    them from a dataset), save it to `out`, return it.
 
     chat_template "family" keeps the family's own turn markers (ChatML for bpe, Gemma-like for
     unigram, ...); "compact" renders a prompt as its text followed by " ->" (no markers), the
@@ -66,7 +51,6 @@ def train_tokenizer_from_data(
         raise ConfigError(
             f"--chat-template {chat_template!r} is not one of {', '.join(CHAT_TEMPLATES)}"
         )
-    lines = corpus_from_data(data, template=template, limit=limit)
     template_text = families.CHAR_TEMPLATE if chat_template == "compact" else None
     tok = families.train_tokenizer(family, lines, vocab_size, chat_template=template_text)
     families.save_tokenizer(tok, out)

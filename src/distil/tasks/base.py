@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from distil.data.datasets import read_hub, read_rows
 from distil.errors import DataError
+from distil.files import file_info
+from distil.paths import looks_local
 
 if TYPE_CHECKING:
     from distil.config import EvalConfig
@@ -32,11 +35,13 @@ Where = dict[str, Any]  # {"path": ..., "line": ...}: where a row came from, for
 @dataclass(frozen=True)
 class Verdict:
     """A checker's result: one of the task's outcomes, the extracted answer (None when none was
-    found) and a short human-readable detail."""
+    found), a short human-readable detail, and the answer's value where the task computes one
+    (Countdown: the left side as an exact fraction)."""
 
     outcome: str
     answer: str | None = None
     detail: str = ""
+    value: Any = None
 
     @property
     def correct(self) -> bool:
@@ -113,33 +118,14 @@ def read_task_rows(
     """([(where, row)], info): rows of a local file / saved dataset (`split` picks a split of a
     saved DatasetDict) or of a hub dataset loaded through `datasets` (`subset` is its config
     name, e.g. "main" for openai/gsm8k). `info` fingerprints the source for the report."""
-    from distil.data.datasets import _read_rows
-    from distil.paths import looks_local
-
     path = Path(os.path.expanduser(source))
     if path.exists() or looks_local(source):
-        rows = _read_rows(source, split)
+        rows = read_rows(source, split)
         if path.is_file():
-            from distil.eval.runner import file_info
-
             return rows, file_info(path, rows=len(rows))
         return rows, {"path": os.path.abspath(path), "rows": len(rows), "split": split}
-    return _read_hub(source, subset, split)
-
-
-def _read_hub(source: str, subset: str | None, split: str):
-    from datasets import load_dataset
-
-    try:
-        ds = load_dataset(source, subset, split=split)
-    except Exception as exc:  # datasets raises many types for unreachable/unknown ids
-        shown = f"'{source}'" + (f" (subset '{subset}')" if subset else "")
-        raise DataError(
-            f"could not load {shown}, split '{split}', as a hub dataset (no local file or "
-            f"directory has this name): {' '.join(str(exc).split())[:300]}. Fix: check the id, "
-            "eval.subset (the dataset's config name) and eval.split"
-        ) from exc
-    rows = [({"path": source, "line": i + 1}, r) for i, r in enumerate(ds)]
+    fix = "check the id, eval.subset (the dataset's config name) and eval.split"
+    rows = read_hub(source, split, subset, fix=fix)
     return rows, {"hub": source, "subset": subset, "split": split, "rows": len(rows)}
 
 

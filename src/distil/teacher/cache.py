@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from distil.errors import DistilError
+from distil.files import fsync_dir, fsync_file, sha256
 from distil.teacher.cache_codec import (  # noqa: F401 (the codec's names, for callers)
     LOGPROB_STEP,
     VALUE_CODECS,
@@ -37,7 +38,6 @@ from distil.teacher.cache_codec import (  # noqa: F401 (the codec's names, for c
     encode_tokens,
     sqrt_step,
 )
-from distil.train.checkpoint import _fsync_dir, _fsync_file, _sha256
 
 FORMAT = "distil-teacher-cache-2"  # 1: zlib'd byte planes of the id gaps, q8 values
 MANIFEST = "manifest.json"
@@ -107,7 +107,7 @@ def weights_sha256(path: str | Path) -> str | None:
     h = hashlib.sha256()
     for f in sorted(root.glob("*.safetensors")) + sorted(root.glob("*.bin")):
         h.update(f.name.encode())
-        h.update(_sha256(f).encode())
+        h.update(sha256(f).encode())
     return h.hexdigest()
 
 
@@ -141,15 +141,15 @@ def write_shard(out_dir: Path, index: int, rows, offsets, arrays: dict[str, np.n
     path = out_dir / shard_name(index)
     tmp = path.with_name(path.name + ".tmp")
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp))
-    _fsync_file(tmp)
+    fsync_file(tmp)
     os.replace(tmp, path)
-    _fsync_dir(out_dir)
+    fsync_dir(out_dir)
     return {
         "file": path.name,
         "rows": [int(tensors["rows"][0]), int(tensors["rows"][-1]) + 1],
         "tokens": int(tensors["offsets"][-1]),
         "bytes": path.stat().st_size,
-        "sha256": _sha256(path),
+        "sha256": sha256(path),
     }
 
 
@@ -161,7 +161,7 @@ def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    _fsync_dir(out_dir)
+    fsync_dir(out_dir)
 
 
 def read_manifest(cache_dir: str | Path) -> dict[str, Any]:
@@ -277,7 +277,7 @@ def verify_shards(cache_dir: str | Path, manifest: dict[str, Any]) -> None:
             problem = (
                 f"has {path.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated?)"
             )
-        elif _sha256(path) != entry["sha256"]:
+        elif sha256(path) != entry["sha256"]:
             problem = "does not match its sha256 in the manifest (the file was altered or damaged)"
         else:
             continue

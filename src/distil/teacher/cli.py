@@ -25,9 +25,11 @@ def add_cache_teacher(sub, positive_int) -> None:
 
 def _cache_teacher(args) -> int:
     from distil.config import load_config
+    from distil.preflight import check
     from distil.teacher.writer import cache_teacher
 
     cfg = load_config(args.config, args.overrides)
+    check(cfg, "cache-teacher")
     m = cache_teacher(
         cfg, args.out, values=args.values, shard_rows=args.shard_rows, batch_size=args.batch_size
     )
@@ -57,7 +59,7 @@ def add_generate(sub, positive_int) -> None:
         "--keep",
         choices=["all", "correct"],
         default="all",
-        help="correct: only completions the Countdown checker accepts",
+        help="correct: only completions the config's task (eval.task) judges correct",
     )
     p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per call")
     p.set_defaults(func=_generate)
@@ -65,10 +67,12 @@ def add_generate(sub, positive_int) -> None:
 
 def _generate(args) -> int:
     from distil.config import load_config
-    from distil.teacher.generate import generate_dataset
+    from distil.preflight import check
+    from distil.teacher.generate import generate_completions
 
     cfg = load_config(args.config, args.overrides)
-    c = generate_dataset(
+    check(cfg, "generate")
+    c = generate_completions(
         cfg, args.out, model_path=args.model, n=args.n, keep=args.keep, batch_size=args.batch_size
     )
     print(

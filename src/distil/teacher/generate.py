@@ -4,7 +4,8 @@ config's prompts, `n` per prompt, into a JSONL file that `data.train` reads.
 Each output row is the input row's other columns (Countdown's `nums`, `target`, ...) plus the
 rendered `prompt` (chat messages, as the model saw them) and the model's `completion`; train from
 it with `data.template=null` (the prompt is already rendered). `keep="correct"` keeps only
-completions the strict Countdown checker accepts. The file is written to `<out>.tmp` and renamed.
+completions the config's task (eval.task: countdown, gsm8k, math, mmlu or a user's task) judges
+correct, each row read as that task's problem. The file is written to `<out>.tmp` and renamed.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from distil.config import DistilConfig
 from distil.errors import ConfigError, DataError
 from distil.generation.base import SamplingParams
 from distil.progress import progress_bar
+from distil.tasks import Task, make_task
+from distil.tasks.prompts import config_examples
 
 KEEP = ("all", "correct")
 
 
-def generate_dataset(
+def generate_completions(
     cfg: DistilConfig,
     out: str | Path,
     *,
@@ -34,7 +37,6 @@ def generate_dataset(
     batch_size: int = 16,
 ) -> dict[str, int]:
     """Write the completions; returns counts {"prompts", "completions", "kept"}."""
-    from distil.data.datasets import config_examples
     from distil.generation.select import build_generator, teacher_backend
     from distil.models.load import load_model, load_tokenizer
     from distil.models.tokenizers import encode_prompts, stop_token_ids
@@ -50,14 +52,7 @@ def generate_dataset(
     if out.is_dir() or not out.parent.is_dir():
         raise ConfigError(f"--out {out}: give a file path in an existing directory")
     examples = config_examples(cfg.data)
-    if keep == "correct":
-        bad = next((e for e in examples if not {"nums", "target"} <= e.meta.keys()), None)
-        if bad is not None:
-            raise DataError(
-                "--keep correct checks Countdown answers, but this row has no nums/target "
-                "columns. Fix: --keep all, or Countdown data",
-                path=bad.meta.get("_where"),
-            )
+    task, problems = _judged(cfg, examples) if keep == "correct" else (None, None)
     key = "--model" if model_path else "teacher.path"
     tok = load_tokenizer(path, key=key)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -82,7 +77,9 @@ def generate_dataset(
     tmp = out.with_name(out.name + ".tmp")
     try:
         with tmp.open("w") as fh:
-            _write(fh, examples, prompts, gen, params, tok, keep, batch_size, counts, cfg)
+            _write(
+                fh, examples, prompts, gen, params, tok, (task, problems), batch_size, counts, cfg
+            )
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
@@ -92,10 +89,30 @@ def generate_dataset(
     return counts
 
 
-def _write(fh, examples, prompts, gen, params, tok, keep, batch_size, counts, cfg) -> None:
-    """Generate batch by batch and write the kept rows to `fh`."""
-    from distil.eval.countdown import check
+def _judged(cfg: DistilConfig, examples) -> tuple[Task, list[dict[str, Any]]]:
+    """The config's task and each example's problem as that task reads it; a row it cannot read
+    is a DataError naming the file and line, raised before any model loads."""
+    task = make_task(cfg.eval)
+    problems = []
+    for e in examples:
+        path, _, line = e.meta.get("_where", "").rpartition(":")
+        where = {"path": path or None, "line": int(line) if line.isdigit() else None}
+        try:
+            problems.append(task.problem(e.meta, where))
+        except DataError as exc:
+            raise DataError(
+                f"--keep correct judges completions with the task {task.name!r} (eval.task), but "
+                f"this row is not one of its problems ({exc.message}). Fix: --keep all, or set eval.task "
+                "to the data's task",
+                **where,
+            ) from exc
+    return task, problems
 
+
+def _write(fh, examples, prompts, gen, params, tok, judge, batch_size, counts, cfg) -> None:
+    """Generate batch by batch and write the kept rows (judge: (task, problems) or (None, _),
+    keeping every row) to `fh`."""
+    task, problems = judge
     with progress_bar("generate", len(examples), enabled=cfg.logging.progress) as bar:
         for lo in range(0, len(examples), batch_size):
             chunk = examples[lo : lo + batch_size]
@@ -104,10 +121,7 @@ def _write(fh, examples, prompts, gen, params, tok, keep, batch_size, counts, cf
                 ex = chunk[j]
                 text = tok.decode(ids, skip_special_tokens=True)
                 counts["completions"] += 1
-                if (
-                    keep == "correct"
-                    and not check(text, ex.meta["nums"], ex.meta["target"]).correct
-                ):
+                if task is not None and not task.check(text, problems[lo + j]).correct:
                     continue
                 counts["kept"] += 1
                 fh.write(json.dumps(_row(ex, text), ensure_ascii=False) + "\n")

@@ -1,4 +1,4 @@
-"""Countdown behind the task interface: the strict checker of distil.eval.countdown, unchanged.
+"""Countdown behind the task interface: the strict checker (checker.py), unchanged.
 
 Problems come from a file with `nums` and `target` (top level or under `metadata`), or are
 generated (eval.data null: eval.n problems with eval.numbers numbers, seed eval.seed). The prompt
@@ -11,8 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from distil.errors import DataError
-from distil.eval.countdown import OUTCOMES, check
+from distil.files import file_info
 from distil.tasks.base import Task, Verdict, Where, brief
+from distil.tasks.countdown.checker import OUTCOMES, check
+from distil.tasks.countdown.files import read_rows
+from distil.tasks.countdown.solver import generate_problems, parse_numbers
+from distil.tasks.countdown.templates import get_template
 
 COLUMNS = (
     ("Missing Answer Tags", "missing_answer_tags"),
@@ -43,8 +47,6 @@ class Countdown(Task):
         return {"nums": [int(x) for x in nums], "target": int(target)}
 
     def messages(self, problem: dict[str, Any]) -> list[dict[str, str]]:
-        from distil.data.countdown import get_template
-
         template = get_template(self.cfg.template or "countdown_chat")
         return template.messages(problem["nums"], problem["target"])
 
@@ -55,9 +57,6 @@ class Countdown(Task):
 
     def load(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The first eval.n problems of eval.data (read_rows), or freshly generated ones."""
-        from distil.data.countdown import generate_problems, parse_numbers, read_rows
-        from distil.eval.runner import file_info
-
         cfg = self.cfg
         if cfg.data:
             rows = read_rows(cfg.data)

@@ -1,5 +1,5 @@
-"""The Countdown task: an exhaustive solver and a seeded problem generator (prompt templates and
-dataset files: countdown_io.py; both are re-exported by countdown.py, the public module).
+"""The Countdown task: an exhaustive solver and a seeded problem generator (the prompts are in
+templates.py, the dataset files in files.py).
 
 Rules (Stream-of-Search / TinyZero Countdown): a problem has 3 or 4 numbers in [1, max_number]
 and a target in [1, max_target]; an answer uses every number exactly once with + - * / and every

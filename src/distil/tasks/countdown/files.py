@@ -1,85 +1,22 @@
-"""Countdown prompt templates and dataset files (JSONL + parquet).
-
-Templates turn a problem into chat messages and a reference completion; `generate_dataset`
-writes disjoint train/test splits. The solver and the generator are in `countdown_solver.py`;
-`countdown.py` re-exports both.
+"""Countdown dataset files (JSONL + parquet): `generate_dataset` writes disjoint train/test
+splits with their prompts (templates.py) and reference solutions (solver.py); `read_rows` reads
+problems back, naming the file and line of a bad row.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distil.data.countdown_solver import (
-    Problem,
-    compact,
-    generate_splits,
-    parse_numbers,
-    solution_steps,
-)
-from distil.errors import ConfigError, DataError
-
-# --- prompt templates ---------------------------------------------------------------------------
-
-_SYSTEM = (
-    "You are a helpful assistant. You first think about the reasoning process in the mind "
-    "and then provide the user with the answer."
-)
-
-
-@dataclass(frozen=True)
-class CountdownChat:
-    """System + user prompt in the style of the public mini-R1/TinyZero Countdown prompts; the
-    reference completion shows the steps in <think> and the equation in <answer>."""
-
-    name: str = "countdown_chat"
-
-    def messages(self, nums: Sequence[int], target: int) -> list[dict[str, str]]:
-        user = (
-            f"Here are some numbers: {list(nums)}. Write an equation that uses each of them "
-            f"exactly once and evaluates to {target}; you may use +, -, * and /. Reason step by "
-            "step inside <think> </think> tags, then put only the final equation inside "
-            "<answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>."
-        )
-        return [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": user}]
-
-    def completion(self, problem: Problem) -> str:
-        steps = ", ".join(solution_steps(problem.solution))
-        return f"<think>{steps}</think>\n<answer>{problem.solution}</answer>"
-
-
-@dataclass(frozen=True)
-class CountdownPlain:
-    """Compact prompt and answer for small models trained from scratch: few tokens, no prose."""
-
-    name: str = "countdown_plain"
-
-    def messages(self, nums: Sequence[int], target: int) -> list[dict[str, str]]:
-        return [{"role": "user", "content": f"nums: {' '.join(map(str, nums))} target: {target}"}]
-
-    def completion(self, problem: Problem) -> str:
-        return f"<answer>{compact(problem.solution)}</answer>"
-
-
-Template = CountdownChat | CountdownPlain
-TEMPLATES: dict[str, Template] = {t.name: t for t in (CountdownChat(), CountdownPlain())}
-
-
-def get_template(name: str | Template) -> Template:
-    """A template by name (a template object passes through); unknown names list the valid ones."""
-    if not isinstance(name, str):
-        return name
-    if name not in TEMPLATES:
-        raise ConfigError(f"unknown Countdown template {name!r}; valid: {', '.join(TEMPLATES)}")
-    return TEMPLATES[name]
-
-
-# --- dataset files ------------------------------------------------------------------------------
+from distil.data.datasets import read_jsonl_rows
+from distil.errors import DataError
+from distil.files import atomic_write
+from distil.paths import path_problem
+from distil.tasks.countdown.solver import Problem, generate_splits, parse_numbers
+from distil.tasks.countdown.templates import Template, get_template
 
 
 def to_rows(problems: Iterable[Problem], template: str | Template) -> list[dict[str, Any]]:
@@ -97,20 +34,6 @@ def to_rows(problems: Iterable[Problem], template: str | Template) -> list[dict[
     ]
 
 
-def _atomic_write(path: Path, write) -> None:
-    """Write through a temp file in the same directory and rename it, so readers never see a
-    half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; data files are for everyone to read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_rows(rows: list[dict[str, Any]], out_dir: str | os.PathLike, name: str) -> list[Path]:
     """Write `{name}.jsonl` and `{name}.parquet` under out_dir; returns both paths."""
     import pyarrow as pa
@@ -120,15 +43,13 @@ def write_rows(rows: list[dict[str, Any]], out_dir: str | os.PathLike, name: str
     out.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     jsonl, parquet = out / f"{name}.jsonl", out / f"{name}.parquet"
-    _atomic_write(jsonl, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    _atomic_write(parquet, lambda tmp: pq.write_table(pa.Table.from_pylist(rows), tmp))
+    atomic_write(jsonl, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic_write(parquet, lambda tmp: pq.write_table(pa.Table.from_pylist(rows), tmp))
     return [jsonl, parquet]
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    from distil.data.datasets import read_jsonl_rows  # decoding, JSON and text checks per line
-
-    rows = []
+    rows = []  # read_jsonl_rows: decoding, JSON and text checks per line
     for where, row in read_jsonl_rows(path):
         _check_row(row, path, where["line"])
         rows.append(row)
@@ -155,8 +76,6 @@ def _check_row(row: Any, path: Path, line: int) -> None:
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Read rows back from a .jsonl or .parquet file written by `write_rows` (or any file with
     `nums` and `target` columns). Bad rows raise DataError naming the file and 1-based line/row."""
-    from distil.paths import path_problem
-
     if problem := path_problem(path, "problems file"):
         raise DataError(problem)
     path = Path(path)
@@ -213,5 +132,5 @@ def generate_dataset(
         "counts": {"train": len(train), "test": len(test)},
     }
     text = json.dumps(meta, indent=2) + "\n"
-    _atomic_write(out / "meta.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic_write(out / "meta.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return {**meta, "out_dir": str(out), "files": [str(p) for p in [*files, out / "meta.json"]]}

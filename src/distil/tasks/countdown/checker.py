@@ -1,12 +1,11 @@
-"""Scoring Countdown answers: the strict checker with failure categories, pass@k, summaries, and a
-TinyZero-compatible reward for reproducing RL baselines.
+"""The strict Countdown checker with failure categories, and summaries of its verdicts.
 
-The strict checker follows the rules of the public Countdown checker used to reproduce the HF
-GOLD results (research/landscape.md §3.5), with multiset-equality number usage as the default:
+It follows the rules of the public Countdown checker used to reproduce the HF GOLD results,
+with multiset-equality number usage as the default:
 the last <answer> block, unicode operators normalized, an optional "= RHS", integer literals,
 unary +/- and binary + - * / with Python's precedence, evaluated in exact rational arithmetic.
 
-The rules, precisely (each has a test in tests/unit/test_countdown_checker.py):
+The rules, precisely (each has a test in the checker tests):
 
 - **Answer tags.** The tags are `<answer>` and `</answer>`, matched ASCII case-insensitively
   (`<ANSWER>` counts; `<anſwer>` with U+017F or a Kelvin sign K does not). A block is an opening
@@ -36,17 +35,14 @@ The rules, precisely (each has a test in tests/unit/test_countdown_checker.py):
 
 from __future__ import annotations
 
-import ast
-import math
-import operator
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from distil.errors import ConfigError
+from distil.tasks.base import Verdict
 
 OUTCOMES = (
     "correct",
@@ -68,19 +64,9 @@ _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "u+": 3, "u-": 3}
 _SHOW_DIGITS = 60  # detail text shows numbers up to this many digits in full
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The checker's result: one of OUTCOMES, the extracted equation (None when there are no
-    answer tags), the LHS value when it evaluated, and a short human-readable detail."""
-
-    outcome: str
-    answer: str | None
-    value: Fraction | None
-    detail: str
-
-    @property
-    def correct(self) -> bool:
-        return self.outcome == "correct"
+def _verdict(outcome: str, answer: str | None, value: Fraction | None, detail: str) -> Verdict:
+    """A task Verdict with the LHS value when it evaluated (None otherwise)."""
+    return Verdict(outcome, answer, detail, value)
 
 
 class _EvalError(Exception):
@@ -217,30 +203,32 @@ def check(
         raise ConfigError(f"number_usage={number_usage!r}; valid: {', '.join(NUMBER_USAGE)}")
     answer = extract_answer(completion)
     if answer is None:
-        return Verdict("missing_answer_tags", None, None, "no non-empty <answer>...</answer> block")
+        return _verdict(
+            "missing_answer_tags", None, None, "no non-empty <answer>...</answer> block"
+        )
     lhs, eq, rhs = answer.rpartition("=")
     if not eq:
         lhs, rhs = answer, ""
     try:
         (num, den), literals = _evaluate(lhs)
     except _EvalError as exc:
-        return Verdict("lhs_parse_or_eval_error", answer, None, f"left side: {exc}")
+        return _verdict("lhs_parse_or_eval_error", answer, None, f"left side: {exc}")
     value = Fraction(num, den)
     if not _usage_ok(literals, nums, number_usage):
         detail = f"used {_show_list(literals)}, given {_show_list(nums)} ({number_usage})"
-        return Verdict("invalid_number_usage", answer, value, detail)
+        return _verdict("invalid_number_usage", answer, value, detail)
     if rhs.strip():
         try:
             (r_num, r_den), _ = _evaluate(rhs)
         except _EvalError as exc:
-            return Verdict("rhs_parse_or_eval_error", answer, value, f"right side: {exc}")
+            return _verdict("rhs_parse_or_eval_error", answer, value, f"right side: {exc}")
         if r_num * den != num * r_den:
             detail = f"{_show(value)} != {_show(Fraction(r_num, r_den))}"
-            return Verdict("equation_not_balanced", answer, value, detail)
+            return _verdict("equation_not_balanced", answer, value, detail)
     if num != target * den:
         side = "right side " if rhs.strip() else ""
-        return Verdict("wrong_value", answer, value, f"{side}{_show(value)} != {_show(target)}")
-    return Verdict("correct", answer, value, "")
+        return _verdict("wrong_value", answer, value, f"{side}{_show(value)} != {_show(target)}")
+    return _verdict("correct", answer, value, "")
 
 
 def summarize(verdicts: Iterable[Verdict]) -> dict[str, Any]:
@@ -253,118 +241,3 @@ def summarize(verdicts: Iterable[Verdict]) -> dict[str, Any]:
     }
     summary.update({outcome: counts[outcome] for outcome in OUTCOMES})
     return summary
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)
-    (Chen et al. 2021, "Evaluating Large Language Models Trained on Code")."""
-    if not (0 <= c <= n and 1 <= k <= n):
-        raise ConfigError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
-    if n - c < k:  # every k-subset holds a correct sample
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def mean_pass_at_k(counts: Iterable[tuple[int, int]], k: int) -> float:
-    """Mean pass@k over problems given (n, c) per problem; 0.0 for no problems."""
-    values = [pass_at_k(n, c, k) for n, c in counts]
-    return sum(values) / len(values) if values else 0.0
-
-
-# --- TinyZero-compatible reward (verl/utils/reward_score/countdown.py) --------------------------
-_TZ_TAG = re.compile(r"<(/?)answer>")  # case-sensitive, like TinyZero
-_TZ_ALLOWED = re.compile(r"^[\d+\-*/().\s]+$")
-_TZ_MAX_POW_BITS = 1 << 20  # larger powers would take TinyZero's eval minutes or hours
-
-
-def _tinyzero_extract(text: str) -> str | None:
-    if "Assistant:" in text:
-        text = text.split("Assistant:", 1)[1]
-    elif "<|im_start|>assistant" in text:
-        text = text.split("<|im_start|>assistant", 1)[1]
-    else:
-        return None
-    # TinyZero: re.findall(r"<answer>(.*?)</answer>", last_line)[-1]. The same non-overlapping,
-    # lazy matches, found in one scan of the tags (the regex is quadratic on many open tags).
-    line, content_start, last = text.split("\n")[-1], None, None
-    for tag in _TZ_TAG.finditer(line):
-        if not tag.group(1):
-            if content_start is None:  # inside a match, another <answer> is content
-                content_start = tag.end()
-        elif content_start is not None:
-            last, content_start = line[content_start : tag.start()], None
-    return last.strip() if last is not None else None
-
-
-def _tinyzero_numbers(equation: str) -> list[int] | None:
-    r"""TinyZero's `[int(n) for n in re.findall(r"\d+", equation)]`; None where that raises (a
-    run past Python's 4,300-digit limit), which TinyZero's try/except scores as a mismatch."""
-    try:
-        return [int(d) for d in re.findall(r"\d+", equation)]
-    except ValueError:
-        return None
-
-
-def _tinyzero_pow(base: Any, exp: Any) -> Any:
-    exact = type(base) is int and type(exp) is int and exp > 0 and abs(base) > 1
-    if exact and exp * abs(base).bit_length() > _TZ_MAX_POW_BITS:
-        raise OverflowError("power too large")  # eval would grind; count it as failed
-    return base**exp
-
-
-_TZ_OPS = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Pow: _tinyzero_pow,
-}
-
-
-def _tinyzero_eval(node: ast.AST) -> Any:
-    """Python's own arithmetic on the nodes the whitelist lets through (ints, floats, + - * /
-    // **, unary +/-); anything else (calls like "(1)(2)", "()", "...") raises like eval would."""
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd | ast.USub):
-        value = _tinyzero_eval(node.operand)
-        return -value if isinstance(node.op, ast.USub) else +value
-    if isinstance(node, ast.BinOp) and type(node.op) in _TZ_OPS:
-        return _TZ_OPS[type(node.op)](_tinyzero_eval(node.left), _tinyzero_eval(node.right))
-    raise TypeError(f"not evaluable: {type(node).__name__}")
-
-
-def tinyzero_score(
-    solution_str: str,
-    nums: Sequence[int],
-    target: float,
-    format_score: float = 0.1,
-    score: float = 1.0,
-) -> float:
-    """TinyZero's Countdown reward (landscape.md §3.3), quirks included.
-
-    `solution_str` is prompt + response: text before the first "Assistant:" (else
-    "<|im_start|>assistant") is dropped, and with neither marker the score is 0. Only the last
-    line is searched for <answer>...</answer> (none -> 0). Digit runs must equal `nums` as a
-    multiset and the answer must match ^[\\d+\\-*/().\\s]+$ and evaluate within 1e-5 of the
-    target -> `score`; otherwise `format_score`. So "... = 24" and multi-line answers fail.
-    One deviation: TinyZero calls eval(), here a whitelisted AST evaluator with Python's own
-    semantics does the same arithmetic but refuses integer powers above 2**(2**20) (TinyZero
-    would hang), scoring them format_score. A digit run past Python's 4,300-digit int-from-str
-    limit fails TinyZero's number check inside its try/except, so it scores format_score here
-    too; the last-line tag search is one linear scan with the regex's exact matches.
-    """
-    equation = _tinyzero_extract(solution_str)
-    if equation is None:
-        return 0.0
-    numbers = _tinyzero_numbers(equation)
-    if numbers is None or sorted(numbers) != sorted(nums):
-        return format_score
-    if not _TZ_ALLOWED.match(equation):
-        return format_score
-    try:
-        result = _tinyzero_eval(ast.parse(equation, mode="eval").body)
-        return score if abs(result - target) < 1e-5 else format_score
-    except Exception:  # TinyZero scores every evaluation failure as format_score
-        return format_score

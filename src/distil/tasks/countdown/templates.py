@@ -1,0 +1,65 @@
+"""Countdown prompt templates: a problem as chat messages, and its reference completion.
+
+`countdown_chat` is the system + user prompt of the public mini-R1/TinyZero Countdown runs;
+`countdown_plain` the compact one for small models trained from scratch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from distil.errors import ConfigError
+from distil.tasks.countdown.solver import Problem, compact, solution_steps
+
+_SYSTEM = (
+    "You are a helpful assistant. You first think about the reasoning process in the mind "
+    "and then provide the user with the answer."
+)
+
+
+@dataclass(frozen=True)
+class CountdownChat:
+    """System + user prompt in the style of the public mini-R1/TinyZero Countdown prompts; the
+    reference completion shows the steps in <think> and the equation in <answer>."""
+
+    name: str = "countdown_chat"
+
+    def messages(self, nums: Sequence[int], target: int) -> list[dict[str, str]]:
+        user = (
+            f"Here are some numbers: {list(nums)}. Write an equation that uses each of them "
+            f"exactly once and evaluates to {target}; you may use +, -, * and /. Reason step by "
+            "step inside <think> </think> tags, then put only the final equation inside "
+            "<answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>."
+        )
+        return [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": user}]
+
+    def completion(self, problem: Problem) -> str:
+        steps = ", ".join(solution_steps(problem.solution))
+        return f"<think>{steps}</think>\n<answer>{problem.solution}</answer>"
+
+
+@dataclass(frozen=True)
+class CountdownPlain:
+    """Compact prompt and answer for small models trained from scratch: few tokens, no prose."""
+
+    name: str = "countdown_plain"
+
+    def messages(self, nums: Sequence[int], target: int) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"nums: {' '.join(map(str, nums))} target: {target}"}]
+
+    def completion(self, problem: Problem) -> str:
+        return f"<answer>{compact(problem.solution)}</answer>"
+
+
+Template = CountdownChat | CountdownPlain
+TEMPLATES: dict[str, Template] = {t.name: t for t in (CountdownChat(), CountdownPlain())}
+
+
+def get_template(name: str | Template) -> Template:
+    """A template by name (a template object passes through); unknown names list the valid ones."""
+    if not isinstance(name, str):
+        return name
+    if name not in TEMPLATES:
+        raise ConfigError(f"unknown Countdown template {name!r}; valid: {', '.join(TEMPLATES)}")
+    return TEMPLATES[name]
