@@ -31,9 +31,9 @@ from distil.types import Sample
 
 def prepare_rows(cfg: DistilConfig, tok):
     """(examples, prompt ids, completion ids) of the config's data, as the trainer builds them."""
-    from distil.data.datasets import config_examples
     from distil.data.lengths import check_lengths
     from distil.models.tokenizers import encode_prompts, reference_ids, stop_token_ids
+    from distil.tasks.prompts import config_examples
 
     examples = config_examples(cfg.data)
     check_lengths(examples, tok, cfg.data, completions_used=True)
@@ -53,23 +53,6 @@ def prepare_rows(cfg: DistilConfig, tok):
             f"{cfg.data.completion_field!r} now), or write one with `distil generate`"
         )
     return examples, prompts, completions
-
-
-def _problems(cfg: DistilConfig) -> list[str]:
-    out = []
-    for key, value in (
-        ("teacher.path", cfg.teacher.path),
-        ("student.path", cfg.student.path),
-        ("data.train", cfg.data.train),
-    ):
-        if not value:
-            out.append(f"{key} is not set; cache-teacher needs it. Fix: set {key}")
-    if cfg.teacher.top_k is None:
-        out.append(
-            "teacher.top_k is not set: the cache stores the teacher's top-k. Fix: set "
-            "teacher.top_k (e.g. teacher.top_k=64)"
-        )
-    return out
 
 
 def student_vocab_rows(cfg: DistilConfig) -> int | None:
@@ -98,8 +81,6 @@ def cache_teacher(
     from distil.models.load import load_model, load_tokenizer
     from distil.teacher.live import LiveTeacher
 
-    if problems := _problems(cfg):
-        raise ConfigError(problems)
     if values not in fmt.VALUE_CODECS:
         raise ConfigError(f"--values {values!r}: choose one of {', '.join(fmt.VALUE_CODECS)}")
     out = Path(out)

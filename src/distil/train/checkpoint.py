@@ -21,7 +21,6 @@ training clock, both in the trainer state, so there is no scheduler state.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 
 from distil.errors import DistilError
+from distil.files import fsync_dir, fsync_file, sha256
 from distil.train.fsdp import (
     full_model_state,
     full_optimizer_state,
@@ -123,11 +123,11 @@ def save_checkpoint(
             "files": {name: _describe(tmp / name) for name in files},
         }
         _write_text(tmp / MANIFEST, json.dumps(manifest, indent=2))  # last: marks completeness
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         _prune(root, keep_last)
     accelerator.wait_for_everyone()
     return final
@@ -150,7 +150,7 @@ def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
     save_file(tensors, str(path), metadata={"format": "pt"})
-    _fsync_file(path)
+    fsync_file(path)
 
 
 def _save_optimizer(optimizer, out: Path, sd: dict | None = None) -> None:
@@ -166,7 +166,7 @@ def _save_optimizer(optimizer, out: Path, sd: dict | None = None) -> None:
             else:
                 plain[str(pid)][name] = _encode(v)
     save_file(tensors, str(out / OPTIM_TENSORS))
-    _fsync_file(out / OPTIM_TENSORS)
+    fsync_file(out / OPTIM_TENSORS)
     meta = {"state": plain, "param_groups": _encode(sd["param_groups"])}
     _write_text(out / OPTIM_META, json.dumps(meta, indent=2))
 
@@ -189,7 +189,7 @@ def _save_rng(path: Path) -> None:
         "numpy": json.dumps({"kind": kind, "pos": pos, "has_gauss": has_gauss, "cached": cached}),
     }
     save_file(tensors, str(path), metadata=meta)
-    _fsync_file(path)
+    fsync_file(path)
 
 
 # ----------------------------------------------------------------------------- verify
@@ -244,7 +244,7 @@ def _check_file(file: Path, want: dict) -> list[str]:
             f"{file.name} has {size} bytes, the manifest says {want.get('bytes')} "
             "(truncated, emptied or overwritten)"
         ]
-    if _sha256(file) != want.get("sha256"):
+    if sha256(file) != want.get("sha256"):
         return [f"{file.name} does not match its sha256 in the manifest (corrupted)"]
     return []
 
@@ -389,35 +389,8 @@ def _write_text(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:  # platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _describe(path: Path) -> dict[str, Any]:
-    return {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    return {"bytes": path.stat().st_size, "sha256": sha256(path)}
 
 
 def _prune(root: Path, keep_last: int) -> None:

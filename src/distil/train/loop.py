@@ -87,7 +87,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
     )
     if cfg.logging.trackers:
         acc.init_trackers(cfg.logging.project, config=_flat_config(cfg))
-    eval_problems = _eval_problems(cfg) if cfg.train.eval_every else None
+    eval_set = _eval_set(cfg) if cfg.train.eval_every else None
     metrics: dict[str, Any] = {}
     first, saved_at = step, time.monotonic()
 
@@ -127,8 +127,8 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
             dead = dead and cfg.train.max_zero_grad_steps > 0  # 0: the user trains on regardless
             zeros = zeros + 1 if dead else 0
             last = _done(step, clock, cfg, cost)
-            if eval_problems is not None and (step % cfg.train.eval_every == 0 or last):
-                metrics.update(_evaluate(c, cfg, eval_problems))
+            if eval_set is not None and (step % cfg.train.eval_every == 0 or last):
+                metrics.update(_evaluate(c, cfg, eval_set))
             log.write(metrics)  # before the checkpoint: a resume drops lines past its step
             if cfg.logging.trackers:
                 acc.log(
@@ -393,27 +393,31 @@ def _last_good(path) -> str:
     )
 
 
-def _eval_problems(cfg: DistilConfig):
+def _eval_set(cfg: DistilConfig):
+    """(task, problems) of the periodic evaluation, built once per run; the prompts use the
+    training data's template unless eval.template names one."""
     from distil.eval.runner import load_problems
+    from distil.tasks import make_task
 
-    return load_problems(cfg.eval)
+    template = cfg.eval.template or cfg.data.template
+    task = make_task(cfg.eval.model_copy(update={"template": template}))
+    return task, load_problems(task)
 
 
-def _evaluate(c: Components, cfg: DistilConfig, problems) -> dict[str, Any]:
+def _evaluate(c: Components, cfg: DistilConfig, eval_set) -> dict[str, Any]:
     """The eval.task verdicts of the current student (main process; RNG left untouched)."""
     acc = c.accelerator
     result: dict[str, Any] = {}
     with full_weights(c.unwrapped):  # FSDP: every rank gathers, the main process generates
         if acc.is_main_process:
-            result = _evaluate_main(c, cfg, problems)
+            result = _evaluate_main(c, cfg, *eval_set)
     acc.wait_for_everyone()
     return result
 
 
-def _evaluate_main(c: Components, cfg: DistilConfig, problems) -> dict[str, Any]:
+def _evaluate_main(c: Components, cfg: DistilConfig, task, problems) -> dict[str, Any]:
     from distil.eval.runner import eval_metrics, evaluate_model
 
-    eval_cfg = cfg.eval.model_copy(update={"template": cfg.eval.template or cfg.data.template})
     devices = [c.accelerator.device] if c.accelerator.device.type == "cuda" else []
     if isinstance(c.buffer, AsyncWindows) or is_sharded(c.unwrapped):
         # async: its generator samples from the weight snapshot; FSDP: the weights are gathered
@@ -428,7 +432,7 @@ def _evaluate_main(c: Components, cfg: DistilConfig, problems) -> dict[str, Any]
     with torch.random.fork_rng(devices=devices):
         r = evaluate_model(
             cfg.train.output_dir,
-            eval_cfg,
+            task,
             name="student",
             problems=problems,
             progress=False,

@@ -239,11 +239,10 @@ def build(cfg: DistilConfig) -> Components:
     """Everything the loop needs, prepared with accelerate, before any resume."""
     from accelerate.utils import set_seed
 
-    from distil.config import training_problems
-    from distil.data.datasets import config_examples
+    from distil.preflight import check
+    from distil.tasks.prompts import config_examples
 
-    if problems := training_problems(cfg):
-        raise ConfigError(problems)
+    check(cfg, "train")  # names, paths, extras: before any weights load
     accelerator = build_accelerator(cfg)
     set_seed(cfg.train.seed, device_specific=True)
     loss_fn = get_loss(cfg.loss.name)
