@@ -76,7 +76,7 @@ def command_problems(cfg: DistilConfig, command: str) -> list[str]:
     if command == "generate":
         return _task_named(cfg) + _backend_problems(cfg)
     if command == "cache-teacher":
-        return _cache_teacher_needs(cfg) + _names(cfg)
+        return _names(cfg)  # its own inputs (teacher, student, data, top_k): teacher/writer.py
     raise ValueError(f"unknown command {command!r} (valid: {', '.join(COMMANDS)})")
 
 
@@ -121,23 +121,6 @@ def _student_needed(cfg: DistilConfig) -> str | None:
             "(`distil init-model` creates a small random one to train from scratch)"
         )
     return None
-
-
-def _cache_teacher_needs(cfg: DistilConfig) -> list[str]:
-    out = []
-    for key, value in (
-        ("teacher.path", cfg.teacher.path),
-        ("student.path", cfg.student.path),
-        ("data.train", cfg.data.train),
-    ):
-        if not value:
-            out.append(f"{key} is not set; cache-teacher needs it. Fix: set {key}")
-    if cfg.teacher.top_k is None:
-        out.append(
-            "teacher.top_k is not set: the cache stores the teacher's top-k. Fix: set "
-            "teacher.top_k (e.g. teacher.top_k=64)"
-        )
-    return out
 
 
 def _backend_problems(cfg: DistilConfig) -> list[str]:

@@ -320,6 +320,17 @@ def test_unknown_backend_is_a_config_error_naming_the_valid_ones(make_train_conf
         generator_class("sglang")
 
 
+def test_the_config_and_the_registry_name_the_same_backends():
+    # the config's Literal (what validation accepts) and the registry (what builds) in step
+    from typing import get_args
+
+    from distil.config import GenerationConfig
+    from distil.generation.select import GENERATORS
+
+    allowed = get_args(GenerationConfig.model_fields["backend"].annotation)
+    assert set(allowed) == set(GENERATORS)
+
+
 def read_losses(run_dir):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in rows if "loss" in r]

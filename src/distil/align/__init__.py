@@ -14,6 +14,7 @@ Only torch, numpy, numba and the stdlib are imported here; tokenizers are passed
 """
 
 from distil.align.batch import PaddedRows, RowInputs, build_alignment
+from distil.align.tables import MatchTables, ProjectionTables
 from distil.align.token_align import (
     RowAlignment,
     align_completion,
@@ -24,14 +25,7 @@ from distil.align.token_align import (
     token_starts,
     two_pointer_groups,
 )
-from distil.align.vocab_map import (
-    MatchTables,
-    ProjectionTables,
-    VocabBytes,
-    matched_vocab,
-    role_map,
-    vocab_bytes,
-)
+from distil.align.vocab_map import VocabBytes, matched_vocab, role_map, vocab_bytes
 
 __all__ = [
     "MatchTables",

@@ -5,7 +5,7 @@ other goes through the general passes: the rows' completions are aligned togethe
 (`token_align.align_flat`); then, per group, the candidate table for its last positions
 (`MatchTables`), and per student token in a group, the teacher position whose distribution
 predicts it with the sparse map from teacher to student next tokens (`ProjectionTables`), all
-as compiled passes over the batch (`walk.group_keys`, `walk.projection_entries`,
+as compiled passes over the batch (`group_keys.group_keys`, `group_keys.projection_entries`,
 `outputs.finish`); Python runs only once per table that is not cached yet. Positions are
 *predicting* positions: completion token j of a model whose completion starts at input index
 `offset` is predicted by logit row offset - 1 + j. The collator hands over its padded id arrays
@@ -30,11 +30,13 @@ import numpy as np
 import torch
 
 from distil.align.fast import plain_batch
+from distil.align.group_keys import group_keys
 from distil.align.keys import first_seen
 from distil.align.outputs import finish
+from distil.align.tables import MatchTables, ProjectionTables
 from distil.align.token_align import BatchAlignment, align_flat, partners
-from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes
-from distil.align.walk import FlatRows, group_keys, teacher_text
+from distil.align.vocab_map import VocabBytes
+from distil.align.walk import FlatRows, teacher_text
 from distil.types import AlignmentGroups, GroupSpans
 
 

@@ -1,6 +1,6 @@
 """A vocabulary's byte strings sorted into flat arrays, and the compiled prefix queries on them.
 
-The match and projection tables (`vocab_map.MatchTables`, `ProjectionTables`) ask, for every
+The match and projection tables (`tables.MatchTables`, `ProjectionTables`) ask, for every
 candidate token of one side, which tokens of the other side start with some bytes, spell them
 exactly, or are their longest prefix. Over a 262k-token vocabulary that is millions of byte
 comparisons per table; here every non-special id with bytes sits in one array sorted by

@@ -4,7 +4,7 @@ Most micro-batches have only *plain* rows: the teacher's text is a prefix of the
 bytes and no token on either side spells zero bytes, but for specials that end the row (the
 EOS of a finished completion), and every table key they need is cached already. For those,
 `plain_batch` does in one pass per row what `walk.student_spans`, `walk.align_rows`,
-`walk.group_keys`, the key lookups and `outputs.finish` do in separate passes over
+`group_keys.group_keys`, the key lookups and `outputs.finish` do in separate passes over
 intermediate arrays, reading the ids where the collator's padded arrays hold them: each
 student token's byte end from the byte table, checked against the teacher's bytes as it goes
 (unless the collator found the texts equal already); the two-pointer groups, written as

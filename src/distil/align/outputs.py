@@ -2,7 +2,7 @@
 
 `group_spans` gives each group's `GroupSpans` fields (row, first token and length of each
 side) and the (B, C_max) in-group mask in one pass over the groups; `renumber` maps the cache's
-table ids to the few tables a batch uses. `finish` runs them and `walk.projection_entries` as
+table ids to the few tables a batch uses. `finish` runs them and `group_keys.projection_entries` as
 one compiled call: each call into compiled code costs a few microseconds more when its code and
 data were evicted by other work (as in a collator between steps), so the tail of a batch build
 is one call, not four. `padded_cpu` expands spans into the padded (G, width) position and id
@@ -15,7 +15,7 @@ import numba
 import numpy as np
 import torch
 
-from distil.align.walk import projection_entries
+from distil.align.group_keys import projection_entries
 
 
 @numba.njit(cache=True)

@@ -172,8 +172,7 @@ class GenerationConfig(Section):
         "hf",
         description="sampler: hf (transformers generate, dynamic KV cache), hf_static (distil's "
         "own decode loop over a fixed-shape KV cache, decode step compiled on CUDA) or vllm (the "
-        "vllm extra, CUDA). hf stays the default until hf_static is measured faster on a GPU "
-        "(bench/generation.py; docs/training.md)",
+        "vllm extra, CUDA)",
     )
     compile: bool | Literal["auto"] = Field(
         "auto",

@@ -44,16 +44,51 @@ class Limits:
 def build_app(scorer, *, model_name: str, api_key: str | None, limits: Limits, max_model_len=None):
     """The app serving `scorer` (a `PromptScorer`) as `model_name`."""
     fastapi = require("fastapi", "serve", "distil serve-teacher")
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
-    from starlette.exceptions import HTTPException as StarletteHTTPException
-
     app = fastapi.FastAPI(title="distil serve-teacher", docs_url=None, redoc_url=None)
+    _add_guards(app, api_key, limits)
 
-    def error(status: int, message: str) -> JSONResponse:
-        kind = {401: "Unauthorized", 404: "NotFoundError", 413: "RequestTooLarge"}
-        body = {"message": message, "type": kind.get(status, "BadRequestError"), "code": status}
-        return JSONResponse({"error": body}, status_code=status)
+    @app.get("/health")
+    def health():
+        return {}
+
+    @app.get("/v1/models")
+    def models():
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "distil",
+            "root": model_name,
+            "max_model_len": max_model_len,
+            "vocab_size": scorer.vocab_size,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    def completions(req: CompletionRequest):
+        problem = check_request(req, model_name, scorer.vocab_size, limits)
+        if problem is not None:
+            return error(*problem)
+        prompts = _prompts(req)
+        scored = scorer.score(prompts, req.prompt_logprobs or 0)
+        return _completion_response(req, prompts, scored, model_name)
+
+    return app
+
+
+def error(status: int, message: str):
+    """The OpenAI-style error body with `status`."""
+    from fastapi.responses import JSONResponse
+
+    kind = {401: "Unauthorized", 404: "NotFoundError", 413: "RequestTooLarge"}
+    body = {"message": message, "type": kind.get(status, "BadRequestError"), "code": status}
+    return JSONResponse({"error": body}, status_code=status)
+
+
+def _add_guards(app, api_key: str | None, limits: Limits) -> None:
+    """Errors as OpenAI-style bodies; the API key and the body size checked before a route runs."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc):  # an unreadable body, an unknown route, ...
@@ -83,54 +118,33 @@ def build_app(scorer, *, model_name: str, api_key: str | None, limits: Limits, m
                 return error(413, f"request body of {size} bytes over {limits.max_body_bytes}")
         return await call_next(request)
 
-    @app.get("/health")
-    def health():
-        return {}
 
-    @app.get("/v1/models")
-    def models():
-        card = {
-            "id": model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "distil",
-            "root": model_name,
-            "max_model_len": max_model_len,
-            "vocab_size": scorer.vocab_size,
+def _completion_response(req, prompts, scored, model_name: str):
+    """The /v1/completions answer: one choice per prompt with its prompt log-probs."""
+    from fastapi.responses import JSONResponse
+
+    choices = [
+        {
+            "index": i,
+            "text": "",
+            "logprobs": None,
+            "finish_reason": "length",
+            "prompt_logprobs": entries if req.prompt_logprobs is not None else None,
         }
-        return {"object": "list", "data": [card]}
-
-    @app.post("/v1/completions")
-    def completions(req: CompletionRequest):
-        problem = check_request(req, model_name, scorer.vocab_size, limits)
-        if problem is not None:
-            return error(*problem)
-        prompts = _prompts(req)
-        scored = scorer.score(prompts, req.prompt_logprobs or 0)
-        choices = [
-            {
-                "index": i,
-                "text": "",
-                "logprobs": None,
-                "finish_reason": "length",
-                "prompt_logprobs": entries if req.prompt_logprobs is not None else None,
-            }
-            for i, entries in enumerate(scored)
-        ]
-        tokens = sum(len(p) for p in prompts)
-        # plain json.dumps: FastAPI's encoder would walk every one of the T * K entries
-        return JSONResponse(
-            {
-                "id": f"cmpl-{uuid.uuid4().hex}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": model_name,
-                "choices": choices,
-                "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
-            }
-        )
-
-    return app
+        for i, entries in enumerate(scored)
+    ]
+    tokens = sum(len(p) for p in prompts)
+    # plain json.dumps: FastAPI's encoder would walk every one of the T * K entries
+    return JSONResponse(
+        {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model_name,
+            "choices": choices,
+            "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
+        }
+    )
 
 
 def check_request(req, model_name: str, vocab_size: int, limits: Limits):

@@ -55,6 +55,23 @@ def prepare_rows(cfg: DistilConfig, tok):
     return examples, prompts, completions
 
 
+def _problems(cfg: DistilConfig) -> list[str]:
+    out = []
+    for key, value in (
+        ("teacher.path", cfg.teacher.path),
+        ("student.path", cfg.student.path),
+        ("data.train", cfg.data.train),
+    ):
+        if not value:
+            out.append(f"{key} is not set; cache-teacher needs it. Fix: set {key}")
+    if cfg.teacher.top_k is None:
+        out.append(
+            "teacher.top_k is not set: the cache stores the teacher's top-k. Fix: set "
+            "teacher.top_k (e.g. teacher.top_k=64)"
+        )
+    return out
+
+
 def student_vocab_rows(cfg: DistilConfig) -> int | None:
     """The student's output rows from its config.json alone (no weights loaded)."""
     from transformers import AutoConfig
@@ -81,6 +98,8 @@ def cache_teacher(
     from distil.models.load import load_model, load_tokenizer
     from distil.teacher.live import LiveTeacher
 
+    if problems := _problems(cfg):
+        raise ConfigError(problems)
     if values not in fmt.VALUE_CODECS:
         raise ConfigError(f"--values {values!r}: choose one of {', '.join(fmt.VALUE_CODECS)}")
     out = Path(out)
@@ -108,23 +127,8 @@ def cache_teacher(
     keep = min(t_rows, s_rows) if s_rows and s_rows != t_rows else None
     if cross is not None:  # logits past the teacher's tokenizer are padded embedding rows
         keep = len(t_tok) if t_rows > len(t_tok) else None
-    header = {
-        "format": fmt.FORMAT,
-        "teacher_path": str(t.path),
-        "teacher_weights_sha256": fmt.weights_sha256(t.path),
-        "teacher_tokenizer_sha256": fmt.tokenizer_sha256(t_tok),
-        "student_tokenizer_sha256": fmt.tokenizer_sha256(tok),
-        "k": cfg.teacher.top_k,
-        "temperature": cfg.loss.temperature,
-        "dtype": t.dtype,
-        "vocab_size": keep or t_rows,
-        **fmt.value_header(values, cfg.teacher.top_k),
-        "data": cfg.data.train,
-        "template": cfg.data.template,
-        "data_fingerprint": fmt.combine(row_fps),
-        "rows": len(examples),
-        "shard_rows": shard_rows,
-    }
+    header = _header(cfg, tok, t_tok, values, vocab_size=keep or t_rows, row_fps=row_fps)
+    header["shard_rows"] = shard_rows
     if cross is not None:  # keys only cross caches have: same-tokenizer manifests are unchanged
         header["cross_tokenizer"] = True
         header["teacher_template_sha256"] = fmt.template_sha256(t_tok)
@@ -139,38 +143,68 @@ def cache_teacher(
         packing=cfg.train.packing,  # padding-free forwards (data/packing.py), same values
         pack_length=cfg.train.pack_length,
     )
-    batch_size = batch_size or cfg.train.per_device_batch_size
-    start = manifest["shards"][-1]["rows"][1] if manifest["shards"] else 0
     rows = _Rows(examples, prompts, completions, tok, cross)
-    rate = _Rate()
+    batch_size = batch_size or cfg.train.per_device_batch_size
     with progress_bar("cache-teacher", len(examples), enabled=cfg.logging.progress) as bar:
-        bar.advance(start)
-        for lo in range(start, len(examples), shard_rows):
-            hi = min(lo + shard_rows, len(examples))
-            cols, offsets = [], [0]
-            for b in range(lo, hi, batch_size):
-                idx = range(b, min(b + batch_size, hi))
-                cols.append(_score(scorer, [rows.scored(i) for i in idx], rows.pad))
-                for i in idx:
-                    offsets.append(offsets[-1] + len(rows.scored(i)[2]))
-                bar.advance(len(idx))
-                bar.update(info=f"shard {len(manifest['shards'])} | {rate(offsets):,.0f} tok/s")
-            arrays = fmt.encode_tokens(
-                *[torch.cat(c) for c in zip(*cols, strict=True)], values=values
-            )
-            arrays.update(rows.teacher_arrays(range(lo, hi)))
-            entry = fmt.write_shard(out, len(manifest["shards"]), range(lo, hi), offsets, arrays)
-            entry["data_sha256"] = fmt.combine(row_fps[lo:hi])
-            manifest["shards"].append(entry)
-            fmt.write_manifest(out, manifest)
-            rate.shard_done(offsets)
-            if after_shard is not None:
-                after_shard(len(manifest["shards"]) - 1)
+        _write_shards(
+            out, manifest, scorer, rows, row_fps, values, shard_rows, batch_size, bar, after_shard
+        )
     manifest["tokens"] = sum(e["tokens"] for e in manifest["shards"])
     manifest["bytes"] = sum(e["bytes"] for e in manifest["shards"])
     manifest["complete"] = True
     fmt.write_manifest(out, manifest)
     return manifest
+
+
+def _header(cfg: DistilConfig, tok, t_tok, values: str, *, vocab_size: int, row_fps) -> dict:
+    """The manifest's description of what the cache holds, checked again on resume."""
+    t = cfg.teacher
+    return {
+        "format": fmt.FORMAT,
+        "teacher_path": str(t.path),
+        "teacher_weights_sha256": fmt.weights_sha256(t.path),
+        "teacher_tokenizer_sha256": fmt.tokenizer_sha256(t_tok),
+        "student_tokenizer_sha256": fmt.tokenizer_sha256(tok),
+        "k": cfg.teacher.top_k,
+        "temperature": cfg.loss.temperature,
+        "dtype": t.dtype,
+        "vocab_size": vocab_size,
+        **fmt.value_header(values, cfg.teacher.top_k),
+        "data": cfg.data.train,
+        "template": cfg.data.template,
+        "data_fingerprint": fmt.combine(row_fps),
+        "rows": len(row_fps),
+    }
+
+
+def _write_shards(
+    out, manifest, scorer, rows, row_fps, values, shard_rows, batch_size, bar, after_shard
+) -> None:
+    """Score and write the shards after the last complete one, updating the manifest after
+    each (a killed writer resumes after the last shard it listed)."""
+    n = len(row_fps)
+    start = manifest["shards"][-1]["rows"][1] if manifest["shards"] else 0
+    rate = _Rate()
+    bar.advance(start)
+    for lo in range(start, n, shard_rows):
+        hi = min(lo + shard_rows, n)
+        cols, offsets = [], [0]
+        for b in range(lo, hi, batch_size):
+            idx = range(b, min(b + batch_size, hi))
+            cols.append(_score(scorer, [rows.scored(i) for i in idx], rows.pad))
+            for i in idx:
+                offsets.append(offsets[-1] + len(rows.scored(i)[2]))
+            bar.advance(len(idx))
+            bar.update(info=f"shard {len(manifest['shards'])} | {rate(offsets):,.0f} tok/s")
+        arrays = fmt.encode_tokens(*[torch.cat(c) for c in zip(*cols, strict=True)], values=values)
+        arrays.update(rows.teacher_arrays(range(lo, hi)))
+        entry = fmt.write_shard(out, len(manifest["shards"]), range(lo, hi), offsets, arrays)
+        entry["data_sha256"] = fmt.combine(row_fps[lo:hi])
+        manifest["shards"].append(entry)
+        fmt.write_manifest(out, manifest)
+        rate.shard_done(offsets)
+        if after_shard is not None:
+            after_shard(len(manifest["shards"]) - 1)
 
 
 class _Rows:

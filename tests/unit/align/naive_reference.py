@@ -13,8 +13,9 @@ from bisect import bisect_left
 import numpy as np
 import torch
 
+from distil.align.tables import AMBIGUOUS
 from distil.align.token_align import RowAlignment, student_byte_spans, token_starts
-from distil.align.vocab_map import AMBIGUOUS, VocabBytes, matched_vocab, role_map
+from distil.align.vocab_map import VocabBytes, matched_vocab, role_map
 from distil.types import AlignmentGroups
 
 # ---------------------------------------------------------------- byte lookups

@@ -6,8 +6,9 @@ import numpy as np
 import torch
 
 from distil.align.batch import PaddedRows, RowInputs, build_alignment
+from distil.align.tables import MatchTables, ProjectionTables
 from distil.align.token_align import encode_with_byte_ends, student_byte_spans
-from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes, vocab_bytes
+from distil.align.vocab_map import VocabBytes, vocab_bytes
 from distil.testing import default_corpus, train_tokenizer
 
 # student: 0 <eos>, 1 'a', 2 'b', 3 'c', 4 'ab', 5 ' '

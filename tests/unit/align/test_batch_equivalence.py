@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distil.align.batch import RowInputs, build_alignment
+from distil.align.tables import MatchTables, ProjectionTables
 from distil.align.token_align import (
     align_completion,
     completion_text,
@@ -32,7 +33,7 @@ from distil.align.token_align import (
     student_byte_spans,
     text_byte_ends,
 )
-from distil.align.vocab_map import MatchTables, ProjectionTables, VocabBytes, vocab_bytes
+from distil.align.vocab_map import VocabBytes, vocab_bytes
 
 from . import naive_reference as ref
 

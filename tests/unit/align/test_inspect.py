@@ -15,8 +15,9 @@ from distil.align.inspect import (
     render_pair,
     token_text,
 )
+from distil.align.tables import MatchTables, ProjectionTables
 from distil.align.token_align import encode_with_byte_ends, student_byte_spans
-from distil.align.vocab_map import MatchTables, ProjectionTables, matched_vocab, vocab_bytes
+from distil.align.vocab_map import matched_vocab, vocab_bytes
 
 
 def test_pair_report_bpe_unigram(bpe_tokenizer, unigram_tokenizer):

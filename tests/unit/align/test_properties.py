@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from distil.align.batch import RowInputs, build_alignment
 from distil.align.dp import align_bytes
+from distil.align.tables import MatchTables, ProjectionTables
 from distil.align.token_align import (
     align_completion,
     completion_text,
@@ -24,7 +25,7 @@ from distil.align.token_align import (
     student_byte_spans,
     token_starts,
 )
-from distil.align.vocab_map import MatchTables, ProjectionTables, vocab_bytes
+from distil.align.vocab_map import vocab_bytes
 
 FAMILIES = ("bpe", "unigram", "wordpiece", "char")
 PIECES = [

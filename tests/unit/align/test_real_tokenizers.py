@@ -23,8 +23,9 @@ import numpy as np
 import pytest
 
 from distil.align.batch import RowInputs, build_alignment
+from distil.align.tables import MatchTables, ProjectionTables
 from distil.align.token_align import align_completion, encode_with_byte_ends
-from distil.align.vocab_map import MatchTables, ProjectionTables, matched_vocab, vocab_bytes
+from distil.align.vocab_map import matched_vocab, vocab_bytes
 
 ROOT = Path(
     os.environ.get(

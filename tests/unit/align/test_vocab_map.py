@@ -6,9 +6,8 @@ import pytest
 import torch
 from tokenizers import decoders
 
+from distil.align.tables import MatchTables, ProjectionTables
 from distil.align.vocab_map import (
-    MatchTables,
-    ProjectionTables,
     VocabBytes,
     gpt2_bytes_to_unicode,
     matched_vocab,
