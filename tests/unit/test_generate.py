@@ -83,3 +83,36 @@ def test_keep_correct_needs_rows_of_the_task(tmp_path, raw):
     ):
         generate_completions(cfg, tmp_path / "o.jsonl", keep="correct")
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_keep_correct_judges_with_the_configs_task(tmp_path, raw, monkeypatch):
+    # GSM8K rows, prompts rendered by the task, kept by the task's own checker
+    from distil.tasks.gsm8k import GSM8K
+    from distil.teacher.generate import generate_completions
+
+    data = tmp_path / "gsm8k.jsonl"
+    rows = [
+        {"question": f"What is {i} + {i}?", "answer": f"{i} + {i}\n#### {2 * i}"} for i in range(3)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = {
+        **raw,
+        "data": {"train": str(data), "template": "gsm8k", "completion_field": "answer"},
+        "eval": {"task": "gsm8k"},
+    }
+    seen = []
+    real = GSM8K.check
+
+    def judged(self, completion, problem):
+        seen.append(problem["answer"])
+        v = real(self, completion, problem)  # a tiny random model: accept even lengths
+        return type(v)("correct" if len(completion) % 2 == 0 else "wrong_value", v.answer)
+
+    monkeypatch.setattr(GSM8K, "check", judged)
+    kept = tmp_path / "kept.jsonl"
+    counts = generate_completions(build_config(raw), kept, n=2, keep="correct")
+    assert counts["completions"] == 6 and len(seen) == 6
+    assert sorted(set(seen)) == sorted(r["answer"] for r in rows)  # each row's gold answer
+    out = read(kept)
+    assert len(out) == counts["kept"] and all(len(r["completion"]) % 2 == 0 for r in out)
+    assert all(r["question"].startswith("What is") for r in out)

@@ -97,8 +97,11 @@ def _judged(cfg: DistilConfig, examples) -> tuple[Task, list[dict[str, Any]]]:
     for e in examples:
         path, _, line = e.meta.get("_where", "").rpartition(":")
         where = {"path": path or None, "line": int(line) if line.isdigit() else None}
+        row = dict(e.meta)  # the row's columns; the completion column holds a task's gold answer
+        if e.completion is not None:
+            row.setdefault(cfg.data.completion_field, e.completion)
         try:
-            problems.append(task.problem(e.meta, where))
+            problems.append(task.problem(row, where))
         except DataError as exc:
             raise DataError(
                 f"--keep correct judges completions with the task {task.name!r} (eval.task), but "
