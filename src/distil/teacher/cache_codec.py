@@ -29,7 +29,7 @@ VALUE_CODECS = ("sqrt", "q8", "fp16", "fp32")
 # q8: rounding to steps of s nats costs KL ~ m s^2/24 per token, m = the top-k mass (errors
 # uniform in +-s/2 on log-probs): at most 6.5e-4 nats for s = 1/8
 LOGPROB_STEP = 0.125
-# sqrt: the KL per token the rounding may cost (k d^2 / 6), half of issue 13's 1e-3 bound
+# sqrt: the KL per token the rounding may cost (k d^2 / 6), half of a 1e-3 nats per token budget
 SQRT_KL_BUDGET = 5e-4
 MAX_LEVEL = 255  # sqrt levels are bytes: d >= 1/255
 
