@@ -252,10 +252,6 @@ def _check_file(file: Path, want: dict) -> list[str]:
 # ----------------------------------------------------------------------------- load
 
 
-def read_trainer_state(path: str | Path) -> dict[str, Any]:
-    return json.loads((Path(path) / STATE_FILE).read_text())
-
-
 def read_config_text(path: str | Path) -> str:
     return (Path(path) / CONFIG_FILE).read_text()
 

@@ -8,7 +8,7 @@
             loss = loss_fn(student(micro), targets, mask, num_tokens=n)   # sum / n
             backward                           # (no gradient sync until the last micro-batch)
         clip; skip the step if the loss or gradient is not finite; optimizer step
-        evaluate / checkpoint / log on schedule
+        evaluate / log / checkpoint on schedule; stop on a signal or a bad streak (guard.py)
 
 Every loss divides by the window's loss-token count over all ranks, so the loss and its
 gradient do not depend on grad_accum_steps, per_device_batch_size or the number of processes.
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,17 +25,17 @@ from typing import Any
 import torch
 
 from distil.config import DistilConfig, to_yaml
-from distil.errors import DistilError
 from distil.train.async_gen import AsyncWindows
 from distil.train.checkpoint import save_checkpoint, save_final_model
 from distil.train.cost import CostMeter
 from distil.train.fsdp import full_weights, is_sharded
+from distil.train.guard import Guard
 from distil.train.logging import MetricsLog, ProgressLine, print_sample
 from distil.train.optim import final_weights, fold_grads, grad_params, set_lr
 from distil.train.resume import resume
 from distil.train.rundir import RunLock, record_config
 from distil.train.setup import Components, build
-from distil.train.signals import StopRequest, TrainingInterrupted, signal_name
+from distil.train.signals import StopRequest
 from distil.train.step import micro_step
 
 
@@ -70,29 +69,19 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
         c.buffer.load_sampler(last_good)  # the window in flight is sampled again
     if acc.is_main_process:
         record_config(cfg, out, step if state else None)
-    skips, clock = state.get("consecutive_skips", 0), state.get("train_seconds", 0.0)
-    zeros = state.get("zero_grad_steps", 0)
+    clock = state.get("train_seconds", 0.0)
     cost = CostMeter.for_components(c, state.get("cost"))  # tokens and FLOPs spent so far
     log = MetricsLog(out, enabled=acc.is_main_process, resume_step=step if state else None)
-    progress = ProgressLine(
-        cfg.train.max_steps,
-        step,
-        every=cfg.train.log_every,
-        enabled=acc.is_main_process and cfg.logging.progress,
-        max_minutes=cfg.train.max_minutes,
-        max_student_flops=cfg.train.max_student_flops,
-        start_clock=clock,
-        start_flops=cost.student_flops,
-        title=Path(cfg.train.output_dir).name,
-    )
+    progress = _progress_line(cfg, acc, step, clock, cost)
     if cfg.logging.trackers:
         acc.init_trackers(cfg.logging.project, config=_flat_config(cfg))
     eval_set = _eval_set(cfg) if cfg.train.eval_every else None
+    guard = Guard(cfg.train, state, last_good)  # its save timer starts here
     metrics: dict[str, Any] = {}
-    first, saved_at = step, time.monotonic()
+    first = step
 
     def save(step: int) -> Path:
-        trainer_state = {**_trainer_state(step, c, skips, clock, zeros), "cost": cost.totals}
+        trainer_state = {**_trainer_state(step, c, guard, clock), "cost": cost.totals}
         return save_checkpoint(
             acc, out, step, trainer_state, cfg.train.keep_last,
             model=c.model, optimizer=c.optimizer, config_text=to_yaml(cfg),
@@ -109,7 +98,6 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
             cost.add_window(window, acc)
             t0 = time.perf_counter()
             grad_norm, finite = _update(c, cfg, sums)
-            skips = 0 if finite else skips + 1
             step += 1
             t_train += time.perf_counter() - t0
             t_step = time.perf_counter() - t_start - t_shown
@@ -119,55 +107,60 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
             )
             metrics["time/train_clock"] = clock
             metrics.update(cost.metrics())
-            minutes = cfg.train.save_every_minutes
-            flags = _agree(
-                acc, stop.signum, minutes and time.monotonic() - saved_at >= 60 * minutes, local_ok
-            )
-            dead = finite and metrics["grad_norm"] == 0.0 and metrics["tokens/loss"] > 0
-            dead = dead and cfg.train.max_zero_grad_steps > 0  # 0: the user trains on regardless
-            zeros = zeros + 1 if dead else 0
+            flags = _rank_flags(acc, stop.signum, guard.time_due(), local_ok)
             last = _done(step, clock, cfg, cost)
             if eval_set is not None and (step % cfg.train.eval_every == 0 or last):
                 metrics.update(_evaluate(c, cfg, eval_set))
-            log.write(metrics)  # before the checkpoint: a resume drops lines past its step
-            if cfg.logging.trackers:
-                acc.log(
-                    {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step
-                )
-            progress.update(step, metrics, final=last)
-            if not finite:
-                _report_skip(step, skips, cfg, flags["bad_ranks"], last_good)
-            if zeros:
-                _check_alive(step, zeros, cfg, last_good)
-            every = cfg.train.save_every
-            due = (every and step % every == 0) or flags["time"] or flags["signum"]
-            healthy = skips == 0 and zeros == 0  # never checkpoint weights inside a bad streak
-            if due and healthy and not last:
-                last_good, saved_at = save(step), time.monotonic()
-            if flags["signum"] and not last:
-                raise _interrupted(flags["signum"], step, last_good, healthy)
-    if skips == 0 and zeros == 0:
+            _log(acc, cfg, log, progress, metrics, last)
+            if guard.after_step(step, finite, metrics, flags, last):  # stops a bad streak
+                guard.saved(save(step))
+            guard.stop_on_signal(step, flags, last)
+    if guard.healthy:
         save(step)
     else:
-        print(
-            f"warning: step {step} ended a streak of skipped or zero-gradient steps; no "
-            f"checkpoint written for it (the last good one: {last_good or 'none'})",
-            file=sys.stderr,
-        )
+        guard.warn_unsaved(step)
+    _save_final(c, cfg, step)
+    return metrics
+
+
+def _save_final(c: Components, cfg: DistilConfig, step: int) -> None:
+    """The trained student in Hugging Face format under output_dir/final; trackers closed."""
     final_weights(c.optimizer)  # bf16 weights: the fp32 masters, in student.dtype
     save_final_model(
-        acc,
+        c.accelerator,
         c.model,
         c.tokenizer,
-        out / "final",
+        Path(cfg.train.output_dir) / "final",
         template=cfg.data.template,
         student=cfg.student.path,
         teacher=cfg.teacher.path,
         steps=step,
     )
     if cfg.logging.trackers:
-        acc.end_training()
-    return metrics
+        c.accelerator.end_training()
+
+
+def _progress_line(cfg: DistilConfig, acc, step: int, clock: float, cost: CostMeter):
+    return ProgressLine(
+        cfg.train.max_steps,
+        step,
+        every=cfg.train.log_every,
+        enabled=acc.is_main_process and cfg.logging.progress,
+        max_minutes=cfg.train.max_minutes,
+        max_student_flops=cfg.train.max_student_flops,
+        start_clock=clock,
+        start_flops=cost.student_flops,
+        title=Path(cfg.train.output_dir).name,
+    )
+
+
+def _log(acc, cfg: DistilConfig, log: MetricsLog, progress, metrics: dict, last: bool) -> None:
+    """The step's metrics to metrics.jsonl, the trackers and the progress line."""
+    log.write(metrics)  # before the checkpoint: a resume drops lines past its step
+    if cfg.logging.trackers:
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        acc.log(numbers, step=metrics["step"])
+    progress.update(metrics["step"], metrics, final=last)
 
 
 def _sampler_tensors(c: Components) -> dict | None:
@@ -176,10 +169,10 @@ def _sampler_tensors(c: Components) -> dict | None:
     return c.buffer.checkpoint_tensors() if isinstance(c.buffer, AsyncWindows) else None
 
 
-def _agree(acc, signum: int, time_due: bool, local_ok: torch.Tensor) -> dict[str, Any]:
-    """One small all-reduce per step so that every rank takes the same decisions: stop on a
-    signal (any rank's), save on the wall clock (any rank's timer), which ranks saw a
-    non-finite loss."""
+def _rank_flags(acc, signum: int, time_due: bool, local_ok: torch.Tensor) -> dict[str, Any]:
+    """The rank-wide flags of one step, from one small all-reduce, so that every rank takes the
+    same decisions: "signum" (a signal on any rank: stop), "time" (any rank's timer: save) and
+    "bad_ranks" (the ranks that saw a non-finite loss)."""
     import signal
 
     n = acc.num_processes
@@ -193,20 +186,6 @@ def _agree(acc, signum: int, time_due: bool, local_ok: torch.Tensor) -> dict[str
     f = flags.tolist()
     sig = signal.SIGTERM if f[0] else signal.SIGINT if f[1] else 0
     return {"signum": int(sig), "time": bool(f[2]), "bad_ranks": [r for r in range(n) if f[3 + r]]}
-
-
-def _interrupted(signum: int, step: int, last_good, saved: bool) -> TrainingInterrupted:
-    where = (
-        f"checkpoint {last_good} written"
-        if saved
-        else f"no checkpoint written (inside a non-finite or zero-gradient streak; the last "
-        f"good one is {last_good or 'none'})"
-    )
-    return TrainingInterrupted(
-        f"training stopped by {signal_name(signum)} after step {step}: {where}. "
-        "To continue, run the same command again (train.resume=auto)",
-        signum,
-    )
 
 
 def _done(step: int, clock: float, cfg: DistilConfig, cost: CostMeter) -> bool:
@@ -299,12 +278,11 @@ def _loss_opts(c: Components, cfg: DistilConfig, policy: str) -> dict[str, Any]:
     return {**c.loss_opts, "ce_weight": ce}
 
 
-def _trainer_state(step: int, c: Components, skips: int, clock: float, zeros: int) -> dict:
+def _trainer_state(step: int, c: Components, guard: Guard, clock: float) -> dict:
     return {
         "step": step,
         "buffer": c.buffer.state.to_dict(),
-        "consecutive_skips": skips,
-        "zero_grad_steps": zeros,
+        **guard.state(),
         "train_seconds": clock,
     }
 
@@ -348,49 +326,6 @@ def _step_metrics(step, sums, window, grad_norm, lr, finite, t_teacher, t_train,
         }
     )
     return m
-
-
-def _report_skip(step: int, skips: int, cfg: DistilConfig, bad_ranks, last_good) -> None:
-    limit = cfg.train.max_consecutive_skips
-    where = f" (non-finite loss on rank {', '.join(map(str, bad_ranks))})" if bad_ranks else ""
-    print(
-        f"warning: step {step}: non-finite loss or gradient{where}, optimizer step skipped "
-        f"({skips} in a row, limit {limit}); no checkpoint is written until a step succeeds",
-        file=sys.stderr,
-        flush=True,
-    )
-    if skips >= limit:
-        clip = "" if cfg.train.max_grad_norm else ", enable train.max_grad_norm (e.g. 1.0)"
-        raise DistilError(
-            f"training stopped at step {step}: {skips} consecutive steps had a non-finite loss "
-            f"or gradient{where}. {_last_good(last_good)} Fix: lower train.lr (now "
-            f"{cfg.train.lr}){clip}, check the data, or raise train.max_consecutive_skips"
-        )
-
-
-def _check_alive(step: int, zeros: int, cfg: DistilConfig, last_good) -> None:
-    """A gradient of exactly zero on real loss tokens, step after step, is a dead model
-    (saturated activations after a too-large update), not a converged one."""
-    limit = cfg.train.max_zero_grad_steps
-    if limit and zeros >= limit:
-        raise DistilError(
-            f"training stopped at step {step}: the gradient norm was exactly 0 for {zeros} steps "
-            "in a row although the windows had loss tokens, so the student no longer learns "
-            "(its weights saturated, typically after too large a learning rate). "
-            f"{_last_good(last_good)} Fix: lower train.lr (now {cfg.train.lr}), or set "
-            "train.max_zero_grad_steps=0 to train on regardless"
-        )
-
-
-def _last_good(path) -> str:
-    """Where to restart after a stop: checkpoints are never written inside a bad streak."""
-    if path is None:
-        return "No checkpoint was written before the problem: start over with train.resume=never."
-    return (
-        f"The last good checkpoint is {path}: resume from it with train.resume={path} (list "
-        "the keys you change, e.g. train.resume_changed=[train.lr]), or start over with "
-        "train.resume=never."
-    )
 
 
 def _eval_set(cfg: DistilConfig):
