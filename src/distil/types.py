@@ -1,4 +1,5 @@
-"""The data that flows between distil's parts (see DESIGN.md, "Data flow of one optimizer step").
+"""The data that flows between distil's parts in one optimizer step: examples, rollouts,
+samples, batches, teacher targets, cross-tokenizer alignments and loss outputs.
 
 Shape suffixes: B batch rows, T positions, V vocabulary, K top-k entries, C completion tokens,
 P prompt tokens, L whole sequence. `T_s`/`T_t`, `V_s`/`V_t` name the student's and the teacher's
@@ -8,6 +9,7 @@ holds the distribution that predicts token t+1 of the sequence.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -97,6 +99,9 @@ class GroupSpans:
     batch's completions concatenated into one row. A micro-batch moved to the GPU moves these
     (G ints per field and the ids) and is padded there: the padded tensors are
     (2 * S_max + 2 * T_max) ints per group, several times more to write and to copy.
+    `expand_cpu` is the compiled CPU expansion `padded` runs on the CPU, handed in by
+    `distil.align` (a module-level function, so the spans pickle); without it the tensor ops
+    run there too.
     """
 
     student_first_G: torch.Tensor
@@ -109,17 +114,19 @@ class GroupSpans:
     teacher_ids_R_L: torch.Tensor
     teacher_idrow_B: torch.Tensor
     teacher_shift_B: torch.Tensor
+    expand_cpu: Callable[[GroupSpans, torch.Tensor], tuple[torch.Tensor, ...]] | None = field(
+        default=None, repr=False
+    )
 
     def to(self, device: torch.device | str) -> GroupSpans:
-        return GroupSpans(*(getattr(self, f.name).to(device) for f in fields(self)))
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)[:-1]}
+        return replace(self, **moved)
 
     def padded(self, row_G: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(student_pos_G_S, student_tok_G_S, teacher_pos_G_T, teacher_tok_G_T), padded with -1
         (widths >= 1): compiled loops on the CPU, a few tensor ops on any other device."""
-        if self.student_ids_R_L.device.type == "cpu":
-            from distil.align.outputs import padded_cpu
-
-            return padded_cpu(self, row_G)
+        if self.expand_cpu is not None and self.student_ids_R_L.device.type == "cpu":
+            return self.expand_cpu(self, row_G)
         return self.padded_by_tensor_ops(row_G)
 
     def padded_by_tensor_ops(self, row_G: torch.Tensor) -> tuple[torch.Tensor, ...]:

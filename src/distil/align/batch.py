@@ -32,7 +32,7 @@ import torch
 from distil.align.fast import plain_batch
 from distil.align.group_keys import group_keys
 from distil.align.keys import first_seen
-from distil.align.outputs import finish
+from distil.align.outputs import finish, padded_cpu
 from distil.align.tables import MatchTables, ProjectionTables
 from distil.align.token_align import BatchAlignment, align_flat, partners
 from distil.align.vocab_map import VocabBytes
@@ -175,6 +175,7 @@ def _result(
     group_spans = GroupSpans(
         t(s_first), t(s_len), t(s_ids), t(s_idrow), t(s_offset - 1 - s_start),
         t(t_first), t(t_len), t(t_ids), t(t_idrow), t(t_offset - 1 - t_start),
+        expand_cpu=padded_cpu,
     )  # fmt: skip
     result = AlignmentGroups(
         group_row_G=t(row),

@@ -6,7 +6,8 @@ table ids to the few tables a batch uses. `finish` runs them and `group_keys.pro
 one compiled call: each call into compiled code costs a few microseconds more when its code and
 data were evicted by other work (as in a collator between steps), so the tail of a batch build
 is one call, not four. `padded_cpu` expands spans into the padded (G, width) position and id
-tensors of both sides on the CPU, writing every output cell once (no fill, then overwrite).
+tensors of both sides on the CPU, writing every output cell once (no fill, then overwrite);
+`batch` hands it to each `GroupSpans` it builds.
 """
 
 from __future__ import annotations
