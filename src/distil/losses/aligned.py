@@ -9,9 +9,9 @@ bytes. Shared here:
   the full-vocabulary fp32 logits of all positions never exist at once;
 - `finish`: sum / num_tokens (`reduce.token_sum_over`) and the metrics every loss reports.
 
-`aligned_kl` (NeMo RL's P-KL idea made exact up to tokenization ambiguity; research/nemo_rl.md
-§2.3): each projection entry n pairs a student position with the teacher position predicting
-the same bytes; the teacher's distribution there becomes pi_n over student tokens through the
+`aligned_kl` (NeMo RL's cross-tokenizer P-KL idea made exact up to tokenization ambiguity):
+each projection entry n pairs a student position with the teacher position predicting the same
+bytes; the teacher's distribution there becomes pi_n over student tokens through the
 entry's sparse table (`distil.align.project.project_rows`, all tables of a chunk at once), and
     loss_n = JSD_β(S_n ‖ pi_n) over [support of pi_n, rest]
 with the student's rest = 1 - sum_support S_n and the teacher's rest = its share on teacher
@@ -41,7 +41,7 @@ from torch.utils.checkpoint import checkpoint
 from distil.align.project import PaddedProjection, group_logprob, pad_projection, project_rows
 from distil.errors import ConfigError
 from distil.losses.chunked import StudentHidden, check_temperatures, student_parts, upcast
-from distil.losses.divergences import divergence_rows, entropy_rows, gather_rows
+from distil.losses.divergences import divergence_rows, entropy_rows, gather_rows, log1mexp
 from distil.losses.reduce import token_sum_over
 from distil.losses.registry import register
 from distil.losses.topk import REST_LOGPROB_FLOOR, safe_logsumexp
@@ -286,19 +286,12 @@ def _entry_rows(
     return loss_n, metrics
 
 
-def log1mexp(x: torch.Tensor) -> torch.Tensor:
-    """log(1 - exp(x)) for x <= 0, accurate at both ends, floored like the rest buckets."""
-    x = x.clamp(max=-1e-12)
-    out = torch.where(x > -0.6931, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
-    return out.clamp(min=REST_LOGPROB_FLOOR)
-
-
 def _binary_rows(beta: float, s_n_V, tok_n, teacher_lp_n):
     """PositionsFn: JSD_β between [S(x), 1 - S(x)] and [T(x), 1 - T(x)] for a realized token."""
     s_lp = gather_rows(s_n_V, tok_n)
-    s_C = torch.stack([s_lp, log1mexp(s_lp)], dim=1)
+    s_C = torch.stack([s_lp, log1mexp(s_lp, floor=REST_LOGPROB_FLOOR)], dim=1)
     t_lp = teacher_lp_n.to(s_C.dtype)
-    t_C = torch.stack([t_lp, log1mexp(t_lp)], dim=1)
+    t_C = torch.stack([t_lp, log1mexp(t_lp, floor=REST_LOGPROB_FLOOR)], dim=1)
     return divergence_rows("jsd", s_C, t_C, beta), {"student_logprob": s_lp.detach()}
 
 

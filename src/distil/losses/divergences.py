@@ -41,12 +41,31 @@ def log_mixture(t_logp: torch.Tensor, s_logp: torch.Tensor, beta: float) -> torc
     return torch.where(nonzero, hi + torch.log(torch.where(nonzero, total, 1.0)), float("-inf"))
 
 
+def log1mexp(x: torch.Tensor, *, floor: float | None = None) -> torch.Tensor:
+    """log(1 - e^x) for x <= 0: log1p(-e^x) below -ln 2 and log(-expm1(x)) above, the split
+    that keeps full precision on both sides (Mächler 2012).
+
+    floor=None: exact; -inf with a zero gradient at x >= 0 (an empty remainder).
+    floor=f: x capped at -1e-12 and the result at f (the rest buckets' floor, so that a
+    reverse KL stays finite); zero gradient where either cap applies.
+    """
+    if floor is None:
+        ok = x < 0
+        x = torch.where(ok, x, -1.0)  # a harmless stand-in where the answer is -inf
+    else:
+        x = x.clamp(max=-1e-12)
+    out = torch.where(x < -math.log(2), torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
+    if floor is None:
+        return torch.where(ok, out, float("-inf"))
+    return out.clamp(min=floor)
+
+
 def jsd_rows(s_logp: torch.Tensor, t_logp: torch.Tensor, beta: float) -> torch.Tensor:
     """Generalized JSD per row: β·KL(T‖M) + (1-β)·KL(S‖M), M = β·T + (1-β)·S.
 
     At β=0 and β=1 this interpolation is 0, not KL: for small β it is ≈ β·KL(T‖S) (the S term is
     O(β²)). `divergence_rows` special-cases the endpoints to the pure KLs, as TRL does, so the
-    endpoints are not the limit of the interpolation (research/trl.md §2.1).
+    endpoints are not the limit of the interpolation.
     """
     log_m = log_mixture(t_logp, s_logp, beta)
     return beta * kl_rows(t_logp, log_m) + (1.0 - beta) * kl_rows(s_logp, log_m)

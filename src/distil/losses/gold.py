@@ -11,17 +11,16 @@ spell the same bytes on both sides:
 summed over groups / num_tokens. With one tokenizer (identity table, 1:1 groups) the unmatched
 sets are empty, both rests are 0 and the loss is exactly `jsd`.
 
-Deviations from TRL's `_compute_hybrid_uld_loss` (research/trl.md §2.5), on purpose: TRL takes
-the JSD of the *unnormalised* matched sub-vectors (logs clamped at 1e-8: not a divergence, its
-forward KL can be negative) and its adaptive weight is |matched vocab| / V_teacher, a constant
-set by vocabulary overlap rather than by where the teacher's probability mass is; it also merges
-with the "observed" rule. NeMo RL's gold (research/nemo_rl.md §2.4) likewise compares
-unnormalised chunk-averaged log-probs.
+Deviations from TRL's `_compute_hybrid_uld_loss`, on purpose: TRL takes the JSD of the
+*unnormalised* matched sub-vectors (logs clamped at 1e-8: not a divergence, its forward KL can
+be negative) and its adaptive weight is |matched vocab| / V_teacher, a constant set by
+vocabulary overlap rather than by where the teacher's probability mass is; it also merges with
+the "observed" rule. NeMo RL's gold loss (`_compute_gold`) likewise compares unnormalised
+chunk-averaged log-probs.
 """
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import torch
@@ -30,23 +29,11 @@ from distil.align.project import PaddedPairs, pad_pairs
 from distil.errors import ConfigError
 from distil.losses.aligned import Kept, check_inputs
 from distil.losses.chunked import StudentHidden
-from distil.losses.divergences import divergence_rows
+from distil.losses.divergences import divergence_rows, log1mexp
 from distil.losses.registry import register
 from distil.losses.topk import REST_LOGPROB_FLOOR, safe_logsumexp
 from distil.losses.uld import Merged, merged_group_loss, sorted_l1
 from distil.types import AlignmentGroups, LossOutput, TeacherTargets
-
-
-def log1mexp(x: torch.Tensor) -> torch.Tensor:
-    """log(1 - e^x) for x <= 0; -inf with a zero gradient at x >= 0 (an empty remainder).
-
-    log1p(-e^x) below -ln 2 and log(-expm1(x)) above, the split that keeps full precision on
-    both sides (Mächler 2012).
-    """
-    ok = x < 0
-    xs = torch.where(ok, x, -1.0)  # a harmless stand-in where the answer is -inf
-    out = torch.where(xs < -math.log(2), torch.log1p(-torch.exp(xs)), torch.log(-torch.expm1(xs)))
-    return torch.where(ok, out, float("-inf"))
 
 
 def log_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 Every micro-batch divides its *sum* by the number of loss tokens in the whole optimizer window
 (all micro-batches, all ranks), so the accumulated gradient is the gradient of the window's
-token mean whatever the micro-batch size, accumulation steps or world size (DESIGN.md,
-"Normalization"). A per-micro-batch mean would weight the tokens of a short micro-batch more.
+token mean whatever the micro-batch size, accumulation steps or world size. A per-micro-batch
+mean would weight the tokens of a short micro-batch more.
 """
 
 from __future__ import annotations

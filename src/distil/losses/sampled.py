@@ -5,8 +5,8 @@ With lp_t = log S(x_t) (student at the loss temperature), the advantage is the n
 single-sample reverse KL, A_t = -(lp_t - τ_t), held constant, and the per-token loss is
 -A_t · exp(lp_t - sg(lp_t)): value -A_t (ratio 1, because training is synchronous on-policy and
 the learner is the sampler) and gradient -A_t ∇lp_t, i.e. REINFORCE on the reward -KL
-(research/landscape.md §1.1; Tinker's "importance_sampling" loss, without the sampler/learner
-ratio and with window-token normalization instead of a plain sum).
+(Tinker's "importance_sampling" loss, without the sampler/learner ratio and with window-token
+normalization instead of a plain sum).
 """
 
 from __future__ import annotations

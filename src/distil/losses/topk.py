@@ -4,8 +4,8 @@ The K+1 categories are the teacher's top-k tokens and "everything else". The tea
 [topk_logprobs, rest_logprob] as scored (log-softmax over the full vocabulary before top-k);
 the student side is its full-vocabulary log-probs gathered at the teacher's ids plus the
 log-mass of all other tokens. Any divergence over these K+1 categories is a lower bound of the
-full-vocabulary one (data processing) and equals it when k = V (research/nemo_rl.md §2.2,
-research/trl.md §2.2 "tail bucket").
+full-vocabulary one (data processing) and equals it when k = V. NeMo RL's "(k+1)-dim rest
+bucket" KL and TRL's "tail bucket" use the same K+1 categories.
 """
 
 from __future__ import annotations

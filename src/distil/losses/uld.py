@@ -5,8 +5,9 @@ log P_{p_k}(y) (`distil.align.project`) over its own vocabulary, then
     loss_g = sum_r |sort_desc(exp m_S)_r - sort_desc(exp m_T)_r|    (shorter side zero-padded)
 summed over groups / num_tokens. Sorting makes the distance blind to which token is which, so
 it needs no vocabulary map (and learns only the shape of the distribution). TRL merges with
-the "observed" rule by default and averages over groups then examples (research/trl.md §2.3);
-we use the exact chain rule and the window's token count.
+the "observed" rule by default (exact for the realized token only, see `distil.align.project`)
+and averages over groups then examples; we use the exact chain rule and the window's token
+count.
 
 The two passes over the student shared with `gold`: (A) log S(x_i) at every group position but
 the last, summed per group into the prefix; (B) the full row at each group's last position,
