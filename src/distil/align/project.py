@@ -7,7 +7,7 @@ the log joint probability of the group's realized prefix followed by y, exact fo
 (TRL's "bayesian" merge, PR #5905); m(x_k) is the log-probability of the group's whole byte
 string. TRL's default "observed" merge instead multiplies the FIRST position's distribution by
 the later realized probabilities, P_{p_1}(y) · prod_{i>1} P_{p_i}(x_i), which is exact only for
-the realized token (issue #5152; research/trl.md §2.4); we deliberately do not offer it.
+the realized token (TRL issue #5152); we deliberately do not offer it.
 
 Sparse projection. A table (teacher_ids_K, student_ids_K) says which student token would come
 next if the teacher emitted each listed token; the teacher distribution becomes one over

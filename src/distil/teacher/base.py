@@ -1,7 +1,8 @@
 """The TeacherScorer protocol: what the teacher says about every position of a micro-batch.
 
-A live teacher (a forward pass, `live.py`) and later a cached or remote teacher return the same
-`TeacherTargets`, so every loss works with each of them.
+A live teacher (a forward pass, `live.py`), a cache of its top-k targets (`cached.py`) and a
+teacher behind a server (`remote.py`) return the same `TeacherTargets`, so every loss works with
+each of them; `select.py` picks one from the config.
 """
 
 from __future__ import annotations
