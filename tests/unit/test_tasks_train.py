@@ -81,8 +81,12 @@ def test_a_broken_task_path_stops_validate(tmp_path, make_train_config):
 
 
 @pytest.mark.parametrize("name", ["gsm9k", "Math"])
-def test_config_rejects_an_unknown_task_name(tmp_path, make_train_config, name):
+def test_training_rejects_an_unknown_task_name_before_loading(tmp_path, make_train_config, name):
+    # the config holds the name; `distil train` asks the pre-flight before any weights load
     from distil.errors import ConfigError
+    from distil.train import loop
 
+    cfg = _config(make_train_config, tmp_path, task=name)
     with pytest.raises(ConfigError, match="valid: countdown, gsm8k, math, mmlu"):
-        _config(make_train_config, tmp_path, task=name)
+        loop.train(cfg)
+    assert not (tmp_path / "run").exists()
