@@ -418,3 +418,22 @@ def test_precedence_and_unary_follow_python():
     ]:
         v = check(f"<answer>{expr}</answer>", [], 0, number_usage="subset")
         assert v.value == value, expr
+
+
+@pytest.mark.parametrize("terms", [2, 999, 1200, 2500])
+def test_tinyzero_scores_long_chains_as_pythons_eval_does(terms):
+    # TinyZero evaluates with eval(): a chain Python's parser reads scores on its value; the
+    # evaluator here is iterative, so no recursion limit of its own turns it into format_score
+    equation = " + ".join(["1"] * terms)
+    want = 1.0 if eval(equation) == terms else 0.1  # the reference: Python's own eval
+    assert tinyzero_score(f"{P}<answer>{equation}</answer>", [1] * terms, terms) == want == 1.0
+
+
+def test_tinyzero_takes_what_pythons_parser_takes_and_the_strict_checker_any_depth():
+    deep = "(" * 300 + "44 + 19 - 35" + ")" * 300  # past the parser's 200 nested parentheses
+    with pytest.raises(SyntaxError):
+        compile(deep, "<answer>", "eval")
+    assert tinyzero_score(f"{P}<answer>{deep}</answer>", NUMS, TARGET) == 0.1  # as eval fails
+    assert check(f"<answer>{deep}</answer>", NUMS, TARGET).correct
+    shallow = "(" * 150 + "44 + 19 - 35" + ")" * 150
+    assert tinyzero_score(f"{P}<answer>{shallow}</answer>", NUMS, TARGET) == 1.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import random
@@ -10,6 +11,8 @@ from collections import Counter
 
 import pytest
 from hang_guard import finishes
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from distil.errors import ConfigError, DataError
 from distil.tasks.countdown import (
@@ -150,9 +153,82 @@ def test_solution_steps():
     assert solution_steps("(44 + 19) - 35") == ["44 + 19 = 63", "63 - 35 = 28"]
     assert solution_steps("24 / (6 / 2)") == ["6 / 2 = 3", "24 / 3 = 8"]
     assert solution_steps("7") == []
-    for bad in ["2 ** 3", "1 +", "x - 1", "1 / 0"]:
+    for bad in ["2 ** 3", "1 +", "x - 1", "1 / 0", "-3 + 4", "(1 + 2", "1 + 2)", "()", "1 2"]:
         with pytest.raises(DataError):
             solution_steps(bad)
+
+
+def ast_steps(expression: str) -> list[str] | None:
+    """Reference: the steps of Python's own parse (a recursive walk), None where Python does not
+    read the expression as + - * / on integers."""
+    import ast
+    from fractions import Fraction
+
+    symbols = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+    steps = []
+
+    def walk(node):
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return Fraction(node.value)
+        if not (isinstance(node, ast.BinOp) and type(node.op) in symbols):
+            raise ValueError
+        a, b = walk(node.left), walk(node.right)
+        op = symbols[type(node.op)]
+        value = {"+": a + b, "-": a - b, "*": a * b}[op] if op != "/" else a / b
+        steps.append(f"{a} {op} {b} = {value}")
+        return value
+
+    try:
+        walk(ast.parse(expression.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError):
+        return None
+    return steps
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="0123456789+-*/() ", max_size=40))
+def test_solution_steps_follow_pythons_parse(text):
+    # any text: the same steps as Python's own reading of it, or a DataError where Python reads
+    # no plain arithmetic on integers (never another exception)
+    if re.search(r"(^|[^0-9])0[0-9]", text):  # Python refuses 007, distil reads 7: either is fine
+        with contextlib.suppress(DataError):
+            solution_steps(text)
+        return
+    want = ast_steps(text)
+    if want is None:
+        with pytest.raises(DataError):
+            solution_steps(text)
+    else:
+        assert solution_steps(text) == want
+
+
+@pytest.mark.parametrize(
+    ("solution", "why"),
+    [
+        ("\u0000", "unexpected"),
+        ("1 ** 2", "unexpected '*'"),
+        ("-" * 3000 + "1", "unexpected '-'"),
+        ("9" * 5000, "more than 4,300 digits"),
+        ("(" * 3000 + "1" + ")" * 2999, "incomplete"),
+    ],
+)
+def test_a_bad_solution_column_names_the_file_and_line(tmp_path, solution, why):
+    from distil.tasks.prompts import examples_from
+
+    path = tmp_path / "rows.jsonl"
+    good = {"nums": [1, 2], "target": 3, "solution": "1 + 2"}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "solution": solution}) + "\n")
+    with pytest.raises(DataError, match=rf"rows\.jsonl:2: column 'solution': .*{re.escape(why)}"):
+        examples_from(str(path), template="countdown_chat")
+
+
+def test_solution_steps_of_long_chains_and_deep_parentheses():
+    # thousands of terms or parentheses: steps, not a RecursionError (Python's parser stops at
+    # a few thousand terms and at 200 nested parentheses)
+    chain = "+".join(["1"] * 5000)
+    steps = solution_steps(chain)
+    assert len(steps) == 4999 and steps[-1] == "4999 + 1 = 5000"
+    assert solution_steps("(" * 3000 + "1 + 2" + ")" * 3000) == ["1 + 2 = 3"]
 
 
 # --- generator ----------------------------------------------------------------------------------

@@ -94,7 +94,10 @@ def countdown_renderer(name: str) -> Render:
         solution = row.get("solution")
         completion = None
         if isinstance(solution, str) and solution:
-            completion = template.completion(Problem(tuple(nums), target, solution))
+            try:
+                completion = template.completion(Problem(tuple(nums), target, solution))
+            except DataError as exc:  # the solution's own message, with the row's file and line
+                raise DataError(f"column 'solution': {exc.message}", **where) from exc
         return template.messages(nums, target), completion
 
     return render

@@ -9,12 +9,12 @@ Pure Python plus pyarrow for parquet; no torch.
 
 from __future__ import annotations
 
-import ast
 import functools
 import itertools
 import math
 import operator
 import random
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -153,36 +153,74 @@ def reachable_targets(nums: Sequence[int]) -> dict[int, str]:
     return {v: _render(values[v], " ") for v in sorted(values)}
 
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
-_SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+_STEP_TOKEN = re.compile(r"\s*(?:([0-9]+)|(.))")
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 
 
 def solution_steps(expression: str) -> list[str]:
     """The intermediate steps of an expression in evaluation order, e.g. "44 + 19 - 35" ->
-    ["44 + 19 = 63", "63 - 35 = 28"]. Raises DataError for anything but + - * / on integers."""
-    steps: list[str] = []
+    ["44 + 19 = 63", "63 - 35 = 28"]. Raises DataError for anything but + - * / and parentheses
+    on decimal integers.
 
-    def walk(node: ast.AST) -> Fraction:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return Fraction(node.value)
-        if isinstance(node, ast.BinOp) and type(node.op) in _SYMBOLS:
-            a, b = walk(node.left), walk(node.right)
-            if isinstance(node.op, ast.Div):
-                if b == 0:
-                    raise DataError(f"division by zero in {expression!r}")
-                value = a / b
-            else:
-                value = _OPS[type(node.op)](a, b)
-            steps.append(f"{a} {_SYMBOLS[type(node.op)]} {b} = {value}")
-            return value
-        raise DataError(f"not a Countdown expression (+ - * / on integers): {expression!r}")
+    An iterative shunting-yard parse (Python's precedence, left to right), so an expression of
+    any length or nesting gets steps or a DataError, never a RecursionError."""
+    p = _Steps(expression)
+    want_value = True  # a number or "(" comes next; else an operator or ")"
+    for number, char in _STEP_TOKEN.findall(expression.strip()):
+        if number:
+            if not want_value:
+                raise p.bad(f"a number where an operator belongs: {number[:20]}")
+            if len(number) > 4300:  # Python's int-from-str limit
+                raise p.bad("a number of more than 4,300 digits")
+            p.values.append(Fraction(int(number)))
+            want_value = False
+        elif char == "(" and want_value:
+            p.ops.append(char)
+        elif char == ")" and not want_value and "(" in p.ops:
+            while p.ops[-1] != "(":
+                p.reduce()
+            p.ops.pop()
+        elif char in _PRECEDENCE and not want_value:
+            while p.ops and p.ops[-1] != "(" and _PRECEDENCE[p.ops[-1]] >= _PRECEDENCE[char]:
+                p.reduce()
+            p.ops.append(char)
+            want_value = True
+        else:
+            raise p.bad(f"unexpected {char!r}")
+    if want_value or "(" in p.ops:
+        raise p.bad("incomplete")
+    while p.ops:
+        p.reduce()
+    return p.steps
 
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise DataError(f"cannot parse Countdown expression {expression!r}: {exc.msg}") from exc
-    walk(tree.body)
-    return steps
+
+class _Steps:
+    """The parse state of `solution_steps`: values, pending operators, the steps written."""
+
+    def __init__(self, expression: str) -> None:
+        self.expression = expression
+        self.steps: list[str] = []
+        self.values: list[Fraction] = []
+        self.ops: list[str] = []
+
+    def bad(self, why: str) -> DataError:
+        text = self.expression
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        return DataError(f"not a Countdown expression (+ - * / on integers): {shown!r} ({why})")
+
+    def reduce(self) -> None:
+        """Apply the last pending operator to the last two values, writing its step."""
+        op = self.ops.pop()
+        b, a = self.values.pop(), self.values.pop()
+        if op == "/" and b == 0:
+            raise DataError(f"division by zero in {self.expression[:60]!r}")
+        value = _ARITH[op](a, b)
+        try:
+            self.steps.append(f"{a} {op} {b} = {value}")
+        except ValueError as exc:  # past Python's 4,300-digit int-to-str limit
+            raise self.bad("a value too long to write") from exc
+        self.values.append(value)
 
 
 def compact(expression: str) -> str:

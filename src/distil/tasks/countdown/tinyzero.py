@@ -60,17 +60,32 @@ _TZ_OPS = {
 }
 
 
-def _tinyzero_eval(node: ast.AST) -> Any:
+def _tinyzero_eval(root: ast.AST) -> Any:
     """Python's own arithmetic on the nodes the whitelist lets through (ints, floats, + - * /
-    // **, unary +/-); anything else (calls like "(1)(2)", "()", "...") raises like eval would."""
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd | ast.USub):
-        value = _tinyzero_eval(node.operand)
-        return -value if isinstance(node.op, ast.USub) else +value
-    if isinstance(node, ast.BinOp) and type(node.op) in _TZ_OPS:
-        return _TZ_OPS[type(node.op)](_tinyzero_eval(node.left), _tinyzero_eval(node.right))
-    raise TypeError(f"not evaluable: {type(node).__name__}")
+    // **, unary +/-); anything else (calls like "(1)(2)", "()", "...") raises like eval would.
+
+    Iterative (an explicit stack, operands left to right as Python evaluates them), so a chain
+    of any length that Python's parser builds evaluates as eval would: no recursion limit."""
+    stack: list[tuple[ast.AST, bool]] = [(root, False)]
+    values: list[Any] = []
+    while stack:
+        node, ready = stack.pop()
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            values.append(node.value)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd | ast.USub):
+            if ready:
+                values.append(-values.pop() if isinstance(node.op, ast.USub) else +values.pop())
+            else:
+                stack += [(node, True), (node.operand, False)]
+        elif isinstance(node, ast.BinOp) and type(node.op) in _TZ_OPS:
+            if ready:
+                right = values.pop()
+                values.append(_TZ_OPS[type(node.op)](values.pop(), right))
+            else:
+                stack += [(node, True), (node.right, False), (node.left, False)]
+        else:
+            raise TypeError(f"not evaluable: {type(node).__name__}")
+    return values[0]
 
 
 def tinyzero_score(
@@ -91,7 +106,10 @@ def tinyzero_score(
     semantics does the same arithmetic but refuses integer powers above 2**(2**20) (TinyZero
     would hang), scoring them format_score. A digit run past Python's 4,300-digit int-from-str
     limit fails TinyZero's number check inside its try/except, so it scores format_score here
-    too; the last-line tag search is one linear scan with the regex's exact matches.
+    too; the last-line tag search is one linear scan with the regex's exact matches. The answers
+    it can score are those Python's parser reads, as for TinyZero's eval(): at most 200 nested
+    parentheses, and chains as long as the parser's own recursion allows (thousands of terms);
+    the strict checker (checker.py) has no depth limit.
     """
     equation = _tinyzero_extract(solution_str)
     if equation is None:
