@@ -331,7 +331,9 @@ def _add_eval(sub) -> None:
     p.add_argument("--completions", action="append", default=[], help="JSONL of outputs")
     p.add_argument("--config", help="YAML whose eval section gives the defaults")
     p.add_argument(
-        "--task", help="countdown (default), gsm8k, math, mmlu, or module:Class of your own"
+        "--task",
+        help="countdown, gsm8k, math, mmlu, or module:Class of your own (default: the "
+        "--config's eval.task, else countdown)",
     )
     p.add_argument("--data", help="problems: a JSONL/parquet file or a hub dataset id")
     p.add_argument("--subset", help="hub dataset config name (gsm8k: main, mmlu: all)")

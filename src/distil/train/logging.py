@@ -137,11 +137,11 @@ class ProgressLine:
         start = self.fraction(self.start, self.start_clock, self.start_flops)
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / max(frac - start, 1e-9) * (1.0 - frac)
-        parts = [f"step {step}", f"loss {metrics.get('loss', float('nan')):.4f}"]
+        parts = [f"step {step}", f"loss {significant(metrics.get('loss', float('nan')))}"]
         if "kl" in metrics:
-            parts.append(f"kl {metrics['kl']:.4f}")
+            parts.append(f"kl {significant(metrics['kl'])}")
         parts.append(f"on-policy {100 * metrics.get('policy/on_policy_share', 0):.0f}%")
-        parts.append(f"{metrics.get('throughput/tokens_per_s', 0) / 1000:.1f}k tok/s")
+        parts.append(f"{rate(metrics.get('throughput/tokens_per_s', 0))} tok/s")
         if "eval/accuracy" in metrics:
             parts.append(f"eval {100 * metrics['eval/accuracy']:.1f}%")
         if self._bar is not None:
@@ -153,6 +153,18 @@ class ProgressLine:
             return
         parts += [f"elapsed {_clock(elapsed)}", f"eta {_clock(eta)}"]
         print(" | ".join(parts), file=sys.stderr, flush=True)
+
+
+def significant(x: float, digits: int = 4) -> str:
+    """`x` to `digits` significant digits: 0.2105, 3.4e-05, 1.494 (fixed decimals would show a
+    loss of 3e-5 as 0.0000)."""
+    return f"{x:.{digits}g}"
+
+
+def rate(per_s: float) -> str:
+    """A throughput for the progress line: 2.3k above a thousand, else 3 significant digits
+    (a CPU run's 15-60 tokens/s, not 0.0k)."""
+    return f"{per_s / 1000:.1f}k" if per_s >= 1000 else f"{per_s:.3g}"
 
 
 def _clock(seconds: float) -> str:

@@ -1,0 +1,41 @@
+"""The status line a run prints: numbers a user can read at any scale."""
+
+from __future__ import annotations
+
+import pytest
+
+from distil.train.logging import ProgressLine, rate, significant
+
+
+@pytest.mark.parametrize(
+    ("x", "shown"),
+    [(0.2105, "0.2105"), (1.49381, "1.494"), (3e-5, "3e-05"), (-0.0511, "-0.0511"), (0.0, "0")],
+)
+def test_losses_keep_four_significant_digits(x, shown):
+    assert significant(x) == shown
+
+
+@pytest.mark.parametrize(
+    ("per_s", "shown"), [(2345.0, "2.3k"), (45.2, "45.2"), (15.04, "15"), (0, "0")]
+)
+def test_throughput_below_a_thousand_is_not_zero_k(per_s, shown):
+    assert rate(per_s) == shown
+
+
+def test_the_printed_line_of_a_small_cpu_run(capsys, monkeypatch):
+    monkeypatch.delenv("DISTIL_PROGRESS", raising=False)
+    line = ProgressLine(10, 0, every=1, enabled=True)
+    metrics = {"loss": 3e-5, "kl": 0.00012, "throughput/tokens_per_s": 45.0}
+    line.update(1, metrics)
+    err = capsys.readouterr().err
+    assert "loss 3e-05" in err and "kl 0.00012" in err and "| 45 tok/s |" in err
+
+
+def test_eval_help_says_the_configs_task_is_the_default(capsys):
+    from distil.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "countdown (default)" not in out
+    assert "default: the --config's eval.task, else countdown" in out
