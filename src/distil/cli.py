@@ -7,6 +7,7 @@ and exits with code 2, never as a traceback; anything else is a bug and keeps it
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -78,7 +79,8 @@ def _train(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     train(cfg)
-    print(f"final model: {Path(cfg.train.output_dir) / 'final'}")
+    if int(os.environ.get("RANK", "0")) == 0:  # torchrun / accelerate: once, not per rank
+        print(f"final model: {Path(cfg.train.output_dir) / 'final'}")
     return 0
 
 

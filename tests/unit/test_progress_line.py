@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from distil.train.logging import ProgressLine, rate, significant
@@ -39,3 +41,18 @@ def test_eval_help_says_the_configs_task_is_the_default(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "countdown (default)" not in out
     assert "default: the --config's eval.task, else countdown" in out
+
+
+@pytest.mark.parametrize(("rank", "printed"), [(None, 1), ("0", 1), ("1", 0)])
+def test_final_model_is_printed_once_not_per_rank(tmp_path, capsys, monkeypatch, rank, printed):
+    from distil.cli import main
+    from distil.train import loop
+
+    monkeypatch.setattr(loop, "train", lambda cfg: {})  # the line after training is the point
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    preset = Path(__file__).parents[2] / "configs" / "countdown_onpolicy.yaml"
+    assert main(["train", str(preset), f"train.output_dir={tmp_path}"]) == 0
+    assert capsys.readouterr().out.count("final model:") == printed
