@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DistilError as exc:
         # backslashreplace: a message may quote a lone surrogate from the input
         text = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")
-        print(f"distil: error: {text}", file=sys.stderr)
+        print(f"distil: {exc.label}: {text}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("distil: interrupted", file=sys.stderr)

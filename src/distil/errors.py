@@ -11,6 +11,7 @@ class DistilError(Exception):
     """Base class of every error caused by user input (config, data, tokenizers, extras)."""
 
     exit_code = 2
+    label = "error"  # the CLI prints "distil: <label>: <message>"
 
 
 class ConfigError(DistilError, ValueError):

@@ -18,7 +18,10 @@ HANDLED = (signal.SIGINT, signal.SIGTERM)
 
 
 class TrainingInterrupted(DistilError):
-    """The run was stopped by a signal after writing a checkpoint."""
+    """The run was stopped by a signal after writing a checkpoint (a stop that was asked for,
+    not an error)."""
+
+    label = "stopped"
 
     def __init__(self, message: str, signum: int):
         super().__init__(message)

@@ -1,4 +1,5 @@
-"""The status line a run prints: numbers a user can read at any scale."""
+"""What a run prints: a status line with numbers a user can read at any scale, the final model
+once, a requested stop as a stop."""
 
 from __future__ import annotations
 
@@ -56,3 +57,20 @@ def test_final_model_is_printed_once_not_per_rank(tmp_path, capsys, monkeypatch,
     preset = Path(__file__).parents[2] / "configs" / "countdown_onpolicy.yaml"
     assert main(["train", str(preset), f"train.output_dir={tmp_path}"]) == 0
     assert capsys.readouterr().out.count("final model:") == printed
+
+
+def test_a_requested_stop_is_not_reported_as_an_error(tmp_path, capsys, monkeypatch):
+    import signal
+
+    from distil.cli import main
+    from distil.train import loop
+    from distil.train.signals import TrainingInterrupted
+
+    def stopped(cfg):
+        raise TrainingInterrupted("training stopped by SIGINT after step 3: ...", signal.SIGINT)
+
+    monkeypatch.setattr(loop, "train", stopped)
+    preset = Path(__file__).parents[2] / "configs" / "countdown_onpolicy.yaml"
+    assert main(["train", str(preset), f"train.output_dir={tmp_path}"]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("distil: stopped: training stopped by SIGINT") and "error" not in err
