@@ -24,15 +24,15 @@ from distil.types import Example
 
 
 def config_examples(data: Any, source: str | None = None, limit: int | None = None):
-    """`load_examples` with the data section's settings (split, subset, fields, template), for
+    """`examples_from` with the data section's settings (split, subset, fields, template), for
     `source` (default: data.train)."""
-    return load_examples(
+    return examples_from(
         source or data.train,
+        template=data.template,
         split=data.split,
         subset=data.subset,
         prompt_field=data.prompt_field,
         completion_field=data.completion_field,
-        render=renderer(data.template, data.completion_field) if data.template else None,
         limit=limit,
     )
 
@@ -41,17 +41,20 @@ def examples_from(
     source: str,
     *,
     template: str | None = None,
+    split: str = "train",
+    subset: str | None = None,
     prompt_field: str = "prompt",
     completion_field: str = "completion",
     limit: int | None = None,
 ) -> list[Example]:
     """`load_examples` of `source`, rendered by `template` (a `data.template` value) if given."""
-    render = renderer(template, completion_field) if template else None
     return load_examples(
         source,
+        split=split,
+        subset=subset,
         prompt_field=prompt_field,
         completion_field=completion_field,
-        render=render,
+        render=renderer(template, completion_field) if template else None,
         limit=limit,
     )
 
