@@ -119,6 +119,8 @@ class WeightProbe:
 
     def __init__(self, model=None):
         self.model, self.calls, self.seen_weight, self.threads = model, [], [], []
+        self.idents: list[int] = []
+        self.thread_objects: list[threading.Thread] = []  # kept alive: idents may be reused
 
     def sync_weights(self, model):
         self.model = model
@@ -127,6 +129,8 @@ class WeightProbe:
         self.calls.append(([list(p) for p in prompt_ids], params.seed))
         self.seen_weight.append(float(next(self.model.parameters()).detach().flatten()[0]))
         self.threads.append(threading.current_thread().name)
+        self.idents.append(threading.get_ident())
+        self.thread_objects.append(threading.current_thread())
         rows = [[10 + p[0], 20 + j, EOS] for p in prompt_ids for j in range(params.n)]
         ids = torch.tensor(rows)
         index = [i for i in range(len(prompt_ids)) for _ in range(params.n)]
@@ -167,6 +171,23 @@ def test_async_windows_are_the_sync_windows_sampled_one_step_stale():
     assert all(name == "distil-async-generation" for name in probe.threads)
     assert all(seed is not None for _, seed in probe.calls)
     assert source.state.windows == 6 and source._in_flight is None  # nothing past the last step
+
+
+def test_every_window_is_sampled_on_one_long_lived_worker_thread():
+    """One thread for the whole run (a compiled generator's CUDA graphs are kept per host
+    thread): many windows, one thread ident, not the training thread's; it ends at close."""
+    model = torch.nn.Linear(2, 2)
+    probe = WeightProbe(model)
+    source = AsyncWindows(small_buffer(probe, lam=1.0), model, max_steps=12)
+    for _ in range(12):
+        source.next_window()
+    assert len(probe.idents) == 12 and len(set(probe.idents)) == 1
+    worker = probe.thread_objects[0]
+    assert all(t is worker for t in probe.thread_objects)
+    assert worker is not threading.current_thread()
+    source.close()
+    worker.join()  # returns: close() ended the thread (a hang here is the failure)
+    assert not worker.is_alive()
 
 
 def test_checkpoint_state_is_the_one_before_the_window_in_flight_and_resumes_it():

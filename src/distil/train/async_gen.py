@@ -18,8 +18,8 @@ and the snapshot's trainable weights (`sampler.safetensors`); a resumed run samp
 again from them, with the same prompts, weights and seed, so it trains on exactly what the
 uninterrupted run trained on.
 
-On CPU the background thread overlaps because torch releases the GIL inside its ops; on CUDA
-it runs on its own stream. An error in the background is raised again in the training thread
+The sampling runs on one long-lived worker thread for the whole run (`_Worker`). On CPU it
+overlaps because torch releases the GIL inside its ops; on CUDA it runs on its own stream. An error in the background is raised again in the training thread
 (with its traceback) when the window is collected, at the latest at the next step.
 """
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import queue
 import sys
 import threading
 import time
@@ -63,35 +64,76 @@ def trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
-class _Background:
-    """One call of `fn` in a daemon thread; `result()` joins and re-raises its error."""
+class _Job:
+    """One call of `fn` on the worker; `result()` waits for it and re-raises its error."""
 
-    def __init__(self, fn: Callable[[], Any], stream=None):
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn = fn
+        self._done = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
-        threads = torch.get_num_threads()  # intra-op threads are set per OS thread
 
-        def run() -> None:
-            torch.set_num_threads(threads)
-            try:
-                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                    self._value = fn()
-                    if stream is not None:
-                        stream.synchronize()
-            except BaseException as e:  # handed to the training thread
-                self._error = e
-
-        self._thread = threading.Thread(target=run, name="distil-async-generation", daemon=True)
-        self._thread.start()
+    def run(self, stream) -> None:
+        try:
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                self._value = self.fn()
+                if stream is not None:
+                    stream.synchronize()
+        except BaseException as e:  # handed to the training thread
+            self._error = e
+        finally:
+            self._done.set()
 
     def result(self) -> Any:
-        self._thread.join()
+        self._done.wait()
         if self._error is not None:
             raise self._error
         return self._value
 
     def join(self) -> None:
-        self._thread.join()
+        self._done.wait()
+
+
+class _Worker:
+    """ONE daemon thread that runs every window's sampling for the whole run, a job at a time.
+
+    One thread, not one per window: a compiled generator's CUDA graphs (cudagraph trees) keep
+    their state per host thread, so a new thread per window re-warms and re-records every
+    bucket, and a torch without pytorch PR #184357 (the GPU image's 2.11) asserts
+    (pytorch#123177). A daemon thread fed by a queue rather
+    than a ThreadPoolExecutor: the executor's threads are joined at interpreter exit, so a stop
+    (SIGTERM) would wait for a window being sampled.
+    """
+
+    def __init__(self, stream=None):
+        self._stream = stream
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._num_threads = torch.get_num_threads()  # intra-op threads are set per OS thread
+
+    def submit(self, fn: Callable[[], Any]) -> _Job:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._loop, name="distil-async-generation", daemon=True
+            )
+            self._thread.start()
+        job = _Job(fn)
+        self._jobs.put(job)
+        return job
+
+    def _loop(self) -> None:
+        torch.set_num_threads(self._num_threads)
+        while (job := self._jobs.get()) is not None:
+            job.run(self._stream)
+
+    def close(self, wait: bool = True) -> None:
+        """End the thread after its current job (joined when `wait`)."""
+        if self._thread is None:
+            return
+        self._jobs.put(None)
+        if wait:
+            self._thread.join()
+        self._thread = None
 
 
 class AsyncWindows:
@@ -115,11 +157,12 @@ class AsyncWindows:
             buffer.student.generator.sync_weights(self.snapshot)
         self.state: BufferState = replace(buffer.state)
         self.version = 0  # optimizer steps the snapshot's weights have had
-        self._in_flight: _Background | None = None
+        self._in_flight: _Job | None = None
         self._version_in_flight = 0
         self._restored = False
         device = next(student.parameters()).device
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._worker = _Worker(self._stream)  # one sampler thread for the whole run
 
     def next_window(self) -> Window:
         """The window to train now; starts sampling the next one from the current weights."""
@@ -155,7 +198,7 @@ class AsyncWindows:
         self._version_in_flight = self.version
         if self._stream is not None:  # the snapshot copy happens before the sampler reads it
             self._stream.wait_stream(torch.cuda.current_stream(self._stream.device))
-        self._in_flight = _Background(self.buffer.next_window, self._stream)
+        self._in_flight = self._worker.submit(self.buffer.next_window)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -208,9 +251,11 @@ class AsyncWindows:
             self._in_flight.join()
 
     def close(self, wait: bool = True) -> None:
-        """Stop: join the window in flight (`wait`), or leave it to its daemon thread (an
-        error or a signal is on its way out and must not wait for a generate call)."""
+        """Stop: join the window in flight and the sampler thread (`wait`), or leave them to
+        the daemon thread (an error or a signal is on its way out and must not wait for a
+        generate call; the thread ends after its job, or with the process)."""
         if self._in_flight is not None and wait:
             self._in_flight.join()
         self._in_flight = None
+        self._worker.close(wait)
         self.buffer.close()
