@@ -79,13 +79,29 @@ def _bf16_weights(cfg: DistilConfig):
     return None
 
 
+def precision_notices(cfg: DistilConfig) -> list[str]:
+    """Warnings about a precision the run was asked for but probably did not mean (printed at
+    the start of training; the run goes on as configured)."""
+    dtype, train = cfg.student.dtype, cfg.train
+    if dtype not in ("bfloat16", "float16") or train.bf16_weights or cfg.student.lora.enabled:
+        return []
+    short = {"bfloat16": "bf16", "float16": "fp16"}[dtype]
+    return [
+        f"student.dtype = {dtype!r} with train.bf16_weights=false and no LoRA: AdamW updates "
+        f"the {short} weights in place and keeps {short} moments, so an update smaller than "
+        f"about 1/{256 if short == 'bf16' else 2048} of a weight rounds away (at lr 1e-6 most "
+        "do). The run goes on as configured. Fix: train.bf16_weights=true (bf16 weights, fp32 "
+        "master copies and moments), or student.dtype=auto (fp32 weights for full training)"
+    ]
+
+
 @check
 def _static_cache_under_autocast(cfg: DistilConfig):
     train = cfg.train
     if not (cfg.generation.backend == "hf_static" and train.bf16 and not train.bf16_weights):
         return None
-    if cfg.student.dtype != "float32":
-        return None
+    if cfg.student.dtype not in ("float32", "auto") or cfg.student.lora.enabled:
+        return None  # auto without bf16_weights or LoRA loads fp32 (models/load.py)
     # fp32 weights under autocast: RoPE keeps the keys in fp32 while the values come out of
     # v_proj in bf16, and the static cache holds one dtype for both
     return ("generation.backend", "train.bf16"), (

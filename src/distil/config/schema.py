@@ -63,7 +63,12 @@ class LoraConfig(Section):
 class ModelConfig(Section):
     path: str | None = Field(None, description="student model: a local directory or a hub id")
     tokenizer: str | None = Field(None, description="tokenizer path (default: student.path)")
-    dtype: Dtype = Field("float32", description="weights dtype")
+    dtype: Dtype = Field(
+        "auto",
+        description="weights dtype; auto: float32 on CPU; on CUDA the checkpoint's own dtype "
+        "when the weights are not trained in it (train.bf16_weights keeps fp32 master copies; "
+        "LoRA freezes them), else float32 with TF32 matmuls (docs/training.md)",
+    )
     attn_implementation: str = Field("sdpa", description="sdpa, eager, flash_attention_2, ...")
     gradient_checkpointing: bool = Field(
         False,
@@ -83,7 +88,11 @@ class ModelConfig(Section):
 class TeacherConfig(Section):
     path: str | None = Field(None, description="teacher model: a local directory or a hub id")
     tokenizer: str | None = Field(None, description="tokenizer path (default: teacher.path)")
-    dtype: Dtype = Field("float32", description="weights dtype")
+    dtype: Dtype = Field(
+        "auto",
+        description="weights dtype; auto: the checkpoint's own dtype on CUDA (bf16 for most "
+        "current models), float32 on CPU",
+    )
     attn_implementation: str = Field("sdpa", description="sdpa, eager, flash_attention_2, ...")
     device: str | None = Field(None, description="device of the teacher (default: the student's)")
     placement: Literal["replicate", "shard"] = Field(

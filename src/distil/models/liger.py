@@ -3,12 +3,21 @@
 Liger's per-model patches swap the student's RMSNorm and SwiGLU forwards for fused Triton
 kernels and its rotary embedding for a fused one (liger-kernel, arXiv 2410.10989). Its fused
 linear + cross-entropy forward is not used: distil's losses take the student's hidden states
-or logits and apply the head chunk by chunk themselves (`losses/chunked.py`). Liger patches
-RoPE in the model type's module, so a teacher of the same model type computes its rotary
-embedding with the same (numerically equivalent) kernel.
+or logits and apply the head chunk by chunk themselves (`losses/chunked.py`).
+
+Liger's patch also rebinds classes in the model type's modeling module
+(`modeling_qwen3.Qwen3RMSNorm = LigerRMSNorm`, `Qwen3MLP = LigerSwiGLUMLP`), so every model of
+that type built afterwards (the teacher, loaded after the student) would be built from Liger's
+classes. `apply_liger` puts those classes back once the student's own modules are patched: only
+the student instance changes. Module-level functions stay patched: the rotary embedding is
+looked up at call time, so a teacher of the same model type computes RoPE with the same
+(numerically equivalent) kernel.
 """
 
 from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
 
 import torch
 
@@ -48,5 +57,20 @@ def apply_liger(model: torch.nn.Module, device: torch.device | str) -> list[str]
     patch = patches[model_type]
     accepted = inspect.signature(patch).parameters
     kwargs = {k: v for k, v in KERNELS.items() if k in accepted}
-    patch(model=model, **kwargs)
+    with _classes_kept(model):
+        patch(model=model, **kwargs)
     return [k for k, v in kwargs.items() if v]
+
+
+@contextmanager
+def _classes_kept(model: torch.nn.Module):
+    """Restore the classes of `model`'s modeling module that the block rebinds."""
+    module = sys.modules.get(type(model).__module__)
+    names = vars(module) if module is not None else {}
+    before = {k: v for k, v in names.items() if isinstance(v, type)}
+    try:
+        yield
+    finally:
+        for name, cls in before.items():
+            if names.get(name) is not cls:
+                setattr(module, name, cls)

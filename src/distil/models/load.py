@@ -24,6 +24,43 @@ def torch_dtype(name: str) -> torch.dtype | str:
     return "auto" if name == "auto" else DTYPES[name]
 
 
+def checkpoint_dtype(path: str) -> str:
+    """The dtype a checkpoint's weights were saved in, a DTYPES name: config.json's `dtype`
+    (transformers 5) or `torch_dtype` (older); float32 when it names none or one distil does
+    not load in (e.g. float64)."""
+    config = Path(os.path.expanduser(path)) / "config.json"
+    try:
+        if not config.is_file():  # a hub id: the config file in the local hub cache
+            from transformers.utils import cached_file
+
+            config = Path(cached_file(path, "config.json"))
+        spec = json.loads(config.read_text(encoding="utf-8"))
+    except Exception:  # no readable config: the loader reports it when it loads the model
+        return "float32"
+    name = spec.get("dtype") or spec.get("torch_dtype")
+    return name if name in DTYPES else "float32"
+
+
+def resolve_dtype(name: str, path: str, device: str | torch.device | None) -> str:
+    """`student.dtype`/`teacher.dtype` as loaded on `device`: `auto` is the checkpoint's own
+    dtype on CUDA (bf16 for Qwen3, Llama-3.2) and float32 elsewhere (CPU kernels run bf16
+    slower than fp32, and the CPU runs' numbers stay as they were)."""
+    if name != "auto":
+        return name
+    if device is None or torch.device(device).type != "cuda":
+        return "float32"
+    return checkpoint_dtype(path)
+
+
+def enable_tf32(device: str | torch.device | None) -> None:
+    """fp32 matmuls on CUDA through TF32 tensor cores (inputs rounded to a 10-bit mantissa,
+    fp32 accumulation): torch's "high" matmul precision, process-wide and idempotent. Without
+    it an fp32 GEMM runs on the FP32 cores at a small fraction of the bf16 rate. No-op off
+    CUDA."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.set_float32_matmul_precision("high")
+
+
 def load_tokenizer(path: str, *, key: str = "student.tokenizer", trust_remote_code: bool = False):
     """AutoTokenizer.from_pretrained with a clear error; pad token falls back to EOS."""
     from transformers import AutoTokenizer
@@ -91,16 +128,22 @@ def load_model(
     path: str,
     *,
     key: str = "student.path",
-    dtype: str = "float32",
+    dtype: str = "auto",
     attn_implementation: str = "sdpa",
     device: str | torch.device | None = None,
     trust_remote_code: bool = False,
 ):
-    """AutoModelForCausalLM.from_pretrained with a clear error, moved to `device` if given."""
+    """AutoModelForCausalLM.from_pretrained with a clear error, moved to `device` if given.
+
+    `dtype` auto resolves against `device` (`resolve_dtype`: the checkpoint's dtype on CUDA,
+    float32 elsewhere); an fp32 model on CUDA switches TF32 matmuls on (`enable_tf32`)."""
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
     check_model_path(path, key)
+    dtype = resolve_dtype(dtype, path, device)
+    if dtype == "float32":
+        enable_tf32(device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             os.path.expanduser(path),

@@ -6,12 +6,14 @@ teacher scorer is chosen in `distil.teacher.select`.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from distil.config import DistilConfig
+from distil.config.rules import precision_notices
 from distil.data.collate import collate
 from distil.data.lengths import check_lengths, uses_completions
 from distil.errors import ConfigError, require
@@ -19,7 +21,7 @@ from distil.generation.base import SamplingParams
 from distil.generation.select import build_generator, teacher_backend
 from distil.losses import get_loss
 from distil.losses.chunked import auto_chunk_size
-from distil.models.load import load_model, load_tokenizer
+from distil.models.load import enable_tf32, load_model, load_tokenizer, resolve_dtype
 from distil.models.tokenizers import encode_prompts, reference_ids, stop_token_ids
 from distil.teacher.select import Rows, build_scorer, loads_teacher_model
 from distil.train.buffer import GenerationBuffer, PromptSide
@@ -90,15 +92,16 @@ def build_accelerator(cfg: DistilConfig):
     return accelerator
 
 
-def _load(section, name: str, device=None):
-    """(model, tokenizer) of the `student` or `teacher` config section."""
+def _load(section, name: str, device=None, dtype: str | None = None):
+    """(model, tokenizer) of the `student` or `teacher` config section; `dtype` overrides the
+    section's (an `auto` already resolved)."""
     # a tokenizer defaulted from the model path is reported under the key the user set
     key = f"{name}.path" if section.tokenizer == section.path else f"{name}.tokenizer"
     tok = load_tokenizer(section.tokenizer, key=key, trust_remote_code=section.trust_remote_code)
     model = load_model(
         section.path,
         key=f"{name}.path",
-        dtype=section.dtype,
+        dtype=dtype or section.dtype,
         attn_implementation=section.attn_implementation,
         device=device,
         trust_remote_code=section.trust_remote_code,
@@ -106,9 +109,20 @@ def _load(section, name: str, device=None):
     return model, tok
 
 
+def student_dtype(cfg: DistilConfig, device) -> str:
+    """student.dtype as loaded for a run on `device`. auto: the checkpoint's dtype on CUDA
+    where AdamW never updates those weights in it (train.bf16_weights: fp32 master copies;
+    LoRA: a frozen base), float32 otherwise: plain AdamW on bf16 weights and moments loses
+    the small updates (rules.precision_notices)."""
+    s = cfg.student
+    if s.dtype == "auto" and not (cfg.train.bf16_weights or s.lora.enabled):
+        return "float32"
+    return resolve_dtype(s.dtype, s.path, device)
+
+
 def load_student(cfg: DistilConfig, accelerator):
     s = cfg.student
-    model, tok = _load(s, "student")
+    model, tok = _load(s, "student", dtype=student_dtype(cfg, accelerator.device))
     model.config.use_cache = False  # packed/training forwards must not build a KV cache
     if s.liger:
         from distil.models.liger import apply_liger
@@ -142,7 +156,8 @@ def load_teacher(cfg: DistilConfig, accelerator):
     """The live teacher: whole on `teacher.device` (default: the rank's device), or sharded
     over the ranks with `teacher.placement=shard` under FSDP."""
     if cfg.teacher.placement == "shard":
-        model, tok = _load(cfg.teacher, "teacher")
+        dtype = resolve_dtype(cfg.teacher.dtype, cfg.teacher.path, accelerator.device)
+        model, tok = _load(cfg.teacher, "teacher", dtype=dtype)
         shard_teacher(model, accelerator)
         return model, tok
     return _load(cfg.teacher, "teacher", device=cfg.teacher.device or accelerator.device)
@@ -244,6 +259,10 @@ def build(cfg: DistilConfig) -> Components:
 
     check(cfg, "train")  # names, paths, extras: before any weights load
     accelerator = build_accelerator(cfg)
+    enable_tf32(accelerator.device)  # the matmuls autocast leaves in fp32 (and fp32 runs)
+    if accelerator.is_main_process:
+        for notice in precision_notices(cfg):
+            print(f"distil: warning: {notice}", file=sys.stderr, flush=True)
     set_seed(cfg.train.seed, device_specific=True)
     loss_fn = get_loss(cfg.loss.name)
     examples = config_examples(cfg.data)
