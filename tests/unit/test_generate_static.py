@@ -20,7 +20,7 @@ from distil.errors import ConfigError
 from distil.generation.base import SamplingParams
 from distil.generation.hf import HFGenerator
 from distil.generation.select import build_generator, generator_class
-from distil.generation.static import StaticCacheGenerator, bucket
+from distil.generation.static import StaticCacheGenerator, bucket, takes_cache_position
 from distil.testing import tiny_llama, tiny_qwen2
 
 TEXTS = ["nums: 1 2 3 target: 6", "the quick brown fox jumps over the lazy dog", "7 + 8 =", "a"]
@@ -248,11 +248,68 @@ def test_kept_caches_are_reset_between_calls(bpe_tokenizer, prompts):
 
 
 def test_compiled_step_equals_eager(bpe_tokenizer, prompts):
+    from torch._dynamo.utils import counters
+
     model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer, seed=3)
     _, eager = pair(model, bpe_tokenizer)
     _, compiled = pair(model, bpe_tokenizer, compile=True, compile_backend="aot_eager")
     params = SamplingParams(8, temperature=0.0, n=2)
+    counters.clear()
     assert_same_rollout(eager.generate(prompts, params), compiled.generate(prompts, params))
+    # one graph per step, no data-dependent break (transformers 4.x without cache_position)
+    assert dict(counters["graph_break"]) == {}
+
+
+def test_cache_position_reaches_every_call_of_a_model_that_takes_it(bpe_tokenizer, prompts):
+    """A forward with a `cache_position` argument (transformers 4.x) gets it on the prefill
+    (arange(width)) and on every decode step (width + t), as generate passes it; the
+    completions are unchanged."""
+    model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer, seed=3)
+    hf, plain = pair(model, bpe_tokenizer)
+    params = SamplingParams(5, temperature=0.0, n=2)
+    want, ref = plain.generate(prompts, params), hf.generate(prompts, params)
+    seen, forward, passes_it = [], model.forward, takes_cache_position(model)
+
+    def forward_with_cache_position(*args, cache_position=None, **kwargs):
+        seen.append(cache_position)
+        if passes_it:  # transformers 4.x (5.x: the cache counts its own length)
+            kwargs["cache_position"] = cache_position
+        return forward(*args, **kwargs)
+
+    model.forward = forward_with_cache_position
+    _, static = pair(model, bpe_tokenizer)
+    got = static.generate(prompts, params)
+    assert_same_rollout(want, got, atol=0)
+    assert_same_rollout(ref, got)
+    width = bucket(max(len(p) for p in prompts), [4, 16, 64])  # pair()'s length buckets
+    assert all(isinstance(c, torch.Tensor) for c in seen)  # on every call, as a tensor
+    assert seen[0].tolist() == list(range(width))
+    assert [c.tolist() for c in seen[1:]] == [[width + t] for t in range(len(seen) - 1)]
+    assert len(seen) == want.completion_ids_B_C.shape[1]  # prefill + one per further token
+
+
+def test_an_evaluation_keeps_no_kv_cache_and_the_training_cache_stays(bpe_tokenizer, prompts):
+    """Calls inside scratch_caches() (an evaluation) drop their caches afterwards; the cache
+    from before (the training bucket) stays the same object, reused inside, and results are
+    those of HF generate."""
+    model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer, seed=3)
+    hf, static = pair(model, bpe_tokenizer)
+    train = SamplingParams(6, temperature=0.0)
+    static.generate(prompts[:2], train)  # batch bucket 3, width 16 + 6
+    (key,) = static._caches
+    training_cache, training_bytes = static._caches[key], static.kept_cache_bytes()
+    assert training_bytes > 0
+    with static.scratch_caches():
+        for n, new in ((3, 9), (1, 30), (2, 4)):  # other buckets, more than KEPT_CACHES
+            params = SamplingParams(new, temperature=0.0, n=n)
+            assert_same_rollout(hf.generate(prompts, params), static.generate(prompts, params))
+        assert static.kept_cache_bytes() > training_bytes  # the eval's caches, while it runs
+        assert_same_rollout(hf.generate(prompts[:2], train), static.generate(prompts[:2], train))
+    assert list(static._caches) == [key] and static._caches[key] is training_cache
+    assert static.kept_cache_bytes() == training_bytes
+    again = static.generate(prompts[:2], train)  # the training cache still serves its bucket
+    assert static._caches[key] is training_cache
+    assert_same_rollout(hf.generate(prompts[:2], train), again)
 
 
 @pytest.mark.slow
@@ -337,11 +394,18 @@ def read_losses(run_dir):
 
 
 def test_greedy_on_policy_run_logs_the_same_losses_with_hf_and_hf_static(
-    tmp_path, make_train_config
+    tmp_path, make_train_config, monkeypatch
 ):
     from distil.train import loop
 
-    losses, evals = {}, {}
+    losses, evals, built = {}, {}, []
+    real = StaticCacheGenerator.from_config.__func__
+
+    def spy(cls, *args, **kwargs):
+        built.append(real(cls, *args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(StaticCacheGenerator, "from_config", classmethod(spy))
     for backend in ("hf", "hf_static"):
         raw = make_train_config(
             generation={"backend": backend, "temperature": 0.0, "num_generations": 1},
@@ -351,6 +415,7 @@ def test_greedy_on_policy_run_logs_the_same_losses_with_hf_and_hf_static(
                 "eval_every": 3,
                 "output_dir": str(tmp_path / backend),
             },
+            eval={"max_new_tokens": 20},  # the eval's caches: another shape than training's
         )
         loop.train(build_config(raw))
         losses[backend] = read_losses(tmp_path / backend)
@@ -363,3 +428,5 @@ def test_greedy_on_policy_run_logs_the_same_losses_with_hf_and_hf_static(
     assert len(losses["hf"]) == 3
     assert losses["hf_static"] == pytest.approx(losses["hf"], rel=1e-5, abs=1e-7)
     assert evals["hf"] and evals["hf_static"] == evals["hf"]  # the eval sampled with it too
+    (gen,) = built  # the student's; the eval ran through it and kept none of its caches
+    assert gen._caches and all(length == 64 + 12 for _, length in gen._caches)

@@ -9,6 +9,7 @@ masking rule below.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,6 +42,11 @@ class Generator(Protocol):
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Make the sampler use `model`'s current weights (a no-op when it samples from them)."""
+        ...
+
+    def scratch_caches(self) -> AbstractContextManager[None]:
+        """A context whose calls (an evaluation) leave no memory allocated afterwards that the
+        sampler would otherwise keep between calls (hf_static's KV caches)."""
         ...
 
 

@@ -8,6 +8,7 @@ one (B, V) slice in memory instead of every step's scores.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -77,6 +78,10 @@ class HFGenerator:
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model
+
+    def scratch_caches(self) -> contextlib.AbstractContextManager[None]:
+        """Calls inside keep nothing afterwards: generate keeps nothing between calls."""
+        return contextlib.nullcontext()
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollout:

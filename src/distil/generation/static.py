@@ -13,13 +13,25 @@ transformers' own, applied in generate's order, and the recorded log-prob is tha
 chosen token under the warped distribution. Greedy completions equal HFGenerator's. The step
 reads the module's parameters at every call (they are graph inputs, not constants), so an
 in-place optimizer step is seen by the next generation with nothing to sync.
+
+`cache_position` is passed to the prefill and to every decode step (a device tensor of the
+decode state) where the model's forward takes it (transformers 4.x): without it those models
+derive it from the cache's contents, a data-dependent scalar that splits the compiled step in
+several graphs with a host sync per token. transformers 5.17+ have no such argument (their
+static cache counts its length in a device tensor), and it is not passed there.
+
+Memory: the caches of the last KEPT_CACHES bucket shapes stay allocated between calls (the
+training's shape, replayed every step); the calls made inside `scratch_caches()` (an
+evaluation) keep none of theirs afterwards.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import inspect
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -66,7 +78,9 @@ class StaticCacheGenerator(HFGenerator):
         self.compile_backend = compile_backend
         self.compile_mode = compile_mode
         self._caches: OrderedDict[tuple, Any] = OrderedDict()
+        self._held: dict[tuple, Any] = {}  # caches from before scratch_caches(): never evicted
         self._step_fn = None
+        self._cache_position = takes_cache_position(model)
 
     @classmethod
     def from_config(
@@ -89,8 +103,24 @@ class StaticCacheGenerator(HFGenerator):
     def sync_weights(self, model: torch.nn.Module) -> None:
         if model is not self.model:  # another module: its caches and compiled step are not ours
             self._caches.clear()
+            self._held = {}
             self._step_fn = None
+            self._cache_position = takes_cache_position(model)
         self.model = model
+
+    @contextlib.contextmanager
+    def scratch_caches(self) -> Iterator[None]:
+        """The calls inside (an evaluation) keep no KV cache afterwards: the caches they
+        allocate are dropped at the end, while the caches from before (the training's bucket)
+        stay allocated and are reused, so its compiled step keeps its cache addresses (no CUDA
+        graph re-recorded after an evaluation)."""
+        saved, model = self._caches, self.model
+        self._held, self._caches = dict(saved), OrderedDict()
+        try:
+            yield
+        finally:
+            self._held = {}
+            self._caches = saved if self.model is model else OrderedDict()
 
     # ------------------------------------------------------------------ one call
 
@@ -112,6 +142,8 @@ class StaticCacheGenerator(HFGenerator):
         pos_B_P = (attn.cumsum(-1) - 1).clamp(min=0)
         cache = self._cache(batch, width + new)
         warpers = sampling_warpers(params)
+        # the cache slot each step writes (models that take it): a device tensor, no host sync
+        slot_P = torch.arange(width, device=device) if self._cache_position else None
         was_training = self.model.training
         self.model.eval()
         try:
@@ -122,10 +154,12 @@ class StaticCacheGenerator(HFGenerator):
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **({} if slot_P is None else {"cache_position": slot_P}),
             ).logits[:, -1]
             token, logprob = _choose(logits, warpers, params.greedy)
             done = torch.arange(batch, device=device) >= n_rows  # filler rows count as stopped
-            state = (token, logprob, pos_B_P[:, -1:] + 1, mask_B_L, cache, done)
+            slot_1 = None if slot_P is None else slot_P[-1:] + 1
+            state = (token, logprob, pos_B_P[:, -1:] + 1, slot_1, mask_B_L, cache, done)
             out_ids, out_lp = self._decode(state, params, warpers)
         finally:
             self.model.train(was_training)
@@ -139,7 +173,7 @@ class StaticCacheGenerator(HFGenerator):
 
     def _decode(self, state, params: SamplingParams, warpers: list):
         """Decode until max_new_tokens or every row stopped; (ids, log-probs) on the device."""
-        token, logprob, pos_B_1, mask_B_L, cache, done = state
+        token, logprob, pos_B_1, slot_1, mask_B_L, cache, done = state
         batch, new = token.shape[0], params.max_new_tokens
         out_ids = token.new_full((batch, new), self.pad_id)
         out_lp = logprob.new_zeros((batch, new))
@@ -151,8 +185,11 @@ class StaticCacheGenerator(HFGenerator):
             if t > 0:
                 if self.compile and token.device.type == "cuda":
                     torch.compiler.cudagraph_mark_step_begin()
-                token, logprob = step(token, pos_B_1, mask_B_L, cache, warpers, params.greedy)
+                token, logprob = step(
+                    token, pos_B_1, slot_1, mask_B_L, cache, warpers, params.greedy
+                )
                 pos_B_1 = pos_B_1 + 1
+                slot_1 = None if slot_1 is None else slot_1 + 1
             out_ids[:, t] = token  # copies out of the graph's output buffer
             out_lp[:, t] = logprob
             done |= torch.isin(token, stops)
@@ -175,31 +212,65 @@ class StaticCacheGenerator(HFGenerator):
             )
         return self._step_fn
 
-    def _one_token(self, token_B, pos_B_1, mask_B_L, cache, warpers, greedy: bool):
-        """Feed each row's last token; (next token, its log-prob), both (B,)."""
+    def _one_token(self, token_B, pos_B_1, slot_1, mask_B_L, cache, warpers, greedy: bool):
+        """Feed each row's last token (into cache slot `slot_1` where the model takes
+        cache_position); (next token, its log-prob), both (B,)."""
         logits = self.model(
             input_ids=token_B[:, None],
             attention_mask=mask_B_L,
             position_ids=pos_B_1,
             past_key_values=cache,
             use_cache=True,
+            **({} if slot_1 is None else {"cache_position": slot_1}),
         ).logits[:, -1]
         return _choose(logits, warpers, greedy)
 
     def _cache(self, batch: int, length: int):
-        """The StaticCache for (batch, length), emptied; the last KEPT_CACHES stay allocated."""
+        """The StaticCache for (batch, length), emptied; the last KEPT_CACHES stay allocated
+        (and those held from before `scratch_caches`)."""
         from transformers import StaticCache
 
         key = (batch, length)
-        cache = self._caches.pop(key, None)
+        cache = self._held.get(key)
+        if cache is None:
+            cache = self._caches.pop(key, None)
         if cache is None:
             cache = StaticCache(config=self.model.config, max_cache_len=length)
         else:
             cache.reset()
-        self._caches[key] = cache
-        while len(self._caches) > KEPT_CACHES:
-            self._caches.popitem(last=False)
+        if key not in self._held:
+            self._caches[key] = cache
+            while len(self._caches) > KEPT_CACHES:
+                self._caches.popitem(last=False)
         return cache
+
+    def kept_cache_bytes(self) -> int:
+        """Bytes of the KV caches kept allocated between calls."""
+        caches = {id(c): c for c in [*self._caches.values(), *self._held.values()]}
+        return sum(_cache_bytes(c) for c in caches.values())
+
+
+def takes_cache_position(model) -> bool:
+    """Whether `model`'s forward (under a peft wrapper: the base model's) has a
+    `cache_position` argument (transformers 4.x models; 5.17+ have none)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "cache_position" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):  # no signature to read: pass nothing, as before
+        return False
+
+
+def _cache_bytes(cache) -> int:
+    tensors = [t for layer in getattr(cache, "layers", []) for t in _layer_tensors(layer)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _layer_tensors(layer) -> list[torch.Tensor]:
+    return [
+        t
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+        if isinstance(t, torch.Tensor)
+    ]
 
 
 def _choose(logits_B_V: torch.Tensor, warpers: list, greedy: bool):

@@ -22,6 +22,7 @@ Written against vLLM's public API as of 0.11.0 and 0.33.0 (`LLM`, `SamplingParam
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import importlib.util
@@ -165,6 +166,10 @@ class VLLMGenerator:
         optimizer step, from the training thread)."""
         self.model = model
         self._push_if_stale()
+
+    def scratch_caches(self) -> contextlib.AbstractContextManager[None]:
+        """Calls inside keep nothing afterwards: the engine sleeps after every generate."""
+        return contextlib.nullcontext()
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollout:
         """`params.n` completions per prompt, rows of one prompt adjacent, right-padded."""

@@ -364,7 +364,8 @@ def _evaluate_main(c: Components, cfg: DistilConfig, task, problems) -> dict[str
     else:
         generator = c.buffer.student.generator  # the run's backend samples the eval
         generator.sync_weights(c.unwrapped)
-    with torch.random.fork_rng(devices=devices):
+    scratch = generator.scratch_caches() if generator else contextlib.nullcontext()
+    with torch.random.fork_rng(devices=devices), scratch:  # no KV cache kept after the eval
         r = evaluate_model(
             cfg.train.output_dir,
             task,
