@@ -169,7 +169,8 @@ def _init_model(args) -> int:
 
 # ----------------------------------------------------------------------------- inspect
 
-EXAMPLE_TEXT = "<answer>(94 - 40) * 13</answer> Ünïcödé 数字 🙂, and   spaces."
+# a generic sentence: words, digits, an operator, accents, CJK, an emoji and a run of spaces
+EXAMPLE_TEXT = "The student learns from 3 teachers: 12 × 7 = 84. Ünïcödé 数字 🙂, and   spaces."
 
 
 def _add_inspect(sub) -> None:
@@ -190,6 +191,7 @@ def _inspect_pair(args) -> int:
 
     from distil.align.inspect import pair_report, render_pair, specials_summary
     from distil.models.load import load_tokenizer
+    from distil.models.tokenizers import generation_defaults, stops_summary
     from distil.progress import console as err_console
 
     s_tok = load_tokenizer(args.student, key="--student")
@@ -197,7 +199,7 @@ def _inspect_pair(args) -> int:
     report = pair_report(s_tok, t_tok)
     out = Console(highlight=False, soft_wrap=True)
     paired = {name for pair in report["special_pairs"] for name in pair}
-    for side in ("student", "teacher"):
+    for side, tok, path in (("student", s_tok, args.student), ("teacher", t_tok, args.teacher)):
         r = report[side]
         template = "yes" if r["chat_template"] else "NO (chat prompts cannot be rendered)"
         out.print(
@@ -205,6 +207,7 @@ def _inspect_pair(args) -> int:
             f"{len(r['specials'])} specials, chat template: {template}"
         )
         out.print(specials_summary(r, paired, show_all=args.all_specials), markup=False)
+        out.print(f"  {stops_summary(tok, generation_defaults(path))}", markup=False)
     pairs = ", ".join(f"{s} = {t}" for s, t in report["special_pairs"]) or "none"
     out.print(f"specials paired (student = teacher): {pairs}", markup=False)
     ov = report["overlap"]

@@ -40,7 +40,7 @@ def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
 
         found.attempt(check_settings, cfg)
     examples = _data(cfg, found)
-    toks = _tokenizers(cfg, examples, found)
+    toks = _tokenizers(cfg, examples, found, notes)
     from distil.losses import is_cross_tokenizer
     from distil.models.load import vocab_mismatch
 
@@ -238,11 +238,17 @@ def _data(cfg: DistilConfig, found: _Problems):
     return examples
 
 
-def _tokenizers(cfg: DistilConfig, examples, found: _Problems) -> dict:
-    """Load the local tokenizers (no weights); render a prompt; measure the student's rows."""
+def _tokenizers(cfg: DistilConfig, examples, found: _Problems, notes: list[str]) -> dict:
+    """Load the local tokenizers (no weights); render a prompt; measure the student's rows;
+    note which token ends a turn and which stop generation."""
     from distil.data.lengths import check_lengths, uses_completions
     from distil.models.load import load_tokenizer
-    from distil.models.tokenizers import render_prompt, stop_token_ids
+    from distil.models.tokenizers import (
+        generation_defaults,
+        render_prompt,
+        stop_token_ids,
+        stops_summary,
+    )
 
     sides = [("student", cfg.student)]
     if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd):
@@ -258,7 +264,9 @@ def _tokenizers(cfg: DistilConfig, examples, found: _Problems) -> dict:
         if tok is None:
             continue
         toks[name] = tok
-        found.attempt(stop_token_ids, tok)
+        if found.attempt(stop_token_ids, tok) is not None:
+            model = generation_defaults(section.path)  # a local directory's; never the hub
+            notes.append(f"{name}: {stops_summary(tok, model)}")
         rendered = examples and found.attempt(render_prompt, tok, examples[0].prompt, name=name)
         if rendered and name == "student":
             found.attempt(

@@ -23,6 +23,7 @@ import torch
 
 from distil.align.byte_index import ByteIndex
 from distil.errors import AlignmentError
+from distil.models.tokenizers import turn_end_id
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _ROLES = ("eos", "bos", "pad", "unk")  # first wins when one id holds several roles (pad = eos)
@@ -57,6 +58,9 @@ class VocabBytes:
     token_bytes   (size,) bytes per id; b"" for specials and ids the tokenizer cannot spell
     specials      special id -> role ("eos" | "bos" | "pad" | "unk" | the token's own string)
     special_text  special id -> the token's string (for pairing markers by name)
+    turn_end      the chat template's assistant-turn terminator when it is not the EOS
+                  (Llama 3's <|eot_id|>): it holds the "eos" role too and is the eos that
+                  another side's eos pairs with; None otherwise
     by_bytes      non-empty bytes -> canonical id: the lowest non-special id, except that a
                   byte-fallback '<0xNN>' token loses to a regular piece with the same bytes
                   (the tokenizer never emits the byte token then)
@@ -73,6 +77,7 @@ class VocabBytes:
     size: int
     special_text: dict[int, str] = field(default_factory=dict)
     convention: str = "plain"
+    turn_end: int | None = None
     lengths: np.ndarray = field(init=False, repr=False)
     is_special: np.ndarray = field(init=False, repr=False)
     max_len: int = field(init=False)
@@ -173,6 +178,9 @@ def _build(tok: Any) -> VocabBytes:
                 fallback.add(i)
     vb = VocabBytes.from_token_bytes(table, specials, byte_fallback=fallback, convention=convention)
     vb.special_text = special_text
+    end = turn_end_id(tok)
+    if end is not None and vb.specials.get(end) not in (None, *_ROLES):
+        vb.specials[end], vb.turn_end = "eos", end  # a chat completion ends with it
     return vb
 
 
@@ -291,7 +299,7 @@ def role_map(student_vb: VocabBytes, teacher_vb: VocabBytes) -> dict[int, int]:
     ('<|im_start|>' on both sides). A teacher pad maps to the student eos when the student has
     no pad (Llama-style pad = eos). Failing a role, the token strings are compared.
     """
-    by_role: dict[str, int] = {}
+    by_role: dict[str, int] = {} if student_vb.turn_end is None else {"eos": student_vb.turn_end}
     by_text: dict[str, int] = {}
     for i in sorted(student_vb.specials):
         by_role.setdefault(student_vb.specials[i], i)

@@ -30,7 +30,7 @@ from distil.align import (
 )
 from distil.align.text_ends import rows_text_ends
 from distil.data.collate import collate
-from distil.models.tokenizers import render_prompt, stop_token_ids
+from distil.models.tokenizers import completion_end_id, render_prompt, stop_token_ids
 from distil.types import Batch, Sample
 
 
@@ -44,7 +44,10 @@ class CrossTokenizer:
         self.match_tables = MatchTables(self.student_vb, self.teacher_vb)
         self.proj_tables = ProjectionTables(self.student_vb, self.teacher_vb)
         self.student_stops = set(stop_token_ids(student_tok))
-        self.teacher_eos = stop_token_ids(teacher_tok)[0]
+        self.teacher_stops = set(stop_token_ids(teacher_tok))
+        # what a finished completion ends with, after plain text (False) or chat messages (True)
+        self.teacher_ends = {c: completion_end_id(teacher_tok, c) for c in (False, True)}
+        self.student_ends = {c: completion_end_id(student_tok, c) for c in (False, True)}
         self.max_prompt_tokens = max_prompt_tokens
         self._teacher_prompts: dict[int, str] = {}
 
@@ -96,7 +99,7 @@ class CrossTokenizer:
             # zero bytes: trailing text the teacher's tokenizer drops (WordPiece strips a final
             # '\n') stays in no teacher token, so the student's tokens for it are masked, and
             # the two EOS still pair by role at the end of the text (align_completion)
-            t_ids = [*t_ids, self.teacher_eos]
+            t_ids = [*t_ids, self.teacher_ends[not isinstance(sample.prompt, str)]]
             ends = np.append(ends, ends[-1] if len(ends) else 0)
         if self.max_prompt_tokens is not None:
             prompt_ids = prompt_ids[-self.max_prompt_tokens :]
@@ -160,14 +163,17 @@ class CrossTokenizer:
         prefix = [r.startswith(o[3]) for r, o in zip(raw, out, strict=True)]
         return out, np.asarray(prefix, np.bool_)
 
-    def to_student(self, teacher_completion_ids: Sequence[int]) -> tuple[list[int], str]:
-        """A teacher-written completion (seq-KD) in student tokens, EOS kept if it stopped."""
+    def to_student(
+        self, teacher_completion_ids: Sequence[int], *, chat: bool = False
+    ) -> tuple[list[int], str]:
+        """A teacher-written completion (seq-KD) in student tokens; when the teacher stopped,
+        the student's own end (its turn terminator after chat prompts, else EOS) follows."""
         ids = list(teacher_completion_ids)
-        stopped = bool(ids) and ids[-1] == self.teacher_eos
+        stopped = bool(ids) and ids[-1] in self.teacher_stops
         text = self.teacher_tok.decode(ids, skip_special_tokens=True)
         student_ids = self.student_tok(text, add_special_tokens=False)["input_ids"]
         if stopped:
-            student_ids = [*student_ids, self.student_tok.eos_token_id]
+            student_ids = [*student_ids, self.student_ends[chat]]
         return student_ids, text
 
     # ------------------------------------------------------------------ batches

@@ -50,13 +50,49 @@ def reference_ids(tok, text: str | None, max_tokens: int, eos: int) -> list[int]
     return ids[:max_tokens] if len(ids) >= max_tokens else [*ids, eos]
 
 
+_TURN_MARKER = "distil-turn-marker"
+
+
+def turn_end_id(tok) -> int | None:
+    """The special token the chat template writes right after an assistant turn (Llama 3's
+    <|eot_id|>, ChatML's <|im_end|>), found by rendering a one-turn conversation; None without a
+    chat template or when the turn ends with no special token."""
+    if not getattr(tok, "chat_template", None):
+        return None
+    turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _TURN_MARKER}]
+    try:
+        text = tok.apply_chat_template(turn, tokenize=False)
+    except Exception:  # a template that refuses this conversation says nothing about its end
+        return None
+    if not isinstance(text, str) or _TURN_MARKER not in text:
+        return None
+    after = text.split(_TURN_MARKER, 1)[1]
+    specials = set(tok.all_special_ids) | {
+        i for i, t in getattr(tok, "added_tokens_decoder", {}).items() if t.special
+    }
+    ids = tok(after, add_special_tokens=False)["input_ids"] if after else []
+    return next((int(i) for i in ids if i in specials), None)
+
+
+def completion_rows(tok, examples, max_tokens: int) -> list[list[int] | None]:
+    """Each example's dataset completion as ids (`reference_ids`), ended as its prompt asks:
+    the template's turn terminator after chat messages, EOS after plain text."""
+    ends = {chat: completion_end_id(tok, chat) for chat in (False, True)}
+    return [
+        reference_ids(tok, e.completion, max_tokens, ends[not isinstance(e.prompt, str)])
+        for e in examples
+    ]
+
+
 def stop_token_ids(tok, model=None) -> list[int]:
-    """Every id that ends a completion: the tokenizer's EOS and the model's generation EOS ids."""
+    """Every id that ends a completion: the tokenizer's EOS, the model's generation EOS ids and
+    the chat template's assistant-turn terminator (`turn_end_id`), in that order."""
     ids: list[int] = []
     candidates: list[object] = [tok.eos_token_id]
     gen_cfg = getattr(model, "generation_config", None)
     if gen_cfg is not None:
         candidates.append(gen_cfg.eos_token_id)
+    candidates.append(turn_end_id(tok))
     for c in candidates:
         for i in c if isinstance(c, (list, tuple)) else [c]:
             if i is not None and int(i) not in ids:
@@ -64,6 +100,14 @@ def stop_token_ids(tok, model=None) -> list[int]:
     if not ids:
         raise ConfigError("the tokenizer defines no EOS token; set tokenizer.eos_token")
     return ids
+
+
+def completion_end_id(tok, chat: bool) -> int:
+    """The token a finished completion ends with: the chat template's turn terminator when the
+    prompts are chat messages (Llama 3 closes a turn with <|eot_id|>, not its EOS
+    <|end_of_text|>), else the tokenizer's EOS."""
+    end = turn_end_id(tok) if chat else None
+    return end if end is not None else stop_token_ids(tok)[0]
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,3 +120,34 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
             ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
             mask[i, width - len(row) :] = 1
     return ids, mask
+
+
+def stops_summary(tok, model=None) -> str:
+    """One line: which token ends an assistant turn and which tokens stop generation."""
+
+    def name(i: int) -> str:
+        return f"{tok.convert_ids_to_tokens(i)} ({i})"
+
+    end = turn_end_id(tok)
+    turn = name(end) if end is not None else "no chat template turn terminator found"
+    stops = ", ".join(name(i) for i in stop_token_ids(tok, model))
+    return f"a turn ends with {turn}; generation stops at {stops}"
+
+
+def generation_defaults(path: str):
+    """An object with the `generation_config` saved in a local model directory (None when it
+    has none, or `path` is not a local directory: the hub is never asked), so `stop_token_ids`
+    sees the model's own EOS ids without loading weights."""
+    import os
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    if not path or not os.path.isdir(os.path.expanduser(path)):
+        return None
+    try:
+        return SimpleNamespace(
+            generation_config=GenerationConfig.from_pretrained(os.path.expanduser(path))
+        )
+    except (OSError, ValueError):
+        return None

@@ -10,6 +10,8 @@ student logits to keep.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -156,14 +158,48 @@ def cross_tokenizer_setup(cfg: DistilConfig, tok, teacher_tok, model, teacher_mo
 
 def cached_cross_setup(cfg: DistilConfig, tok, model):
     """(CrossTokenizer, student logits to keep) for a cross-tokenizer loss from a cache: the
-    teacher's tokenizer is `teacher.tokenizer` / `teacher.path` when set, else the one the
-    cache saved; its hash is checked against the manifest in `open_cache`."""
+    teacher's tokenizer is the one the cache saved (its hash is checked against the manifest in
+    `open_cache`), so `teacher.path` / `teacher.tokenizer` are not read and the hub is never
+    asked; a cache written before tokenizers were saved falls back to them."""
     t = cfg.teacher
-    source = t.tokenizer or t.path or str(Path(cfg.teacher.cache) / TEACHER_TOKENIZER)
-    teacher_tok = load_tokenizer(source, key="teacher.tokenizer")
+    saved = Path(t.cache) / TEACHER_TOKENIZER
+    named = t.tokenizer or t.path
+    if saved.is_dir():
+        teacher_tok = load_tokenizer(str(saved), key="teacher.cache")
+        if named:
+            _note_unread_teacher(cfg, named, teacher_tok)
+    elif named:
+        teacher_tok = load_tokenizer(named, key="teacher.tokenizer")
+    else:
+        raise ConfigError(
+            f"teacher.cache = {t.cache!r} holds no {TEACHER_TOKENIZER}/ directory (a cache "
+            "written by an older distil) and teacher.path is null: the cross-tokenizer losses "
+            "need the teacher's tokenizer. Fix: set teacher.tokenizer to it, or rewrite the cache"
+        )
     cross = CrossTokenizer(tok, teacher_tok, max_prompt_tokens=cfg.data.max_prompt_tokens)
     vs = model.get_output_embeddings().weight.shape[0]
     return cross, (len(tok) if vs > len(tok) else None)
+
+
+def _note_unread_teacher(cfg: DistilConfig, named: str, teacher_tok) -> None:
+    """Say once that the config's teacher tokenizer is not used (and whether a local one
+    differs from the cache's); a hub id is never looked up."""
+    key = "teacher.tokenizer" if cfg.teacher.tokenizer != cfg.teacher.path else "teacher.path"
+    local = Path(os.path.expanduser(named))
+    differs = ""
+    if local.is_dir():
+        try:
+            other = load_tokenizer(str(local), key=key)
+        except ConfigError:
+            other = None
+        if other is None or tokenizer_sha256(other) != tokenizer_sha256(teacher_tok):
+            differs = " (it is not the tokenizer the cache was written with)"
+    if os.environ.get("RANK", "0") == "0":
+        print(
+            f"note: {key} = {named!r} is not read{differs}: training from teacher.cache = "
+            f"{cfg.teacher.cache!r} uses the teacher tokenizer saved in the cache",
+            file=sys.stderr,
+        )
 
 
 def open_cache(cfg: DistilConfig, tok, model, rows: Rows) -> tuple:

@@ -32,7 +32,7 @@ from distil.types import Sample
 def prepare_rows(cfg: DistilConfig, tok):
     """(examples, prompt ids, completion ids) of the config's data, as the trainer builds them."""
     from distil.data.lengths import check_lengths
-    from distil.models.tokenizers import encode_prompts, reference_ids, stop_token_ids
+    from distil.models.tokenizers import completion_rows, encode_prompts
     from distil.tasks.prompts import config_examples
 
     examples = config_examples(cfg.data)
@@ -40,10 +40,7 @@ def prepare_rows(cfg: DistilConfig, tok):
     prompts = encode_prompts(
         tok, [e.prompt for e in examples], max_tokens=cfg.data.max_prompt_tokens, name="student"
     )
-    eos = stop_token_ids(tok)[0]
-    completions = [
-        reference_ids(tok, e.completion, cfg.data.max_completion_tokens, eos) for e in examples
-    ]
+    completions = completion_rows(tok, examples, cfg.data.max_completion_tokens)
     missing = [i for i, c in enumerate(completions) if c is None]
     if missing:
         raise ConfigError(

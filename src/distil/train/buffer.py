@@ -59,7 +59,7 @@ class PromptSide:
 
     prompt_ids: list[list[int]]
     generator: Generator | None = None
-    to_student: Callable[[list[int]], tuple[list[int], str | None]] | None = None
+    to_student: Callable[..., tuple[list[int], str | None]] | None = None
 
 
 class GenerationBuffer:
@@ -224,7 +224,7 @@ class GenerationBuffer:
             lps = logprobs[j, : len(ids)].tolist() if logprobs is not None else None
             ended += bool(rollout.stopped_B[j]) if rollout.stopped_B is not None else 0
             if side.to_student is not None:
-                ids, text = side.to_student(ids)
+                ids, text = side.to_student(ids, chat=not isinstance(self.examples[ex].prompt, str))
                 lps = None  # sampling log-probs are in the other tokenizer's units
             if policy != ON:
                 lps = None

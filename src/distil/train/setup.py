@@ -22,7 +22,7 @@ from distil.generation.select import build_generator, teacher_backend
 from distil.losses import get_loss
 from distil.losses.chunked import auto_chunk_size
 from distil.models.load import enable_tf32, load_model, load_tokenizer, resolve_dtype
-from distil.models.tokenizers import encode_prompts, reference_ids, stop_token_ids
+from distil.models.tokenizers import completion_rows, encode_prompts, stop_token_ids
 from distil.teacher.select import Rows, build_scorer, loads_teacher_model
 from distil.train.buffer import GenerationBuffer, PromptSide
 from distil.train.fsdp import (
@@ -184,11 +184,7 @@ def tokenize_examples(cfg: DistilConfig, examples, tok) -> Rows:
         max_tokens=cfg.data.max_prompt_tokens,
         name="student tokenizer",
     )
-    eos = stop_token_ids(tok)[0]
-    completions = [
-        reference_ids(tok, e.completion, cfg.data.max_completion_tokens, eos) for e in examples
-    ]
-    return prompt_ids, completions
+    return prompt_ids, completion_rows(tok, examples, cfg.data.max_completion_tokens)
 
 
 def build_buffer(
