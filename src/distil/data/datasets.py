@@ -49,8 +49,11 @@ def load_examples(
         else:
             prompt = _prompt(row, prompt_field, where)
             completion = completion_text(row.get(completion_field), completion_field, where)
-        meta = {k: v for k, v in row.items() if k not in (prompt_field, completion_field)}
+        used = (prompt_field, completion_field)
+        meta = {k: v for k, v in row.items() if k not in used}
         meta["_where"] = f"{where['path']}:{where['line']}"  # for messages about this row
+        # the prompt and completion columns as read, for what carries the row on (`source_row`)
+        meta["_used"] = {k: row[k] for k in used if k in row}
         examples.append(Example(len(examples), prompt, completion, meta))
     return examples
 
@@ -267,3 +270,10 @@ def short(value: Any, limit: int = 80) -> str:
     except ValueError:  # an int over Python's 4,300-digit str limit
         text = f"<{type(value).__name__} too long to show>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def source_row(example: Example) -> dict[str, Any]:
+    """The data row an example came from, every column as read (its prompt and completion
+    columns included); the "_" keys distil adds are left out."""
+    row = {k: v for k, v in example.meta.items() if not k.startswith("_")}
+    return {**row, **example.meta.get("_used", {})}

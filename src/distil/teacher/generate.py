@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from distil.config import DistilConfig
+from distil.data.datasets import source_row
 from distil.errors import ConfigError, DataError
 from distil.generation.base import SamplingParams
 from distil.progress import progress_bar
@@ -97,7 +98,7 @@ def _judged(cfg: DistilConfig, examples) -> tuple[Task, list[dict[str, Any]]]:
     for e in examples:
         path, _, line = e.meta.get("_where", "").rpartition(":")
         where = {"path": path or None, "line": int(line) if line.isdigit() else None}
-        row = dict(e.meta)  # the row's columns; the completion column holds a task's gold answer
+        row = source_row(e)  # every column; the completion column holds a task's gold answer
         if e.completion is not None:
             row.setdefault(cfg.data.completion_field, e.completion)
         try:
@@ -132,7 +133,10 @@ def _write(fh, examples, prompts, gen, params, tok, judge, batch_size, counts, c
 
 
 def _row(example, completion: str) -> dict[str, Any]:
-    row = {k: v for k, v in example.meta.items() if not k.startswith("_")}
+    """The source row's columns (GSM8K's question and answer, Countdown's nums and target: what
+    `distil eval --completions` reads as the problem), then the rendered prompt and the
+    completion, which take the names `prompt` and `completion`."""
+    row = source_row(example)
     row["prompt"] = example.prompt
     row["completion"] = completion
     return row
