@@ -30,6 +30,8 @@ ROWS_READ = 64  # rows of each data file parsed and measured
 def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
     """(problems, notes): problems stop `distil train`; notes say what was not checked."""
     notes = source_problems(cfg)[1]
+    if note := cpu_precision_note(cfg):
+        notes.append(note)
     problems = command_problems(cfg, "train")
     if problems:  # the checks below read files: only once every path is there
         return problems, notes
@@ -51,6 +53,36 @@ def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
 
 
 COMMANDS = ("train", "eval", "generate", "cache-teacher")
+
+
+def cpu_precision_note(cfg: DistilConfig, cuda: bool | None = None) -> str | None:
+    """A note when bf16 compute or bf16 weights are asked for on a machine without CUDA: CPUs
+    have no fast bf16 matmul path, so such a step usually takes several times as long as fp32.
+    `cuda` defaults to what this machine has."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    asked = {
+        "train.bf16": cfg.train.bf16,
+        "train.bf16_weights": cfg.train.bf16_weights,
+        "student.dtype": cfg.student.dtype == "bfloat16",
+        "teacher.dtype": cfg.teacher.dtype == "bfloat16",
+    }
+    keys = [k for k, on in asked.items() if on]
+    if cuda or not keys:
+        return None
+    fixes = {
+        "train.bf16": "train.bf16=false",
+        "train.bf16_weights": "train.bf16_weights=false",
+        "student.dtype": "student.dtype=float32",
+        "teacher.dtype": "teacher.dtype=float32",
+    }
+    return (
+        f"{', '.join(keys)} ask for bfloat16 on a machine without CUDA: CPUs have no fast "
+        "bfloat16 matmuls, so each step usually takes several times as long as in float32. "
+        f"For a CPU run: {' '.join(fixes[k] for k in keys)}"
+    )
 
 
 def check(cfg: DistilConfig, command: str) -> None:
@@ -104,12 +136,21 @@ def _task_named(cfg: DistilConfig) -> list[str]:
 
 
 def _teacher_needed(cfg: DistilConfig) -> str | None:
-    needs = (cfg.loss.name != "sft" or cfg.train.seq_kd) and not cfg.teacher.cache
-    if needs and not cfg.teacher.path:
-        why = "train.seq_kd=true" if cfg.loss.name == "sft" else f"loss.name = {cfg.loss.name!r}"
+    t = cfg.teacher
+    needs = (cfg.loss.name != "sft" or cfg.train.seq_kd) and not t.cache
+    why = "train.seq_kd=true" if cfg.loss.name == "sft" else f"loss.name = {cfg.loss.name!r}"
+    if needs and t.url and not t.tokenizer:  # resolve() copies teacher.path into it
+        return (
+            f"teacher.url = {t.url!r} with teacher.path and teacher.tokenizer null: distil "
+            "sends the server token ids, so it needs the served model's tokenizer. Fix: set "
+            "teacher.tokenizer to that tokenizer (a directory or hub id); teacher.path, with a "
+            "URL, is the served model's name and may stay null when the server serves one model"
+        )
+    if needs and not t.path and not t.url:
         return (
             f"{why} needs a teacher but teacher.path is not set. Fix: set teacher.path to a "
-            "model directory or hub id"
+            "model directory or hub id (or teacher.url to a teacher server, or teacher.cache "
+            "to a cache written by `distil cache-teacher`)"
         )
     return None
 

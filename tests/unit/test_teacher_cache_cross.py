@@ -98,13 +98,18 @@ def test_a_cross_cache_for_another_template_student_or_loss_is_refused(
     out = tmp_path / "cache"
     cache_teacher(config_with(raw, teacher={"top_k": K}), out, values="q8", shard_rows=32)
     cached = {"cache": str(out)}
+    # the teacher tokenizer comes from the cache (teacher.tokenizer is only noted): a saved
+    # tokenizer whose template was changed after the cache was written is refused
     with pytest.raises(CacheError, match="teacher_template_sha256"):
         chat = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}"
-        tok_dir = tmp_path / "other_template"
-        tok = load_tokenizer(raw["teacher"]["path"])
+        tok_dir = out / fmt.TEACHER_TOKENIZER
+        tok = load_tokenizer(str(tok_dir))
+        saved = tok.chat_template
         tok.chat_template = chat
         tok.save_pretrained(tok_dir)
-        loop.train(config_with(raw, teacher={**cached, "tokenizer": str(tok_dir)}))
+        loop.train(config_with(raw, teacher=cached))
+    tok.chat_template = saved
+    tok.save_pretrained(tok_dir)
     with pytest.raises(CacheError, match="cross_tokenizer"):  # a same-tokenizer loss
         loop.train(config_with(raw, teacher=cached, loss={"name": "forward_kl"}))
     with pytest.raises(CacheError, match="template: cache 'countdown_plain'"):

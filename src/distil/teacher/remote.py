@@ -176,14 +176,15 @@ def connect(
     cards = models.get("data", []) if isinstance(models, dict) else []
     cards = {m.get("id"): m for m in cards if isinstance(m, dict)}
     served = list(cards)
-    if t.path not in served:
+    name = t.path or _only_served(served, client.url)
+    if name not in served:
         raise RemoteTeacherError(
             f"the teacher server at {client.url} serves {served}, not teacher.path = "
             f"{t.path!r}. Fix: set teacher.path to the served name (vllm serve's MODEL argument "
             "or --served-model-name) and teacher.tokenizer to that model's tokenizer, or point "
             "teacher.url at the server of this model"
         )
-    rows = cards[t.path].get("vocab_size")  # distil serve-teacher says; vLLM does not
+    rows = cards[name].get("vocab_size")  # distil serve-teacher says; vLLM does not
     if isinstance(rows, int) and rows < len(teacher_tok):
         raise RemoteTeacherError(
             f"the model served at {client.url} has {rows} output rows, fewer than the "
@@ -191,9 +192,23 @@ def connect(
             "they are not the same vocabulary. Fix: set teacher.tokenizer to the served "
             "model's tokenizer"
         )
-    teacher = RemoteTeacher(client, model=t.path, top_k=t.top_k, vocab_limit=vocab_limit)
+    teacher = RemoteTeacher(client, model=name, top_k=t.top_k, vocab_limit=vocab_limit)
     probe(teacher, teacher_tok)
     return teacher
+
+
+def _only_served(served: list, url: str) -> str:
+    """teacher.path left null with a URL: the name of the one model the server serves."""
+    if len(served) != 1:
+        raise RemoteTeacherError(
+            f"teacher.path is null and the teacher server at {url} serves {len(served)} models "
+            f"{served}: with teacher.url, teacher.path is the served model's name (vllm serve's "
+            "MODEL argument or --served-model-name), not a directory. Fix: set teacher.path to "
+            "one of them"
+        )
+    if os.environ.get("RANK", "0") == "0":
+        print(f"note: teacher.path is null: using {served[0]!r}, the model {url} serves")
+    return served[0]
 
 
 def api_key(env_var: str | None) -> str | None:

@@ -250,7 +250,7 @@ def build(cfg: DistilConfig) -> Components:
     """Everything the loop needs, prepared with accelerate, before any resume."""
     from accelerate.utils import set_seed
 
-    from distil.preflight import check
+    from distil.preflight import check, cpu_precision_note
     from distil.tasks.prompts import config_examples
 
     check(cfg, "train")  # names, paths, extras: before any weights load
@@ -259,6 +259,9 @@ def build(cfg: DistilConfig) -> Components:
     if accelerator.is_main_process:
         for notice in precision_notices(cfg):
             print(f"distil: warning: {notice}", file=sys.stderr, flush=True)
+    note = cpu_precision_note(cfg, cuda=accelerator.device.type == "cuda")
+    if note and accelerator.is_main_process:
+        print(f"note: {note}", file=sys.stderr)
     set_seed(cfg.train.seed, device_specific=True)
     loss_fn = get_loss(cfg.loss.name)
     examples = config_examples(cfg.data)
