@@ -291,7 +291,8 @@ def test_teacher_log_softmax_in_chunks_equals_the_whole_batch_at_once(top_k):
     chunked = LiveTeacher(model, top_k=top_k, temperature=1.5, chunk_rows=7).score(batch)
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].detach()
     ref = torch.log_softmax(logits / 1.5, -1)  # the reference: one log-softmax over everything
-    real = attn[:, 1:].bool()
+    real = batch.mask_B_T  # the positions a loss reads: the only ones scored
+    assert real.sum() < attn[:, 1:].sum()  # prompt positions are left out
     ref_tok = ref.gather(-1, batch.labels_B_T[..., None])[..., 0]
     assert torch.allclose(chunked.token_logprobs_B_T[real], ref_tok[real], atol=1e-5)
     if top_k is None:

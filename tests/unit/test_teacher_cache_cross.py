@@ -182,3 +182,74 @@ def test_a_killed_cross_cache_resumes_with_the_same_shards(tmp_path, raw):
         cache_teacher(cfg, tmp_path / "cut", values="q8", shard_rows=24, after_shard=kill)
     resumed = cache_teacher(cfg, tmp_path / "cut", values="q8", shard_rows=24)
     assert [e["sha256"] for e in resumed["shards"]] == [e["sha256"] for e in whole["shards"]]
+
+
+class Allocations(torch.utils._python_dispatch.TorchDispatchMode):
+    """(device, dtype) of every new tensor of at least `numel` elements an aten op returns."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.numel, self.seen = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (  # a new storage of that size (views such as expand are not allocations)
+            isinstance(out, torch.Tensor)
+            and out.untyped_storage().nbytes() >= self.numel * out.element_size()
+        ):
+            self.seen.append((str(func.overloadpacket.__name__), out.device.type, out.dtype))
+        return out
+
+
+def _reference_dense(ids, vals, rest, V):
+    """The former CPU path: an fp32 (B, T, V) expand-clone, then the top-k scattered in."""
+    import math
+
+    spread = rest.float() - math.log(V - ids.shape[-1])
+    full = spread[..., None].expand(*rest.shape, V).clone()
+    return full.scatter_(-1, ids.long(), vals.float())
+
+
+def test_cross_cache_rows_are_densified_on_the_students_device_in_the_compute_dtype(tmp_path, raw):
+    import dataclasses
+
+    from distil.data.crosstok import CrossTokenizer
+    from distil.models.load import load_tokenizer
+    from distil.teacher.cached import CachedTeacher
+    from distil.teacher.writer import prepare_rows
+    from distil.types import Sample
+
+    out = tmp_path / "cache"
+    cfg = config_with(raw, teacher={"top_k": K})
+    manifest = cache_teacher(cfg, out, values="fp32", shard_rows=32)
+    tok = load_tokenizer(raw["student"]["path"])
+    cross = CrossTokenizer(tok, load_tokenizer(raw["teacher"]["path"]))
+    examples, prompts, completions = prepare_rows(cfg, tok)
+    samples = [
+        Sample(i, prompts[i], completions[i], "off_policy", examples[i].prompt) for i in (0, 5)
+    ]
+    batch = cross.collate(samples, tok.pad_token_id)
+    B, T, V = *batch.teacher_input_ids_B_L.shape, manifest["vocab_size"]
+    fp32 = CachedTeacher(out, manifest).score(batch)
+    # the old path's values, from the cache's own top-k
+    rows = [CachedTeacher(out, manifest).row(i, teacher_ids=True) for i in (0, 5)]
+    ids = torch.arange(K).expand(B, T - 1, K).clone()
+    vals, rest = torch.full((B, T - 1, K), -30.0), torch.zeros(B, T - 1)
+    lengths = batch.teacher_attention_mask_B_L.sum(-1).tolist()
+    for b, (r_ids, r_lps, r_rest, _, r_teacher) in enumerate(rows):
+        p = int(lengths[b]) - len(r_teacher)
+        span = slice(p - 1, p - 1 + len(r_teacher))
+        ids[b, span], vals[b, span], rest[b, span] = r_ids, r_lps, r_rest
+    assert torch.equal(fp32.logprobs_B_T_V, _reference_dense(ids, vals, rest, V))
+    # a student on another device ("meta" stands in for cuda): the full rows are built there, in
+    # the compute dtype; nothing of (B, T, V) size is allocated on the host
+    on_meta = dataclasses.replace(batch, input_ids_B_L=batch.input_ids_B_L.to("meta"))
+    with Allocations(B * (T - 1) * V) as seen:
+        bf16 = CachedTeacher(out, manifest, dense_dtype=torch.bfloat16).score(on_meta)
+    assert seen.seen and {(dev, dt) for _, dev, dt in seen.seen} == {("meta", torch.bfloat16)}
+    assert bf16.logprobs_B_T_V.device.type == "meta"
+    assert bf16.logprobs_B_T_V.dtype == torch.bfloat16
+    on_cpu = CachedTeacher(out, manifest, dense_dtype=torch.bfloat16).score(batch)
+    torch.testing.assert_close(
+        on_cpu.logprobs_B_T_V.float(), fp32.logprobs_B_T_V, rtol=1e-2, atol=1e-2
+    )

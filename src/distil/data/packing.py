@@ -102,15 +102,22 @@ def pack(x_B_L: torch.Tensor, plan: PackPlan, fill: int = 0) -> torch.Tensor:
 
 def unpack(y_R_P: torch.Tensor, plan: PackPlan) -> torch.Tensor:
     """(R, P, ...) -> (B, L, ...): each token's output back at its padded place, 0 on padding.
-    Differentiable (gradients flow to the packed output)."""
+    Differentiable (gradients flow to the packed output).
+
+    One gather into the (B, L, ...) output and a fill of its padding rows: no zero-filled
+    buffer and no gathered copy beside it (with a full head that is (B * L, V) each)."""
     b, l_ = plan.shape_B_L
     r, p = plan.shape_R_P
     tail = y_R_P.shape[2:]
     flat = y_R_P.reshape(r * p, *tail)
-    out = flat.new_zeros((b * l_, *tail))
-    out = out.index_copy(
-        0, plan.padded_index_N.to(flat.device), flat[plan.packed_index_N.to(flat.device)]
-    )
+    source_BL = torch.zeros(b * l_, dtype=torch.long)  # padding reads packed row 0, then zeroed
+    source_BL[plan.padded_index_N] = plan.packed_index_N
+    padding_BL = torch.ones(b * l_, dtype=torch.bool)
+    padding_BL[plan.padded_index_N] = False
+    if flat.shape[0] == 0:
+        return flat.new_zeros((b, l_, *tail))
+    out = flat.index_select(0, source_BL.to(flat.device))
+    out.masked_fill_(padding_BL.to(flat.device).reshape(-1, *([1] * len(tail))), 0)
     return out.reshape(b, l_, *tail)
 
 

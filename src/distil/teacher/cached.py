@@ -3,7 +3,8 @@
 It returns the same `TeacherTargets` (top-k ids and log-probs, rest bucket, realised-token
 log-prob) as `LiveTeacher` with `teacher.top_k`, so every same-tokenizer loss works unchanged.
 A cross-tokenizer cache holds the teacher's own completion tokens: for a cross-tokenizer batch it
-returns targets in the teacher's positions, the top-k spread to full rows (`dense_from_topk`).
+returns targets in the teacher's positions, the top-k spread to full rows (`dense_from_topk`),
+built on the student's device in the compute dtype (`dense_dtype`).
 It scores only the dataset's reference completions (off-policy slices): a completion the student
 or the teacher writes during training is new text that no cache holds.
 
@@ -35,8 +36,11 @@ PAD_LOGPROB = -30.0  # targets at prompt/padding positions: finite, masked out b
 
 
 class CachedTeacher:
-    def __init__(self, cache_dir: str | Path, manifest: dict[str, Any]):
+    def __init__(
+        self, cache_dir: str | Path, manifest: dict[str, Any], *, dense_dtype=torch.float32
+    ):
         self.dir = Path(cache_dir)
+        self.dense_dtype = dense_dtype  # full rows of a cross-tokenizer batch: compute dtype
         self.manifest = manifest
         self.temperature = float(manifest["temperature"])
         self.top_k = int(manifest["k"])
@@ -50,6 +54,7 @@ class CachedTeacher:
         *,
         expect: dict[str, Any],
         row_fingerprints: list[str],
+        dense_dtype=torch.float32,
     ) -> CachedTeacher:
         """Open and verify a cache against what this run expects (see `fmt.HEADER_KEYS`)."""
         cache_dir = Path(cache_dir)
@@ -65,7 +70,7 @@ class CachedTeacher:
         if manifest["data_fingerprint"] != fmt.combine(row_fingerprints):
             raise CacheError(_data_difference(cache_dir, manifest, row_fingerprints))
         fmt.verify_shards(cache_dir, manifest)
-        return cls(cache_dir, manifest)
+        return cls(cache_dir, manifest, dense_dtype=dense_dtype)
 
     def _load(self, index: int) -> fmt.Shard:
         entry = self.manifest["shards"][index]
@@ -140,9 +145,13 @@ class CachedTeacher:
                 )
             span = slice(p - 1, p - 1 + c)
             ids[b, span], lps[b, span], rest[b, span], token[b, span] = r_ids, r_lps, r_rest, r_tok
-        full = dense_from_topk(ids, lps, rest, int(self.manifest["vocab_size"]))
-        targets = TeacherTargets(logprobs_B_T_V=full, token_logprobs_B_T=token)
-        return targets.to(batch.input_ids_B_L.device)
+        # the (B, T, K) top-k go to the device; the (B, T, V) rows are built there, in the
+        # compute dtype: no host allocation of V floats per position, no pageable copy of them
+        device = batch.input_ids_B_L.device
+        ids, lps, rest, token = (x.to(device) for x in (ids, lps, rest, token))
+        V = int(self.manifest["vocab_size"])
+        full = dense_from_topk(ids, lps, rest, V, dtype=self.dense_dtype)
+        return TeacherTargets(logprobs_B_T_V=full, token_logprobs_B_T=token)
 
 
 class ShardCache:
@@ -186,15 +195,19 @@ def _nbytes(shard: fmt.Shard) -> int:
     return sum(t.nbytes for t in tensors if t is not None)
 
 
-def dense_from_topk(ids_B_T_K, logprobs_B_T_K, rest_B_T, vocab_size: int) -> torch.Tensor:
-    """Full log-probs (B, T, V) from top-k + rest, the rest mass spread evenly over the V - K
-    other ids: log p(v) = rest - log(V - K) off the top-k. Cross-tokenizer losses merge and
-    project every teacher token, so they need a full row; this is the least-informative one
-    that keeps the top-k exact and the rest's total mass."""
+def dense_from_topk(
+    ids_B_T_K, logprobs_B_T_K, rest_B_T, vocab_size: int, *, dtype=torch.float32
+) -> torch.Tensor:
+    """Full log-probs (B, T, V) in `dtype` on the inputs' device, from top-k + rest, the rest
+    mass spread evenly over the V - K other ids: log p(v) = rest - log(V - K) off the top-k.
+    Cross-tokenizer losses merge and project every teacher token, so they need a full row; this
+    is the least-informative one that keeps the top-k exact and the rest's total mass. The one
+    (B, T, V) allocation is the result (filled, then the top-k scattered in)."""
     K = ids_B_T_K.shape[-1]
     spread = rest_B_T.float() - math.log(max(vocab_size - K, 1))
-    full = spread[..., None].expand(*rest_B_T.shape, vocab_size).clone()
-    return full.scatter_(-1, ids_B_T_K.long(), logprobs_B_T_K.float())
+    full = torch.empty((*rest_B_T.shape, vocab_size), dtype=dtype, device=rest_B_T.device)
+    full.copy_(spread[..., None].expand_as(full))
+    return full.scatter_(-1, ids_B_T_K.long(), logprobs_B_T_K.to(dtype))
 
 
 def _blank_targets(B: int, T: int, K: int):

@@ -1,18 +1,32 @@
 """A live teacher: one forward pass over prompt + completion, in its own dtype and device.
 
-The forward runs under `torch.inference_mode`; log-softmax (at the loss temperature) happens over
-the full vocabulary before any top-k, so sparse targets hold true log-probs plus a rest bucket.
-Targets are moved to the student's device at the end.
+The forward runs with the output head bypassed (its output is the final hidden state, as the
+student's in `train/step.py`), under `torch.inference_mode` (`torch.no_grad` for an FSDP-sharded
+teacher: FSDP2's unshard fails on inference tensors in torch < 2.12). Head and log-softmax are
+then applied only to the positions a loss reads (`scored_positions`: the loss mask, or the
+teacher positions of a cross-tokenizer alignment), `chunk_rows` positions at a time
+(`losses.chunked.auto_chunk_size`, the rule of `loss.chunk_size: auto`), each chunk written into
+the output: the (B, T, V) log-probs in the teacher's dtype, or top-k + rest. Log-softmax (at the
+loss temperature) is taken in fp32 over the full vocabulary before any top-k, so sparse targets
+hold true log-probs plus a rest bucket. Positions no loss reads hold a finite filler (uniform
+log-probs, or PAD_LOGPROB top-k). Targets are moved to the student's device at the end.
 """
 
 from __future__ import annotations
 
+import math
+from contextlib import contextmanager
+
 import torch
+import torch.nn.functional as F
 
 from distil.data.packing import model_forward
 from distil.errors import DistilError
+from distil.losses.chunked import auto_chunk_size
 from distil.teacher.base import sparse_topk
 from distil.types import Batch, TeacherTargets
+
+PAD_LOGPROB = -30.0  # top-k filler at positions no loss reads: finite, as the cache's
 
 
 class LiveTeacher:
@@ -27,11 +41,11 @@ class LiveTeacher:
         vocab_size: int | None = None,
         packing: bool = False,
         pack_length: int | None = None,
-        chunk_rows: int = 1024,
+        chunk_rows: int | None = None,
     ):
         self.model = model.eval()
         self.packing, self.pack_length = packing, pack_length
-        self.chunk_rows = chunk_rows  # positions per fp32 log-softmax chunk of top-k targets
+        self.chunk_rows = chunk_rows  # positions per head + log-softmax chunk (None: auto)
         self.temperature = temperature
         self.top_k = top_k
         self.vocab_size = vocab_size  # keep only the first V logits (padded embedding rows)
@@ -42,8 +56,10 @@ class LiveTeacher:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def logits(self, batch: Batch) -> torch.Tensor:
-        """Shifted teacher logits (B, T, V) in the teacher's dtype, as an inference tensor.
+    def forward(self, batch: Batch):
+        """(x_B_T_X, head): the shifted final hidden states (B, T, H) and the output head, or
+        the shifted logits (B, T, V) and None when the head cannot be bypassed (an FSDP-sharded
+        teacher, whose head weight is a shard outside its forward).
 
         Cross-tokenizer batches carry the teacher's own inputs (its chat template, its tokens);
         the targets are then in teacher positions and the alignment maps them to the student.
@@ -51,76 +67,142 @@ class LiveTeacher:
         ids, attn = batch.input_ids_B_L, batch.attention_mask_B_L
         if batch.teacher_input_ids_B_L is not None:
             ids, attn = batch.teacher_input_ids_B_L, batch.teacher_attention_mask_B_L
-        with torch.inference_mode():
-            logits = model_forward(
-                self.model,
-                ids.to(self.device),
-                attn.to(self.device),
-                packing=self.packing,
-                pack_length=self.pack_length,
-            )[:, :-1]
-            if self.vocab_size is not None:
-                logits = logits[..., : self.vocab_size]
-            return logits
+        kw = dict(packing=self.packing, pack_length=self.pack_length)
+        sharded = _is_fsdp(self.model)
+        with torch.no_grad() if sharded else torch.inference_mode():
+            if sharded or not hasattr(self.model, "set_output_embeddings"):
+                return model_forward(self.model, ids.to(self.device), attn.to(self.device), **kw)[
+                    :, :-1
+                ], None
+            with head_bypassed(self.model) as head:
+                x = model_forward(self.model, ids.to(self.device), attn.to(self.device), **kw)
+            return x[:, :-1], head
 
     @torch.no_grad()
     def score(self, batch: Batch) -> TeacherTargets:
-        """Full log-probs (in the teacher's dtype) or top-k + rest, the fp32 log-softmax taken
-        `chunk_rows` positions at a time, so the (B, T, V) fp32 log-probs never exist at once."""
-        logits = self.logits(batch)
-        b, t, v = logits.shape
-        flat = logits.reshape(b * t, v)
-        labels = None
+        """Full log-probs (in the teacher's dtype) or top-k + rest at the scored positions."""
+        x_B_T_X, head = self.forward(batch)
+        weight, bias = (None, None) if head is None else _head_params(head, self.vocab_size)
+        V = x_B_T_X.shape[-1] if weight is None else weight.shape[0]
+        if weight is None and self.vocab_size is not None:
+            V = min(V, self.vocab_size)
+        b, t = x_B_T_X.shape[:2]
+        rows_B_T = scored_positions(batch, (b, t)).to(x_B_T_X.device)
+        row_N, pos_N = rows_B_T.nonzero(as_tuple=True)
+        labels_N = None
         if batch.teacher_input_ids_B_L is None:  # same tokens: the student's labels are ours
-            labels = batch.labels_B_T.to(flat.device).reshape(b * t)
-        full = torch.empty_like(flat) if self.top_k is None else None
-        parts: list[tuple[torch.Tensor, ...]] = []
-        for s in range(0, b * t, self.chunk_rows):
-            lp = torch.log_softmax(flat[s : s + self.chunk_rows].float() / self.temperature, -1)
-            peak = lp.amax(-1)
-            tok = peak if labels is None else lp.gather(-1, labels[s : s + len(lp), None])[:, 0]
-            if full is not None:
-                full[s : s + len(lp)] = lp
-                parts.append((tok, peak))
-            else:
-                parts.append((tok, peak, *sparse_topk(lp, self.top_k)))
-        cat = [torch.cat(x).reshape(b, t, *x[0].shape[1:]) for x in zip(*parts, strict=True)]
-        _check_finite(cat[1].unsqueeze(-1), batch)
-        token_logprobs = None if labels is None else cat[0]
-        if full is not None:
-            targets = TeacherTargets(
-                logprobs_B_T_V=full.reshape(b, t, v), token_logprobs_B_T=token_logprobs
-            )
+            labels_N = batch.labels_B_T.to(x_B_T_X.device)[row_N, pos_N]
+        dtype = x_B_T_X.dtype if weight is None else weight.dtype
+        out = _Output(b, t, V, self.top_k, dtype, x_B_T_X.device)
+        step = self.chunk_rows or auto_chunk_size(V)
+        for s in range(0, len(row_N), step):
+            r, p = row_N[s : s + step], pos_N[s : s + step]
+            x_n = x_B_T_X[r, p]  # gathers n rows only, from any layout
+            logits_n_V = x_n[:, :V] if weight is None else F.linear(x_n, weight, bias)
+            logits_n_V = logits_n_V.float()
+            if self.temperature != 1.0:
+                logits_n_V = logits_n_V / self.temperature
+            lp_n_V = torch.log_softmax(logits_n_V, dim=-1)
+            del logits_n_V
+            _check_finite(lp_n_V, r, p, len(row_N))
+            out.write(r, p, lp_n_V, None if labels_N is None else labels_N[s : s + step])
+        return out.targets(labels_N is not None).to(batch.input_ids_B_L.device)
+
+
+class _Output:
+    """The targets being filled chunk by chunk: full (B, T, V) log-probs, or top-k + rest."""
+
+    def __init__(self, b: int, t: int, V: int, top_k: int | None, dtype, device):
+        self.top_k = top_k
+        self.token = torch.zeros(b, t, device=device)
+        if top_k is None:  # uniform rows where nothing is scored: finite, never read
+            self.full = torch.full((b, t, V), -math.log(V), dtype=dtype, device=device)
         else:
-            targets = TeacherTargets(
-                topk_ids_B_T_K=cat[2],
-                topk_logprobs_B_T_K=cat[3],
-                rest_logprob_B_T=cat[4],
-                token_logprobs_B_T=token_logprobs,
-            )
-        return targets.to(batch.input_ids_B_L.device)
+            self.ids = torch.arange(top_k, device=device).expand(b, t, top_k).clone()
+            self.lps = torch.full((b, t, top_k), PAD_LOGPROB, device=device)
+            self.rest = torch.zeros(b, t, device=device)
+
+    def write(self, r, p, lp_n_V: torch.Tensor, labels_n: torch.Tensor | None) -> None:
+        if labels_n is not None:
+            self.token[r, p] = lp_n_V.gather(-1, labels_n[:, None])[:, 0]
+        if self.top_k is None:
+            self.full[r, p] = lp_n_V.to(self.full.dtype)
+        else:
+            self.ids[r, p], self.lps[r, p], self.rest[r, p] = sparse_topk(lp_n_V, self.top_k)
+
+    def targets(self, with_tokens: bool) -> TeacherTargets:
+        token = self.token if with_tokens else None
+        if self.top_k is None:
+            return TeacherTargets(logprobs_B_T_V=self.full, token_logprobs_B_T=token)
+        return TeacherTargets(
+            topk_ids_B_T_K=self.ids,
+            topk_logprobs_B_T_K=self.lps,
+            rest_logprob_B_T=self.rest,
+            token_logprobs_B_T=token,
+        )
+
+
+def scored_positions(batch: Batch, shape_B_T: tuple[int, int]) -> torch.Tensor:
+    """bool (B, T) of the shifted teacher positions a loss reads: the loss mask (same tokens),
+    or every teacher position of the alignment's groups and projection entries (cross)."""
+    if batch.teacher_input_ids_B_L is None:
+        return batch.mask_B_T.bool()
+    a = batch.alignment
+    if a is None:  # cross inputs without an alignment (cache-teacher): every real position
+        return batch.teacher_attention_mask_B_L[:, 1:].bool()
+    pos_G_T, proj_N = a.teacher_pos_G_T, a.proj_teacher_pos_N
+    rows_B_T = torch.zeros(shape_B_T, dtype=torch.bool, device=pos_G_T.device)
+    keep = pos_G_T >= 0
+    rows_B_T[a.group_row_G[:, None].expand_as(pos_G_T)[keep], pos_G_T[keep]] = True
+    keep = proj_N >= 0
+    rows_B_T[a.proj_row_N[keep], proj_N[keep]] = True
+    return rows_B_T
+
+
+@contextmanager
+def head_bypassed(model: torch.nn.Module):
+    """Temporarily replace the output embedding with identity; yields the real head."""
+    head = model.get_output_embeddings()
+    model.set_output_embeddings(torch.nn.Identity())
+    try:
+        yield head
+    finally:
+        model.set_output_embeddings(head)
+
+
+def _head_params(head, vocab_size: int | None):
+    weight, bias = head.weight, getattr(head, "bias", None)
+    if vocab_size is not None:
+        weight = weight[:vocab_size]
+        bias = None if bias is None else bias[:vocab_size]
+    return weight, bias
+
+
+def _is_fsdp(model) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed
+        return False
+    return isinstance(model, FSDPModule)
 
 
 class TeacherOutputError(DistilError):
     """The teacher produced NaN or infinite logits on real (non-padding) tokens."""
 
 
-def _check_finite(logprobs_B_T_V: torch.Tensor, batch: Batch) -> None:
-    """Stop before the loss when a teacher row is NaN/inf: a KL against it is NaN, and a
-    skipped step would only hide a broken teacher. max over the vocabulary propagates NaN, and
-    is -inf or NaN when the logits held +inf or only -inf; padding positions are not checked
-    (some attention kernels return NaN on fully masked rows)."""
-    attn = batch.attention_mask_B_L
-    if batch.teacher_input_ids_B_L is not None:
-        attn = batch.teacher_attention_mask_B_L
-    real_B_T = attn[:, :-1].to(logprobs_B_T_V.device).bool()
-    bad_B_T = ~torch.isfinite(logprobs_B_T_V.amax(dim=-1)) & real_B_T
-    if bool(bad_B_T.any()):
-        rows, cols = bad_B_T.nonzero(as_tuple=True)
+def _check_finite(lp_n_V: torch.Tensor, row_n, pos_n, scored: int) -> None:
+    """Stop before the loss when a scored teacher row is NaN/inf: a KL against it is NaN, and
+    a skipped step would only hide a broken teacher. max over the vocabulary propagates NaN,
+    and is -inf or NaN when the logits held +inf or only -inf; positions no loss reads (prompt,
+    padding: some attention kernels return NaN on fully masked rows) are not scored."""
+    bad_n = ~torch.isfinite(lp_n_V.amax(dim=-1))
+    if bool(bad_n.any()):
+        first = int(bad_n.nonzero()[0, 0])
         raise TeacherOutputError(
-            f"the teacher's logits are NaN or infinite at {int(bad_B_T.sum())} of "
-            f"{int(real_B_T.sum())} token positions of this micro-batch (first: row "
-            f"{int(rows[0])}, position {int(cols[0])}), so every loss against them would be NaN. "
-            "Fix: load the teacher in a wider dtype (teacher.dtype=bfloat16 or float32; float16 "
-            "overflows in many models), or check that teacher.path holds intact weights"
+            f"the teacher's logits are NaN or infinite at {int(bad_n.sum())} or more of the "
+            f"{scored} token positions the loss reads in this micro-batch (first: row "
+            f"{int(row_n[first])}, position {int(pos_n[first])}), so every loss against them "
+            "would be NaN. Fix: load the teacher in a wider dtype (teacher.dtype=bfloat16 or "
+            "float32; float16 overflows in many models), or check that teacher.path holds "
+            "intact weights"
         )

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from distil.align import matched_vocab
 from distil.config import DistilConfig
 from distil.data.crosstok import CrossTokenizer
@@ -202,6 +204,11 @@ def _note_unread_teacher(cfg: DistilConfig, named: str, teacher_tok) -> None:
         )
 
 
+def compute_dtype(cfg: DistilConfig) -> torch.dtype:
+    """The dtype the student computes in: bf16 under `train.bf16` / `train.bf16_weights`."""
+    return torch.bfloat16 if cfg.train.bf16 or cfg.train.bf16_weights else torch.float32
+
+
 def open_cache(cfg: DistilConfig, tok, model, rows: Rows) -> tuple:
     """`build_scorer` for `teacher.cache`: the CachedTeacher verified against this run, i.e.
     tokenizers (and the teacher's chat template for a cross cache), k, temperature, vocabulary
@@ -231,7 +238,10 @@ def open_cache(cfg: DistilConfig, tok, model, rows: Rows) -> tuple:
         expect["teacher_tokenizer_sha256"] = tokenizer_sha256(cross.teacher_tok)
         expect["teacher_template_sha256"] = template_sha256(cross.teacher_tok)
     teacher = scorer_class("cache").open(
-        cfg.teacher.cache, expect=expect, row_fingerprints=row_fingerprints(*rows)
+        cfg.teacher.cache,
+        expect=expect,
+        row_fingerprints=row_fingerprints(*rows),
+        dense_dtype=compute_dtype(cfg),
     )
     if cross is not None:
         return teacher, cross.teacher_tok, cross, keep

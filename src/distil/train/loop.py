@@ -234,6 +234,7 @@ def _accumulate(c: Components, cfg: DistilConfig, window) -> tuple[dict, Any, fl
             for k, v in micro.alignment.metrics.items():
                 sums[f"align/{k}"] = sums.get(f"align/{k}", 0) + torch.tensor(float(v))
         t_teacher, t_train = t_teacher + t1 - t0, t_train + _clock_now(acc.device) - t1
+        del targets, result  # released before the next micro-batch is scored
     local_ok = torch.isfinite(sums["loss_sum"]).all() if "loss_sum" in sums else True
     sums = {k: acc.reduce(v.detach().float(), reduction="sum") for k, v in sums.items()}
     return sums, local_ok, t_teacher, t_train
