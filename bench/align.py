@@ -36,8 +36,9 @@ Part `gold`: seconds per optimizer step of on-policy cross-tokenizer distillatio
 with distil's loop (`loss.name` gold, then aligned_kl) and with TRL 1.16's GOLDTrainer (extended
 ULD + hybrid loss, "bayesian" merge), on the same two tiny Qwen2 models with different byte-level
 BPE tokenizers (both given a short language-model warm start, so that samples are text), the
-same chat prompts, batch, completion length, lr, fp32 and 1 thread. TRL runs in its own
-virtualenv (bench/.venv-trl, created on first use) through bench/trl_gold_step.py. `--rounds`
+same chat prompts, batch, completion length, lr, fp32 and 1 thread. TRL runs in a child process
+of the same Python, torch and transformers as distil's side (TRL itself from bench/.trl-site,
+installed on first use, unless this Python imports it) through bench/trl_gold_step.py. `--rounds`
 rounds of [TRL, distil gold, distil aligned_kl]; model loading and the first `--warmup` steps
 of every run are excluded, the other steps are pooled per side (median).
 
@@ -76,8 +77,8 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-TRL_VENV = HERE / ".venv-trl"
-TRL_PINS = "trl==1.16.0 transformers==5.23.0 accelerate==1.15.0 datasets==5.2.0 tokenizers==0.23.3"
+TRL_SITE = HERE / ".trl-site"  # TRL alone (--no-deps), on distil's own torch and transformers
+TRL_VERSION = "1.16.0"
 # name -> (family, vocabulary size, corpus seed): bpe-4k cuts the same text differently
 TOKENIZERS = {
     "bpe": ("bpe", 1024, 0),
@@ -639,33 +640,35 @@ def run_distil(setup: GoldSetup, loss: str, args: argparse.Namespace, **opts: An
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def ensure_trl_venv() -> Path:
-    """bench/.venv-trl/bin/python with TRL 1.16.0, created on first use (a few minutes)."""
-    python = TRL_VENV / "bin" / "python"
-    probe = [str(python), "-c", "import trl; assert trl.__version__ == '1.16.0'"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return python
-    print(f"creating {TRL_VENV} (once) ...", flush=True)
-    pip = [str(python), "-m", "pip", "install", "-q"]
-    for cmd in (
-        ["python3", "-m", "venv", str(TRL_VENV)],
-        [*pip, "torch==2.13.0"],
-        [*pip, *TRL_PINS.split()],
-    ):
-        subprocess.run(cmd, check=True)
-    return python
+def ensure_trl() -> tuple[str, dict[str, str]]:
+    """(python, extra environment) importing TRL 1.16.0 on the very torch and transformers that
+    distil's side runs on (a GPU image's CUDA torch included): this interpreter when it already
+    imports TRL 1.16.0 (`make gpu-check` installs the wheel), else this interpreter with TRL
+    alone installed once (pip --no-deps) into bench/.trl-site, first on PYTHONPATH. TRL's
+    own needs (accelerate, datasets, transformers) are distil's."""
+    probe = [sys.executable, "-c", f"import sys, trl; sys.exit(trl.__version__ != {TRL_VERSION!r})"]
+    if subprocess.run(probe, capture_output=True).returncode == 0:
+        return sys.executable, {}
+    paths = [str(TRL_SITE), *filter(None, [os.environ.get("PYTHONPATH")])]
+    extra = {"PYTHONPATH": os.pathsep.join(paths)}
+    if subprocess.run(probe, capture_output=True, env={**os.environ, **extra}).returncode != 0:
+        print(f"installing TRL {TRL_VERSION} into {TRL_SITE} (once) ...", flush=True)
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade"]
+        subprocess.run([*pip, "--target", str(TRL_SITE), f"trl=={TRL_VERSION}"], check=True)
+    return sys.executable, extra
 
 
 def run_trl(setup: GoldSetup, args: argparse.Namespace, extra: Sequence[str] = ()) -> dict:
     """bench/trl_gold_step.py in the TRL virtualenv (`extra`: more of its flags); its RESULT
     line as a dict."""
-    python = ensure_trl_venv()
-    cmd = [str(python), str(HERE / "trl_gold_step.py"), "--data", str(setup.data)]
+    python, trl_env = ensure_trl()
+    cmd = [python, str(HERE / "trl_gold_step.py"), "--data", str(setup.data)]
     for side, path in (("student", setup.student), ("teacher", setup.teacher)):
         cmd += [f"--{side}", str(path), f"--{side}-tokenizer", str(setup.tokenizer_dir(path))]
     cmd += ["--steps", str(args.steps), "--batch", str(args.batch), "--ga", str(args.ga)]
     cmd += ["--new-tokens", str(args.new_tokens), "--threads", str(args.threads), *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TRL_EXPERIMENTAL_SILENCE": "1"}
+    env = {**os.environ, **trl_env, "OMP_NUM_THREADS": str(args.threads)}
+    env["TRL_EXPERIMENTAL_SILENCE"] = "1"
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     result = result_line(proc.stdout)
     if proc.returncode != 0 or result is None:

@@ -1,4 +1,4 @@
-"""TRL's GOLDTrainer for a few distillation steps; runs INSIDE bench/.venv-trl.
+"""TRL's GOLDTrainer for a few distillation steps; bench/align.py runs it (TRL 1.16.0).
 
 Started by `bench/align.py --part gold` (cross-tokenizer) and `bench/vs_trl.py`
 (`--same-tokenizer`) with the TRL virtualenv's python (it imports trl, not distil). It trains
@@ -15,9 +15,9 @@ loss, backward and AdamW step) and from one `on_step_end` to the next (adds the 
 collation), and the time spent in on-policy generation and in teacher forwards within each
 step. Prints one line `RESULT {json}`.
 
-    bench/.venv-trl/bin/python bench/trl_gold_step.py --student S --student-tokenizer ST \
+    PYTHONPATH=bench/.trl-site python bench/trl_gold_step.py --student S --student-tokenizer ST \
         --teacher T --teacher-tokenizer TT --data D.jsonl
-    bench/.venv-trl/bin/python bench/trl_gold_step.py --same-tokenizer --lmbda 0 --beta 1 \
+    PYTHONPATH=bench/.trl-site python bench/trl_gold_step.py --same-tokenizer --lmbda 0 --beta 1 \
         --student S --student-tokenizer ST --teacher T --teacher-tokenizer ST --data D.jsonl
 
 The tokenizers come from directories of their own: next to a qwen2 config.json, transformers 5's

@@ -9,8 +9,8 @@ completions), 64 sequences per optimizer step as 16 x 4 (micro-batch x gradient 
 with beta 1, which TRL computes as KL(student || teacher); distil: `reverse_kl`), loss
 temperature 1, AdamW lr 1e-4 constant, clip 1.0, fp32, one thread each.
 
-TRL side (bench/trl_gold_step.py, run in bench/.venv-trl, created on first use by
-bench/align.py's `ensure_trl_venv`): GOLDTrainer 1.16 with `use_uld_loss=False`, its
+TRL side (bench/trl_gold_step.py, a child process on distil's own Python, torch and
+transformers; TRL from bench/.trl-site, installed on first use by bench/align.py's `ensure_trl`): GOLDTrainer 1.16 with `use_uld_loss=False`, its
 same-tokenizer path (the generalized JSD of TRL's GKDTrainer, with GKD's lambda mix of on- and
 off-policy micro-batches), which buffers one window of rollouts per optimizer step like distil
 but, without vLLM, calls `generate` once per micro-batch; and, on-policy, TRL 1.16's stable
@@ -22,7 +22,7 @@ schedule, lambda, beta, sampling, EOS) are checked against distil's resolved con
 tokenizer against distil's on a probe text and on the first prompt; the script stops if any
 differ.
 
-    OMP_NUM_THREADS=1 python bench/vs_trl.py   # CPU: ~5 min on a quiet 2-core VM (+ the venv, once)
+    OMP_NUM_THREADS=1 python bench/vs_trl.py   # CPU: ~5 min on a quiet 2-core VM (+ TRL, once)
     python bench/vs_trl.py --device cuda --threads 4          # on a GPU
     OMP_NUM_THREADS=1 python bench/vs_trl.py --modes on --rounds 1 --steps 6 --warmup 2  # quick
 """
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
     from align import summarize_trl
 
     versions = trl_runs[args.modes[0]]["gold"][0]["versions"]
-    print(f"TRL {versions['trl']}, transformers {versions['transformers']} (TRL's venv)")
+    print(f"TRL {versions['trl']}, transformers {versions['transformers']} (TRL's process)")
     all_ratios = {
         mode: print_mode(
             mode,
