@@ -1,0 +1,204 @@
+"""The GPU check's summary: the pytest tally (with skips for missing extras named), the real-size
+check's figures and the benchmarks' RESULT lines and tables, in one markdown file."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import subprocess
+import xml.etree.ElementTree as ET
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+NO_CUDA_SKIP = "needs a CUDA device"
+# skip reasons that mean "an optional extra is not installed": importorskip's, the GPU tests' own
+MISSING = (
+    re.compile(r"could not import '([\w.\-]+)'"),
+    re.compile(r"([\w.\-]+) is not installed"),
+    re.compile(r"missing extra: ([\w.\-]+)"),
+)
+EXIT_MEANING = {
+    0: "every step ran and passed",
+    1: "a step or a GPU test FAILED (or timed out)",
+    2: "INCOMPLETE: nothing failed, but something did not run (see 'not run' below)",
+}
+DRY_MEANING = {
+    0: "rehearsal: the wheels satisfy every requirement, every step started and was skipped for "
+    "want of CUDA",
+    1: "rehearsal FAILED",
+    2: "rehearsal incomplete",
+}
+
+
+@dataclass
+class PytestTally:
+    total: int = 0
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    no_cuda: int = 0
+    missing: Counter = field(default_factory=Counter)  # extra -> tests not run
+    other_skips: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def all_without_cuda(self) -> bool:
+        """Nothing ran: every test skipped for want of CUDA (or, before that, an extra)."""
+        return self.no_cuda > 0 and self.passed == self.failed == self.errors == 0
+
+    @classmethod
+    def read(cls, path: Path) -> PytestTally | None:
+        if not path.exists():
+            return None
+        t = cls()
+        for case in ET.parse(path).getroot().iter("testcase"):
+            t.total += 1
+            name = f"{case.get('classname', '')}::{case.get('name', '')}"
+            failure, error = case.find("failure"), case.find("error")
+            skipped = case.find("skipped")
+            if failure is not None or error is not None:
+                node = failure if failure is not None else error
+                t.failed += failure is not None
+                t.errors += error is not None
+                t.failures.append(f"{name}: {(node.get('message') or '')[:200]}")
+            elif skipped is not None:  # a module-level skip says why in its text only
+                t.add_skip(name, f"{skipped.get('message') or ''} {skipped.text or ''}")
+            else:
+                t.passed += 1
+        return t
+
+    def add_skip(self, name: str, reason: str) -> None:
+        if NO_CUDA_SKIP in reason:
+            self.no_cuda += 1
+            return
+        for pattern in MISSING:
+            m = pattern.search(reason)
+            if m:
+                self.missing[m.group(1)] += 1
+                return
+        self.other_skips.append(f"{name}: {reason[:200]}")
+
+
+def device_line() -> str:
+    """The device's name and the software that ran on it."""
+    import torch
+    import transformers
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+        what = f"{name} ({gib:.0f} GiB), CUDA {torch.version.cuda}"
+    else:
+        what = "no CUDA device (CPU rehearsal)"
+    return f"{what}; torch {torch.__version__}, transformers {transformers.__version__}"
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def write_summary(out: Path, steps, tally, code: int, *, device: str, dry: bool, seconds: float):
+    meaning = (DRY_MEANING if dry else EXIT_MEANING).get(code, "?")
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"# distil GPU check{' (dry rehearsal)' if dry else ''}: {device}",
+        "",
+        f"{now}, commit {_commit()}, {seconds:.0f} s in all. Exit {code}: {meaning}.",
+    ]
+    not_run = [s for s in steps if s.status != "passed" and not s.status.startswith("failed")]
+    if tally is not None and tally.missing:
+        extras = ", ".join(f"{k} ({v} tests)" for k, v in sorted(tally.missing.items()))
+        lines.append(f"\n**GPU tests not run for a missing extra: {extras}.**")
+    lines += ["", "| step | what | status | s |", "|---|---|---|---|"]
+    lines += [f"| {s.name} | {s.what} | {s.status} | {s.seconds:.0f} |" for s in steps]
+    if not_run and not dry:
+        lines.append("\nNot run or not passed: " + ", ".join(s.name for s in not_run) + ".")
+    lines += _tests(tally) + _realsize(out) + _bench(steps)
+    path = out / "SUMMARY.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _tests(t: PytestTally | None) -> list[str]:
+    if t is None:
+        return ["", "## GPU tests", "", "No pytest report (the tests step did not run or crashed)."]
+    out = ["", "## GPU tests (pytest -m gpu tests/gpu)", ""]
+    out.append(
+        f"{t.total} collected: {t.passed} passed, {t.failed} failed, {t.errors} errors, "
+        f"{t.no_cuda} skipped for want of CUDA, {sum(t.missing.values())} skipped for a missing "
+        f"extra, {len(t.other_skips)} skipped otherwise."
+    )
+    if t.missing:
+        out.append(f"Missing extras: {', '.join(sorted(t.missing))}.")
+    out += [f"- FAILED {x}" for x in t.failures]
+    out += [f"- skipped {x}" for x in t.other_skips]
+    return out
+
+
+def _realsize(out: Path) -> list[str]:
+    found = sorted(out.glob("realsize-*.json"))
+    if not found:
+        return []
+    runs = [json.loads(p.read_text()) for p in found]
+    r0 = runs[0]
+    lines = [
+        "",
+        "## Real-size check (bench/realsize.py)",
+        "",
+        f"{r0['device']}: student {r0['student']} ({r0['student_params'] / 1e9:.3f}B), teacher "
+        f"{r0['teacher']} ({r0['teacher_params'] / 1e9:.3f}B), vocabulary {r0['vocab']:,}; "
+        f"{r0['batch']} x {r0['grad_accum']} sequences per step, {r0['new_tokens']} new tokens, "
+        f"{r0['precision']}; median of {r0['steps'] - r0['warmup']} steps after "
+        f"{r0['warmup']} warm-up. Seconds per step: distil / bare calls (ratio).",
+        "",
+        "| backend | generate | teacher | student fwd+bwd+loss | optimizer | step | peak GiB "
+        "distil / bare | MFU train | MFU step | decode graph breaks (warm-up / after) | "
+        "new graphs after warm-up |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        lines.append(_realsize_row(r))
+    return lines
+
+
+def _realsize_row(r: dict[str, Any]) -> str:
+    d, b, ratio = r["distil"], r["bare"], r["ratio"]
+    cells = [
+        f"{d[k]:.3f} / {b[k]:.3f} ({ratio[k]:.2f}x)"
+        for k in ("generate", "teacher", "student", "optimizer", "step")
+    ]
+    mfu = r["mfu"]
+    fmt = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    dec = r["decode"]
+    return (
+        f"| {r['backend']} | {' | '.join(cells)} | {r['peak_gib']['distil']:.1f} / "
+        f"{r['peak_gib']['bare']:.1f} | {fmt(mfu['train'])} | {fmt(mfu['step'])} | "
+        f"{dec['graph_breaks_warmup']} / {dec['graph_breaks_after']} | {dec['new_graphs_after']} |"
+    )
+
+
+def _bench(steps) -> list[str]:
+    out = ["", "## Benchmarks"]
+    for s in steps:
+        if s.name in ("install", "deps", "wheels") or s.name.startswith("realsize"):
+            if s.lines and s.name in ("install", "deps", "wheels"):
+                out += ["", f"### {s.name}", "", *[f"    {x}" for x in s.lines[-12:]]]
+            continue
+        if s.name == "tests":
+            continue
+        out += ["", f"### {s.name}: {s.what} ({s.status})", ""]
+        table = [x for x in s.lines if x.startswith("|")][-40:]
+        results = [x for x in s.lines if x.startswith("RESULT")]
+        out += table + ([""] if table and results else []) + results
+        if not table and not results:
+            out.append(f"(no RESULT line or table; log: {s.log})")
+    return out

@@ -1,0 +1,180 @@
+"""`make gpu-check-dry`: the GPU check rehearsed on a machine without CUDA.
+
+Fast: the resolver of bench/gpu/deps.py on a folder of small fake wheels (a missing wheel and a
+version conflict are named), the wheel-tag check, the launcher refusing a wrong flag, and the
+summary's tally (a test skipped for a missing extra is never counted as passed; the exit code
+says incomplete). Slow: the whole rehearsal with the real pinned wheels (downloaded when the
+folder is not there; skipped if no index is reachable), then the same with one wheel removed,
+which must fail naming it; and bench/realsize.py end to end at tiny sizes on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = ROOT / "bench" / "gpu"
+sys.path.insert(0, str(GPU))
+
+import check  # noqa: E402
+import deps  # noqa: E402
+import summary  # noqa: E402
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="a rehearsal without CUDA")
+
+
+def fake_wheel(folder: Path, name: str, version: str, requires=(), tag="py3-none-any") -> Path:
+    path = folder / f"{name}-{version}-{tag}.whl"
+    meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(
+            f"{name}-{version}.dist-info/METADATA", f"Name: {name}\nVersion: {version}\n{meta}"
+        )
+    return path
+
+
+def resolve(folder: Path, image: dict[str, str | None], roots: list[str]) -> deps.Report:
+    report = deps.Report()
+    available = {k: deps.Dist(k, deps.Version(v) if v else None, "image") for k, v in image.items()}
+    available.update(deps.wheel_dists(folder, report))
+    result = deps.check([(r, "test") for r in roots], available, deps.TARGET_ENV)
+    result.problems = report.problems + result.problems
+    return result
+
+
+def test_the_resolver_names_a_missing_wheel_a_conflict_and_a_duplicate(tmp_path):
+    fake_wheel(tmp_path, "datasets", "5.2.0", ["dill<0.4.2,>=0.3.0", "numpy>=1.17", "pandas"])
+    fake_wheel(tmp_path, "dill", "0.4.1")
+    fake_wheel(
+        tmp_path, "mathy", "1.0", ['extra_only; extra == "fancy"', "old; python_version<'3'"]
+    )
+    image = {"numpy": "2.5.2", "pandas": None}
+    ok = resolve(tmp_path, image, ["datasets==5.2.0", "mathy"])
+    assert ok.problems == [] and ok.unchecked == {"pandas"}
+    (tmp_path / "dill-0.4.1-py3-none-any.whl").unlink()
+    missing = resolve(tmp_path, image, ["datasets==5.2.0"])
+    assert any("dill" in p and "no wheel" in p for p in missing.problems), missing.problems
+    fake_wheel(tmp_path, "dill", "0.4.3")
+    conflict = resolve(tmp_path, image, ["datasets==5.2.0"])
+    assert any("dill<0.4.2" in p and "0.4.3" in p for p in conflict.problems)
+    fake_wheel(tmp_path, "dill", "0.4.1")
+    assert any("two wheels of dill" in p for p in resolve(tmp_path, image, []).problems)
+    extra = resolve(tmp_path, image, ["mathy[fancy]"])
+    assert any("extra-only" in p or "extra_only" in p for p in extra.problems)
+
+
+def test_wheel_tags_for_cpython_312_on_x86_64_linux(tmp_path):
+    fits = {
+        "a-1-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl": True,
+        "a-1-py3-none-any.whl": True,
+        "a-1-cp311-cp311-manylinux_2_17_x86_64.whl": False,
+        "a-1-cp312-cp312-macosx_11_0_arm64.whl": False,
+        "a-1-cp312-cp312-manylinux_2_17_aarch64.whl": False,
+    }
+    assert {n: deps.wheel_fits(Path(n)) for n in fits} == fits
+
+
+JUNIT = """<?xml version="1.0"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.gpu.test_a" name="test_ok"/>
+<testcase classname="tests.gpu.test_a" name="test_liger"><skipped type="pytest.skip"
+ message="could not import 'liger_kernel': No module named 'liger_kernel'"/></testcase>
+<testcase classname="tests.gpu.test_packing" name="test_flash"><skipped type="pytest.skip"
+ message="flash-attn is not installed"/></testcase>
+<testcase classname="" name="tests.gpu.test_vllm"><skipped message="collection skipped"
+ >tests/gpu/test_vllm.py:22: could not import 'vllm': No module named 'vllm'</skipped></testcase>
+<testcase classname="tests.gpu.test_b" name="test_other"><skipped message="needs two GPUs"/>
+</testcase>
+</testsuite></testsuites>"""
+
+
+def test_a_skip_for_a_missing_extra_is_reported_and_makes_the_check_incomplete(tmp_path):
+    (tmp_path / "pytest.xml").write_text(JUNIT)
+    t = summary.PytestTally.read(tmp_path / "pytest.xml")
+    assert (t.total, t.passed, t.failed, t.no_cuda) == (5, 1, 0, 0)
+    assert dict(t.missing) == {"liger_kernel": 1, "flash-attn": 1, "vllm": 1}
+    assert len(t.other_skips) == 1 and "needs two GPUs" in t.other_skips[0]
+    passed = [check.Step("tests", "t", [], 1, status="passed")]
+    assert check.exit_code(passed, t, dry=False) == 2  # never a quiet 0
+    failing = JUNIT.replace(
+        'name="test_ok"/>', 'name="test_ok"><failure message="boom"/></testcase>'
+    )
+    (tmp_path / "pytest.xml").write_text(failing)
+    t = summary.PytestTally.read(tmp_path / "pytest.xml")
+    assert t.failed == 1 and check.exit_code(passed, t, dry=False) == 1
+    path = summary.write_summary(tmp_path, passed, t, 1, device="X", dry=False, seconds=1.0)
+    text = path.read_text()
+    assert "liger_kernel (1 tests)" in text and "FAILED tests.gpu.test_a::test_ok" in text
+
+
+@no_cuda
+def test_the_launcher_parses_the_scripts_flags_before_skipping():
+    def launch(*args):
+        cmd = [sys.executable, str(GPU / "launch.py"), "bench/generation.py", *args]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+    good = launch("--preset", "gpu", "--batches", "64")
+    assert good.returncode == 0 and "SKIPPED: no CUDA device" in good.stdout
+    bad = launch("--preset", "gpu", "--no-such-flag", "64")
+    assert bad.returncode == 2 and "unrecognized arguments" in bad.stderr
+
+
+def wheels_folder(tmp_path: Path) -> Path:
+    """The pinned wheels: the repo's .whl if `make gpu-wheels` made it, else downloaded."""
+    if (ROOT / ".whl").is_dir() and any((ROOT / ".whl").glob("*.whl")):
+        return ROOT / ".whl"
+    out = tmp_path / "whl"
+    platforms = [x for p in check.PLATFORMS for x in ("--platform", p)]
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+           "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(out),
+           "-r", str(GPU / "wheels.txt")]  # fmt: skip
+    if subprocess.run(cmd, capture_output=True, timeout=300).returncode != 0:
+        pytest.skip("no package index reachable to fetch the pinned wheels (`make gpu-wheels`)")
+    return out
+
+
+@pytest.mark.slow
+@no_cuda
+def test_the_dry_rehearsal_passes_and_fails_without_one_wheel(tmp_path):
+    wheels = wheels_folder(tmp_path)
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(GPU / "check.py"), "--dry", "--wheels", str(wheels)]
+    run = subprocess.run([*cmd, "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    text = (out / "SUMMARY.md").read_text()
+    assert "| wheels |" in text and "| passed |" in text
+    for step in ("tests", "realsize-hf", "realsize-hf_static", "generation", "vs_trl", "cache"):
+        assert f"| {step} |" in text
+    assert text.count("skipped: no CUDA device") >= 8
+    pruned = tmp_path / "pruned"
+    pruned.mkdir()
+    for w in wheels.glob("*.whl"):
+        if not w.name.startswith("dill-"):
+            (pruned / w.name).write_bytes(w.read_bytes())
+    cmd = [sys.executable, str(GPU / "check.py"), "--dry", "--wheels", str(pruned)]
+    run = subprocess.run([*cmd, "--out", str(tmp_path / "o2"), "--only", "none"], cwd=ROOT,
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 1
+    assert "dill" in run.stdout and "no wheel and not in the image" in run.stdout
+
+
+@pytest.mark.slow
+def test_realsize_runs_end_to_end_at_tiny_sizes_on_the_cpu(tmp_path):
+    out = tmp_path / "hf.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "realsize.py"), "--size", "tiny", "--device",
+           "cpu", "--steps", "2", "--warmup", "1", "--batch", "2", "--accum", "1", "--new", "3",
+           "--work", str(tmp_path / "work"), "--json", str(out)]  # fmt: skip
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["vocab"] == 151_936 and r["student_params"] < r["teacher_params"]
+    for side in ("distil", "bare"):
+        assert all(r[side][k] > 0 for k in ("generate", "teacher", "student", "optimizer"))
+    assert r["decode"]["graph_breaks_after"] == 0 and r["mfu"]["train"] is None  # CPU: no peak
+    assert "RESULT realsize hf: step" in run.stdout
