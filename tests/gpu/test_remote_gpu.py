@@ -1,6 +1,8 @@
 """GPU tier: `teacher.url` against servers on CUDA. `distil serve-teacher --device cuda` and, when
 vllm is installed, a real `vllm serve` give the live top-k teacher's targets for the same batch
-(vLLM's kernels differ from transformers', hence the looser tolerance there)."""
+(vLLM's kernels differ from transformers', hence the looser tolerance there). vLLM serves in
+bf16 (its FlashAttention backends do not run fp32: gpu-readiness finding 9) and is compared
+with the live teacher in bf16: 5e-2 on log-probs (two bf16 kernel stacks)."""
 
 import os
 import subprocess
@@ -28,15 +30,17 @@ def _batch(tok):
     return collate(samples, tok.pad_token_id)
 
 
-def _compare(url, model_dir, tok, atol):
+def _compare(url, model_dir, tok, atol, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
     remote = RemoteTeacher(RemoteClient(url), model=str(model_dir), top_k=K)
     probe(remote, tok)
     batch = _batch(tok)
     got = remote.score(batch)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).to("cuda")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to("cuda")
     want = LiveTeacher(model, top_k=K).score(batch.to("cuda")).to("cpu")
+    want = type(want)(**{k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v)
+                         for k, v in vars(want).items()})  # fmt: skip
     m = batch.mask_B_T
     torch.testing.assert_close(
         got.topk_logprobs_B_T_K[m].sort(-1).values,
@@ -71,7 +75,7 @@ def test_vllm_server_gives_the_live_targets(pair_dirs, bpe_tokenizer, tmp_path):
         "--max-logprobs",
         str(K),
         "--dtype",
-        "float32",
+        "bfloat16",
         "--gpu-memory-utilization",
         "0.3",
         "--enforce-eager",
@@ -89,7 +93,7 @@ def test_vllm_server_gives_the_live_targets(pair_dirs, bpe_tokenizer, tmp_path):
                 pass
             assert time.monotonic() < deadline, "vllm did not start in 10 minutes"
             time.sleep(1)
-        _compare(f"http://127.0.0.1:{port}/v1", teacher, bpe_tokenizer, atol=2e-3)
+        _compare(f"http://127.0.0.1:{port}/v1", teacher, bpe_tokenizer, 5e-2, torch.bfloat16)
     finally:
         proc.kill()
         proc.wait()
