@@ -25,6 +25,16 @@ MISSING = (
 _not_run: dict[str, list[str]] = {}
 
 
+@pytest.fixture(autouse=True)
+def _matmul_precision_restored():
+    """A training run turns TF32 on process-wide (`distil.models.load.enable_tf32`); put the
+    fp32 matmul precision back after each test, so that a later exact comparison (packed ==
+    padded in fp32, ...) does not inherit it."""
+    saved = torch.get_float32_matmul_precision()
+    yield
+    torch.set_float32_matmul_precision(saved)
+
+
 def _extra_of(reason: str) -> str | None:
     for pattern in MISSING:
         m = pattern.search(reason)

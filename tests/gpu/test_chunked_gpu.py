@@ -20,10 +20,11 @@ V, H = 151_936, 1024  # Qwen3-0.6B's vocabulary and hidden size
 
 @pytest.fixture
 def no_tf32():
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
+    """Exact fp32 matmuls here (distil's `enable_tf32` turns TF32 on for training runs)."""
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
     yield
-    torch.backends.cuda.matmul.allow_tf32 = saved
+    torch.set_float32_matmul_precision(saved)
 
 
 def _inputs(B: int, T: int, seed: int = 0):

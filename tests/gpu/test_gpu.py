@@ -34,11 +34,12 @@ CPU_REL = 5e-3
 
 @pytest.fixture
 def no_tf32():
-    """Exact fp32 matmuls for the duration of a test (restored after)."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    """Exact fp32 matmuls for the duration of a test (restored after; the API distil's
+    `enable_tf32` uses, so the two never mix)."""
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
     yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    torch.set_float32_matmul_precision(saved)
 
 
 def _run(raw: dict, tmp_path, name: str, **train) -> list[dict]:
@@ -89,7 +90,7 @@ def test_fp16_runs_on_after_an_overflowing_step_and_the_scale_backs_off(
     assert scaler is not None and scaler.get_scale() <= 2.0**15  # 65536 halved at least once
 
 
-def test_teacher_on_cpu_student_on_gpu_equals_all_gpu(tmp_path, make_train_config, no_tf32):
+def test_teacher_on_cpu_student_on_gpu_equals_all_gpu(tmp_path, make_train_config):
     raw = make_train_config(train={"max_steps": 2, "lambda": 0.0})
     gpu = _run(raw, tmp_path, "gpu")
     raw["teacher"]["device"] = "cpu"
