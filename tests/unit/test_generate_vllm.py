@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,7 +143,132 @@ def test_sampling_params_sent_to_the_engine(fake_vllm, monkeypatch):
     assert kwargs["logprobs_mode"] == "processed_logprobs"
     assert kwargs["load_format"] == "dummy" and kwargs["skip_tokenizer_init"]
     assert kwargs["max_model_len"] == 256 + 128  # max_prompt_tokens + max_new_tokens
-    assert kwargs["dtype"] == "float32" and kwargs["gpu_memory_utilization"] == 0.3
+    assert kwargs["gpu_memory_utilization"] == 0.3 and kwargs["max_num_batched_tokens"] == 4096
+    assert kwargs["dtype"] == "bfloat16"  # an fp32 student: a bf16 engine unless asked
+
+
+# ---- engine settings ----------------------------------------------------------------------
+
+
+def test_engine_dtype_is_bf16_unless_float32_is_asked():
+    fp32, fp16 = tiny_llama(V), tiny_llama(V).half()
+    assert vgen.engine_dtype("auto", fp32) == "bfloat16"
+    assert vgen.engine_dtype("auto", fp32.to(torch.bfloat16)) == "bfloat16"
+    assert vgen.engine_dtype("auto", fp16) == "float16"
+    assert vgen.engine_dtype("float32", fp32) == "float32"  # only when set
+    v = build_config({}).generation.vllm
+    assert (v.dtype, v.sleep_level, v.max_num_batched_tokens) == ("auto", 2, 4096)
+
+
+def test_default_engine_sleeps_at_level_2(fake_vllm):
+    gen = make(tiny_llama(V))
+    gen.generate(PROMPTS[:1], SamplingParams(4, temperature=0.0))
+    assert gen.llm.events[0] == ("sleep", 2) and gen.llm.events[-1] == ("sleep", 2)
+    assert not any(e == ("wake_up", ("weights", "kv_cache")) for e in gen.llm.events)
+
+
+def test_max_model_len_covers_the_in_training_eval():
+    """The eval samples with the same engine: its completions must fit too."""
+    raw = {"generation": {"backend": "vllm", "max_new_tokens": 128}}
+    assert vgen.engine_max_len(build_config(raw)) == 256 + 128
+    raw |= {"train": {"eval_every": 10}, "eval": {"max_new_tokens": 2048}}
+    assert vgen.engine_max_len(build_config(raw)) == 256 + 2048
+    raw["eval"]["max_new_tokens"] = 16
+    assert vgen.engine_max_len(build_config(raw)) == 256 + 128
+    raw["generation"]["vllm"] = {"max_model_len": 4000}
+    assert vgen.engine_max_len(build_config(raw)) == 4000
+
+
+def test_a_set_max_model_len_too_short_for_the_run_is_a_config_error():
+    raw = {
+        "generation": {"backend": "vllm", "max_new_tokens": 128, "vllm": {"max_model_len": 900}},
+        "train": {"eval_every": 10},
+        "eval": {"max_new_tokens": 1024},
+    }
+    with pytest.raises(ConfigError) as err:
+        build_config(raw)
+    text = str(err.value)
+    assert "generation.vllm.max_model_len = 900" in text and "eval.max_new_tokens" in text
+    assert "at least 1280" in text  # 256 + 1024
+    raw["eval"]["max_new_tokens"] = 512
+    build_config(raw)  # 256 + 512 fits in 900
+    raw["generation"]["vllm"] |= {"max_num_seqs": 8192}
+    with pytest.raises(ConfigError, match="max_num_batched_tokens = 4096"):
+        build_config(raw)
+
+
+def test_building_the_engine_leaves_the_global_rngs_as_they_were(fake_vllm):
+    """vLLM's start-up reseeds Python, numpy and torch (the stand-in does too): the trainer's
+    streams continue after the build as if it had not happened."""
+    import numpy as np
+
+    def draws():
+        return random.random(), float(np.random.rand()), float(torch.rand(()))
+
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    draws()
+    want = draws()
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    draws()
+    make(tiny_llama(V))
+    assert draws() == want
+
+
+def test_allocator_cache_is_emptied_just_before_the_engine_is_built(fake_vllm, monkeypatch):
+    order = []
+    monkeypatch.setattr(vgen.gc, "collect", lambda *a: order.append("gc.collect"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: order.append("empty_cache"))
+    real = FakeLLM.__init__
+
+    def build(self, *args, **kwargs):
+        order.append("LLM")
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FakeLLM, "__init__", build)
+    make(tiny_llama(V))
+    assert order[:3] == ["gc.collect", "empty_cache", "LLM"]
+
+
+MODEL_CONFIGS = Path(__file__).parents[1] / "data" / "model_configs"
+
+
+def test_moe_or_quantized_students_are_refused(fake_vllm, tmp_path):
+    """The raw load_weights push is complete for dense models only (vllm-conformance A11)."""
+    moe = build_config(
+        {
+            "generation": {"backend": "vllm"},
+            "student": {"path": str(MODEL_CONFIGS / "qwen3-30b-a3b")},
+        }
+    )
+    (problem,) = vgen.backend_problems(moe)
+    assert "mixture-of-experts model (num_experts = 128)" in problem
+    assert "generation.backend=hf_static" in problem
+    assert problem in command_problems(moe, "train")  # before any model is loaded
+    dense = moe.model_copy(deep=True)
+    dense.student.path = str(MODEL_CONFIGS / "qwen3-0.6b")
+    assert vgen.backend_problems(dense) == []
+    assert vgen.not_dense({"quantization_config": {"quant_method": "awq"}}) == (
+        "a quantized model (awq)"
+    )
+    student = tiny_llama(V)
+    student.config.num_local_experts = 8  # a hub id: checked on the loaded model's config
+    with pytest.raises(ConfigError, match=r"mixture-of-experts model \(num_local_experts = 8\)"):
+        vgen.VLLMGenerator.from_config(vllm_config(), student, pad_id=0, stop_ids=[1])
+
+
+def test_expandable_segments_with_sleep_mode_refused_on_vllm_before_0_12(monkeypatch):
+    monkeypatch.setattr(vgen, "cuda_available", lambda: True)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512,expandable_segments:True")
+    monkeypatch.setattr(vgen, "installed_version", lambda: "0.11.2")
+    (problem,) = vgen.backend_problems(vllm_config())
+    assert "PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True" in problem
+    assert "vllm 0.11.2" in problem and "sleep_level=0" in problem
+    assert vgen.backend_problems(vllm_config(sleep_level=0)) == []
+    monkeypatch.setattr(vgen, "installed_version", lambda: "0.12.0")
+    assert vgen.backend_problems(vllm_config()) == []  # 0.12+ switches them off itself
+    monkeypatch.setattr(vgen, "installed_version", lambda: "0.11.2")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    assert vgen.backend_problems(vllm_config()) == []
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ def fake_vllm(monkeypatch):
 @pytest.mark.parametrize("arch", [tiny_llama, tiny_qwen2])
 def test_first_generate_pushes_every_weight_by_checkpoint_name(fake_vllm, arch):
     student = arch(V)
-    gen = make(student)
+    gen = make(student, sleep_level=1)  # level 2 (the default) discards what is read below
     assert gen.weights_version == 0
     gen.generate(PROMPTS[:1], SamplingParams(4, temperature=0.0))
     want = [(n, tuple(p.shape)) for n, p in student.named_parameters()]
@@ -63,7 +63,7 @@ def test_lora_student_pushes_merged_weights_and_stays_unmerged(fake_vllm):
     )
     student = peft.get_peft_model(tiny_llama(V), config)
     before = {n: p.clone() for n, p in student.named_parameters()}
-    gen = make(student)
+    gen = make(student, sleep_level=1)  # the engine's weights are read after a generate
     gen.generate(PROMPTS[:2], SamplingParams(4, temperature=0.0))
     merged = copy.deepcopy(student).merge_and_unload()
     want = dict(merged.named_parameters())

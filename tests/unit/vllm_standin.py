@@ -6,7 +6,9 @@ other weights than the student's (like `load_format="dummy"`), samples with `HFG
 (whose log-probs follow the Rollout contract, as `logprobs_mode="processed_logprobs"` does),
 may return request outputs and the samples inside them shuffled, overwrites its weights with
 NaN on a level-2 sleep, refuses to generate or load weights while asleep, and records every
-call. The log-prob of each position also holds a decoy token, listed first.
+call. The log-prob of each position also holds a decoy token, listed first. Like the real
+engine's start-up (`set_random_seed`), building it reseeds Python's, numpy's and torch's
+global RNGs with its `seed`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import types
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from distil.config import build_config
@@ -96,6 +99,10 @@ class FakeLLM:
             torch.manual_seed(12345)  # "dummy" weights: not the student's
             hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).eval()
         self.model = EngineModel(hf)
+        seed = kwargs.get("seed", 0)  # vLLM's worker start-up: set_random_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
         self.events: list[tuple] = []
         self.asleep: set[str] = set()
         FakeLLM.instances.append(self)
@@ -125,6 +132,8 @@ class FakeLLM:
         return True
 
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True):
+        # vLLM 0.33 would queue the requests with the scheduler paused until every tag is
+        # awake, i.e. hang (0.11: sample from freed memory); failing here is the useful form
         assert not self.asleep, "generate() on a sleeping engine"
         params = sampling_params
         if not isinstance(params, list):

@@ -285,3 +285,34 @@ def _remote_teacher(cfg: DistilConfig):
         return None
     keys = tuple(dict.fromkeys(k for keys, _ in found for k in keys))
     return keys, "; ".join(message for _, message in found)
+
+
+@check
+def _vllm_engine_lengths(cfg: DistilConfig):
+    """generation.backend=vllm: a set max_model_len must hold the run's longest sequences (the
+    engine stops a completion at its context length, silently), and a step's token budget
+    must hold one token of every sequence it decodes at once."""
+    if cfg.generation.backend != "vllm":
+        return None
+    v, gen, data = cfg.generation.vllm, cfg.generation, cfg.data
+    if v.max_num_seqs and v.max_num_seqs > v.max_num_batched_tokens:
+        return ("generation.vllm.max_num_seqs", "generation.vllm.max_num_batched_tokens"), (
+            f"generation.vllm.max_num_seqs = {v.max_num_seqs} is more than "
+            f"generation.vllm.max_num_batched_tokens = {v.max_num_batched_tokens}, which vLLM "
+            "refuses. Fix: lower max_num_seqs or raise max_num_batched_tokens"
+        )
+    if not v.max_model_len:
+        return None  # sized from the lengths below
+    needs = [("generation.max_new_tokens", gen.max_new_tokens)]
+    if cfg.train.eval_every:  # the in-training eval samples with the same engine
+        needs.append(("eval.max_new_tokens", cfg.eval.max_new_tokens))
+    key, new = max(needs, key=lambda kv: kv[1])
+    if v.max_model_len < data.max_prompt_tokens + new:
+        return ("generation.vllm.max_model_len", "data.max_prompt_tokens", key), (
+            f"generation.vllm.max_model_len = {v.max_model_len} is shorter than "
+            f"data.max_prompt_tokens + {key} = {data.max_prompt_tokens} + {new}: the engine "
+            "would stop completions at its context length. Fix: set "
+            f"generation.vllm.max_model_len to at least {data.max_prompt_tokens + new}, or "
+            "null to size it from these lengths"
+        )
+    return None

@@ -131,25 +131,37 @@ class VLLMConfig(Section):
         "and KV cache while it generates (training keeps the rest)",
     )
     sleep_level: Literal[0, 1, 2] = Field(
-        1,
+        2,
         description="between generations: 0 keeps the engine's memory; 1 frees the KV cache and "
-        "moves the weights to CPU memory; 2 frees both (the weights are pushed again before the "
-        "next generation; least memory, needs no CPU copy)",
+        "copies the weights to CPU memory and back (wasted: the student's weights are pushed "
+        "after every step anyway); 2 frees both, and the weights are pushed again before the "
+        "next generation (least memory, no CPU copy)",
     )
     max_model_len: int | None = Field(
         None,
         gt=0,
         description="longest prompt + completion the engine serves (null: "
-        "data.max_prompt_tokens + generation.max_new_tokens)",
+        "data.max_prompt_tokens + the larger of generation.max_new_tokens and, with "
+        "train.eval_every, eval.max_new_tokens: the in-training eval samples with the engine)",
     )
     max_num_seqs: int | None = Field(
         None, gt=0, description="sequences the engine decodes at once (null: vLLM's default)"
+    )
+    max_num_batched_tokens: int = Field(
+        4096,
+        gt=0,
+        description="tokens the engine schedules per step (chunked prefill); vLLM's own default "
+        "is larger, and its start-up profiling then leaves less room for the KV cache inside "
+        "gpu_memory_utilization (TRL's colocate mode pins 4096 too)",
     )
     enforce_eager: bool = Field(
         False, description="no CUDA graphs: less memory and start-up time, slower decoding"
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="engine weights dtype (auto: the student's parameter dtype)"
+        "auto",
+        description="engine weights dtype (auto: bfloat16, float16 for a float16 student, "
+        "whatever dtype the student trains in; float32 runs only on vLLM's slower attention "
+        "backends, so only when set)",
     )
     seeded: bool = Field(
         False,

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import importlib
 import importlib.util
 import os
 import random
+import re
 import tempfile
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 
 import torch
@@ -45,9 +47,12 @@ MIN_VERSION = (0, 11)
 _TAGS = ("weights", "kv_cache")
 
 
-def backend_problems(cfg) -> list[str]:
+def backend_problems(cfg, model_config=None) -> list[str]:
     """What stops `generation.backend=vllm` on this machine (vllm missing or too old, no
-    CUDA), each with the fix; checked before any model is loaded."""
+    CUDA, an allocator setting the installed vllm's sleep mode refuses) or for this student
+    (not a dense model: MoE or quantized), each with the fix; checked before any model is
+    loaded (the student's config.json where student.path is a local directory) and again with
+    the loaded model's config."""
     if cfg.generation.backend != "vllm":
         return []
     problems = []
@@ -68,7 +73,64 @@ def backend_problems(cfg) -> list[str]:
             f"{seen} needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is "
             "False). Fix: set generation.backend=hf (or hf_static) on this machine"
         )
+    if (problem := _allocator_problem(cfg, found)) is not None:
+        problems.append(problem)
+    config = model_config if model_config is not None else _local_config(cfg.student.path)
+    if config is not None and (why := not_dense(config)):
+        problems.append(
+            f"{seen}: the student is {why}. distil pushes the student's weights into the "
+            "engine with the model's raw load_weights, which is complete only for dense, "
+            "unquantized models (MoE and quantized layers repack their weights after loading, "
+            "and would sample from checkpoint-layout data). Fix: generation.backend=hf_static "
+            "(or hf) for this student"
+        )
     return problems
+
+
+def not_dense(config) -> str | None:
+    """Why a model config (a transformers config or its dict) is not a dense unquantized
+    model, or None."""
+    get = config.get if isinstance(config, dict) else partial(getattr, config)
+    for key in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"):
+        if get(key, None):
+            return f"a mixture-of-experts model ({key} = {get(key, None)})"
+    if quant := get("quantization_config", None):
+        method = quant.get("quant_method") if isinstance(quant, dict) else None
+        method = method or getattr(quant, "quant_method", None) or "quantization_config set"
+        return f"a quantized model ({method})"
+    return None
+
+
+def _local_config(path) -> dict | None:
+    """The config.json of a local model directory (a hub id or a missing file: None)."""
+    import json
+    from pathlib import Path
+
+    file = Path(path) / "config.json" if path else None
+    if file is None or not file.is_file():
+        return None
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError):  # unreadable: the model loader reports it
+        return None
+
+
+def _allocator_problem(cfg, found: str | None) -> str | None:
+    """vllm < 0.12 asserts at engine start when sleep mode meets expandable segments (0.12+
+    turns them off around its own pool)."""
+    if cfg.generation.vllm.sleep_level == 0 or found in (None, "unknown"):
+        return None
+    if _release(found) >= (0, 12):
+        return None
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        if re.search(r"expandable_segments\s*:\s*true", os.environ.get(name, ""), re.I):
+            return (
+                f"{name} sets expandable_segments:True, which vllm {found}'s sleep mode "
+                f"refuses (generation.vllm.sleep_level = {cfg.generation.vllm.sleep_level}). "
+                f"Fix: unset it (or set expandable_segments:False), upgrade to vllm>=0.12, or "
+                "set generation.vllm.sleep_level=0"
+            )
+    return None
 
 
 def cuda_available() -> bool:
@@ -105,7 +167,7 @@ class VLLMGenerator:
         *,
         pad_id: int,
         stop_ids: Sequence[int],
-        sleep_level: int = 1,
+        sleep_level: int = 2,
         seed: int | None = None,
         workdir=None,
     ):
@@ -125,7 +187,8 @@ class VLLMGenerator:
     @classmethod
     def from_config(cls, cfg, model, *, pad_id: int, stop_ids: list[int]) -> VLLMGenerator:
         """The engine for `model` (the unwrapped student) with `generation.vllm`'s settings."""
-        if problems := backend_problems(cfg):
+        base = model.get_base_model() if is_peft_model(model) else model
+        if problems := backend_problems(cfg, base.config):
             raise ConfigError(problems)
         vllm = importlib.import_module("vllm")
         v = cfg.generation.vllm
@@ -133,23 +196,29 @@ class VLLMGenerator:
         workdir = tempfile.TemporaryDirectory(prefix="distil-vllm-")
         _write_engine_config(model, workdir.name)
         _set_launcher_env()
-        llm = vllm.LLM(
-            model=workdir.name,
-            skip_tokenizer_init=True,  # prompts arrive as ids; completions leave as ids
-            load_format="dummy",  # the student's weights are pushed from memory
-            dtype=v.dtype if v.dtype != "auto" else _param_dtype(model),
-            gpu_memory_utilization=v.gpu_memory_utilization,
-            max_model_len=v.max_model_len
-            or cfg.data.max_prompt_tokens + cfg.generation.max_new_tokens,
-            enforce_eager=v.enforce_eager,
-            enable_sleep_mode=v.sleep_level > 0,
-            seed=cfg.train.seed + rank,
-            logprobs_mode="processed_logprobs",  # the sampled token's log-prob after warping
-            generation_config="vllm",  # no sampling defaults from the checkpoint
-            distributed_executor_backend="external_launcher",  # in-process engine
-            tensor_parallel_size=1,
-            **({"max_num_seqs": v.max_num_seqs} if v.max_num_seqs else {}),  # else vLLM's
-        )
+        # vLLM's start-up profiling compares free memory before and after; blocks the caching
+        # allocator releases meanwhile make it fail ("Error in memory profiling")
+        gc.collect()
+        if cuda_available():
+            torch.cuda.empty_cache()
+        with kept_rng_states():  # the engine reseeds the global RNGs at start-up
+            llm = vllm.LLM(
+                model=workdir.name,
+                skip_tokenizer_init=True,  # prompts arrive as ids; completions leave as ids
+                load_format="dummy",  # the student's weights are pushed from memory
+                dtype=engine_dtype(v.dtype, model),
+                gpu_memory_utilization=v.gpu_memory_utilization,
+                max_model_len=engine_max_len(cfg),
+                max_num_batched_tokens=v.max_num_batched_tokens,
+                enforce_eager=v.enforce_eager,
+                enable_sleep_mode=v.sleep_level > 0,
+                seed=cfg.train.seed + rank,
+                logprobs_mode="processed_logprobs",  # the sampled token's log-prob after warping
+                generation_config="vllm",  # no sampling defaults from the checkpoint
+                distributed_executor_backend="external_launcher",  # in-process engine
+                tensor_parallel_size=1,
+                **({"max_num_seqs": v.max_num_seqs} if v.max_num_seqs else {}),  # else vLLM's
+            )
         seed = cfg.train.seed * 1_000_003 + rank if v.seeded else None
         return cls(
             llm,
@@ -306,8 +375,43 @@ def _write_engine_config(model: torch.nn.Module, path: str) -> None:
     config.save_pretrained(path)
 
 
-def _param_dtype(model: torch.nn.Module) -> str:
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
+def engine_dtype(setting: str, model: torch.nn.Module) -> str:
+    """generation.vllm.dtype for the engine: auto is bfloat16 (float16 for a float16 student),
+    whatever the student trains in: vLLM's FlashAttention backends do not run float32 (it
+    falls back to slower ones, with twice the weight and KV memory). float32 only when set."""
+    if setting != "auto":
+        return setting
+    return "float16" if next(model.parameters()).dtype == torch.float16 else "bfloat16"
+
+
+def engine_max_len(cfg) -> int:
+    """generation.vllm.max_model_len, or the longest sequence the run asks of the engine: the
+    longest prompt plus the larger of the training's and the in-training eval's new tokens
+    (the eval samples with the same engine)."""
+    if cfg.generation.vllm.max_model_len:
+        return cfg.generation.vllm.max_model_len
+    new = cfg.generation.max_new_tokens
+    if cfg.train.eval_every:
+        new = max(new, cfg.eval.max_new_tokens)
+    return cfg.data.max_prompt_tokens + new
+
+
+@contextlib.contextmanager
+def kept_rng_states() -> Iterator[None]:
+    """Restore Python's, numpy's and torch's (CPU and CUDA) global RNG states afterwards:
+    vLLM's engine start-up calls set_random_seed, which would restart the trainer's streams."""
+    import numpy as np
+
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def _set_launcher_env() -> None:
