@@ -30,8 +30,9 @@ ROWS_READ = 64  # rows of each data file parsed and measured
 def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
     """(problems, notes): problems stop `distil train`; notes say what was not checked."""
     notes = source_problems(cfg)[1]
-    if note := cpu_precision_note(cfg):
-        notes.append(note)
+    from distil.config.rules import warmup_notice
+
+    notes += filter(None, [cpu_precision_note(cfg), warmup_notice(cfg)])
     problems = command_problems(cfg, "train")
     if problems:  # the checks below read files: only once every path is there
         return problems, notes

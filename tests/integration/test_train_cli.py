@@ -87,7 +87,7 @@ def test_train_then_resume_then_eval(tmp_path, make_train_config, countdown_dir)
         cwd=tmp_path,
     )
     assert ev.returncode == 0, ev.stderr
-    assert ev.stdout.startswith("| Model | Correct | Accuracy |") and "| final | " in ev.stdout
+    assert ev.stdout.startswith("| Model | Correct | Accuracy |") and "| run/final | " in ev.stdout
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["models"][0]["total"] == 8
 

@@ -193,13 +193,6 @@ CASES = {
         with_keys(student__path="models/studnet"),
     ),
     # --- config values (item 8 and fuzzing classes)
-    "warmup-over-max-steps": Case(
-        TRAIN,
-        ["train.warmup_steps (10) > train.max_steps (2)", "Fix"],
-        {},
-        ["runs/x"],
-        with_keys(train__warmup_steps=10),
-    ),
     "seq-kd-with-lambda-1": Case(
         VALIDATE, ["train.seq_kd=true", "train.lambda = 1.0"], {}, [], with_keys(train__seq_kd=True)
     ),

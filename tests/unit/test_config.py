@@ -233,10 +233,21 @@ def test_anchor_expansion_and_non_string_keys_are_bounded(tmp_path):
     assert "key 1 (int) is not a name" in problems_of(load_config, path)[0]
 
 
-def test_warmup_over_max_steps_and_ignored_seq_kd_are_rejected():
-    (warm,) = problems_of(load_config, None, ["train.max_steps=10", "train.warmup_steps=11"])
-    assert "train.warmup_steps (11) > train.max_steps (10)" in warm
-    load_config(None, ["train.max_steps=10", "train.warmup_steps=10"])  # equal is fine
+def test_warmup_over_max_steps_is_clamped_with_a_notice():
+    from distil.config.rules import warmup_notice
+    from distil.train.optim import lr_factor
+
+    cfg = load_config(None, ["train.max_steps=20", "train.warmup_steps=200"])  # accepted
+    note = warmup_notice(cfg)
+    assert "train.warmup_steps (200) > train.max_steps (20)" in note and "over 2 steps" in note
+    factors = [lr_factor(s, 0.0, cfg.train) for s in range(20)]
+    assert factors[:2] == [0.5, 1.0] and factors[-1] < factors[2]  # warms up, then decays
+    fits = load_config(None, ["train.max_steps=10", "train.warmup_steps=10"])  # equal is fine
+    assert warmup_notice(fits) is None
+    assert [lr_factor(s, 0.0, fits.train) for s in (0, 9)] == [0.1, 1.0]
+
+
+def test_ignored_seq_kd_is_rejected():
     (seq,) = problems_of(load_config, None, ["train.seq_kd=true"])
     assert "train.seq_kd=true" in seq and "train.lambda = 1.0" in seq
     load_config(None, ["train.seq_kd=true", "train.lambda=0.5"])

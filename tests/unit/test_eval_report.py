@@ -105,6 +105,8 @@ def test_completions_files_record_their_own_fingerprint(tmp_path, capsys):
     models = json.loads((tmp_path / "report.json").read_text())["models"]
     assert [m["name"] for m in models] == ["x/outs", "y/outs"]
     assert models[0]["data"]["path"] == str(x) and models[0]["data"]["rows"] == 1
+    markdown = (tmp_path / "report.md").read_text()
+    assert markdown.count(str(x)) == 1  # the completions path is said once
     assert models[0]["data"]["sha256"] == hashlib.sha256(x.read_bytes()).hexdigest()
     assert sorted(p.name for p in tmp_path.glob("verdicts-*")) == [
         "verdicts-x_outs.jsonl",
@@ -125,9 +127,14 @@ def test_unique_names():
         "a/final",
         "b/final",
     ]
+    # a run's final model or checkpoint is named with its run, even alone (two reports of two
+    # runs do not both say "final")
     assert unique_names([("model", "x/final"), ("completions", "y/outs.jsonl")]) == [
-        "final",
+        "x/final",
         "outs",
+    ]
+    assert unique_names([("model", "/r/run1/checkpoints/step-00000010")]) == [
+        "run1/checkpoints/step-00000010"
     ]
     # clashes resolved only as far as needed; an unrelated name stays short
     sources = [("model", "/p/q/a/m"), ("model", "/p/r/a/m"), ("model", "/z/n")]

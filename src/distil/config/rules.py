@@ -141,17 +141,23 @@ def _divisors(n: int, limit: int = 10**6) -> str:
     return f" ({', '.join(map(str, found))})"
 
 
-@check
-def _warmup_within_run(cfg: DistilConfig):
+def effective_warmup(t) -> int:
+    """The warmup the schedule uses: train.warmup_steps, or a tenth of the run (at least one
+    step) when it is longer than train.max_steps (a preset shortened by an override), so the
+    run still reaches train.lr and has its decay; `warmup_notice` says so."""
+    return t.warmup_steps if t.warmup_steps <= t.max_steps else max(1, t.max_steps // 10)
+
+
+def warmup_notice(cfg: DistilConfig) -> str | None:
     t = cfg.train
-    if t.warmup_steps > t.max_steps:
-        return ("train.warmup_steps", "train.max_steps"), (
-            f"train.warmup_steps ({t.warmup_steps}) > train.max_steps ({t.max_steps}): the "
-            f"learning rate would never reach train.lr ({t.lr}). Fix: set train.warmup_steps "
-            f"to at most {t.max_steps} (e.g. {max(t.max_steps // 10, 0)}), or raise "
-            "train.max_steps"
-        )
-    return None
+    if t.warmup_steps <= t.max_steps:
+        return None
+    n = effective_warmup(t)
+    return (
+        f"train.warmup_steps ({t.warmup_steps}) > train.max_steps ({t.max_steps}): the "
+        f"learning rate warms up over {n} step{'s' * (n != 1)} (a tenth of the run) instead, "
+        "so it reaches train.lr. Set train.warmup_steps to at most train.max_steps to choose"
+    )
 
 
 @check

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,8 @@ from distil.files import atomic_write
 def unique_names(sources: Sequence[tuple[str, str]]) -> list[str]:
     """A distinct display name per (kind, path): the last path component (a completions file
     without its suffix), lengthened by parent directories until no two names clash, so
-    runs/a/final and runs/b/final become "a/final" and "b/final"."""
+    runs/a/final and runs/b/final become "a/final" and "b/final". A directory distil's training
+    writes is named with its run even alone: "a/final", "a/checkpoints/step-00000010"."""
     parts_of, seen = [], {}
     for kind, path in sources:
         absolute = os.path.abspath(path)
@@ -33,7 +35,7 @@ def unique_names(sources: Sequence[tuple[str, str]]) -> list[str]:
         if kind == "completions":
             parts[-1] = Path(parts[-1]).stem or parts[-1]
         parts_of.append(parts)
-    depth = [1] * len(parts_of)
+    depth = [min(_run_depth(parts), len(parts)) for parts in parts_of]
     while True:
         names = ["/".join(parts[-d:]) for parts, d in zip(parts_of, depth, strict=True)]
         by_name: dict[str, list[int]] = {}
@@ -92,12 +94,23 @@ def _group_cell(group: dict[str, Any] | None) -> str:
     return f"{100 * group['accuracy']:.2f}% ({group['correct']}/{group['total']})"
 
 
+def _run_depth(parts: list[str]) -> int:
+    """Path components a name starts with: a run's final model or checkpoint is named with its
+    run directory, so two reports of two runs do not both say "final"."""
+    if parts[-1] == "final":
+        return 2
+    if len(parts) > 1 and parts[-2] == "checkpoints" and re.fullmatch(r"step-\d+", parts[-1]):
+        return 3
+    return 1
+
+
 def format_sources(results: Sequence[EvalResult], files: dict[str, str]) -> str:
     """One Markdown line per model: what was evaluated, on which problems, where its verdicts are."""
     lines = []
     for r in results:
-        line = f"- **{_cell(r.name)}**: {r.kind}" + (f" `{r.path}`" if r.path else "")
         data = r.data or {}
+        said = r.kind == "completions" and "sha256" in data  # the path comes with its rows
+        line = f"- **{_cell(r.name)}**: {r.kind}" + (f" `{r.path}`" if r.path and not said else "")
         if "sha256" in data:
             what = "completions" if r.kind == "completions" else "problems"
             used = f"{data['used']} of " if "used" in data else ""

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 import torch
 
 from distil.config import TrainConfig
+from distil.config.rules import effective_warmup
 
 
 def build_optimizer(
@@ -191,8 +192,9 @@ def final_weights(optimizer) -> None:
 
 def progress(step: int, seconds: float, cfg: TrainConfig, flops: float = 0.0) -> float:
     """Fraction of the post-warmup run done before optimizer step `step` (0-based)."""
-    span = max(1, cfg.max_steps - cfg.warmup_steps)
-    done = (step - cfg.warmup_steps) / span
+    warmup = effective_warmup(cfg)
+    span = max(1, cfg.max_steps - warmup)
+    done = (step - warmup) / span
     if cfg.max_minutes is not None:
         done = max(done, seconds / (60.0 * cfg.max_minutes))
     if cfg.max_student_flops is not None:
@@ -203,8 +205,9 @@ def progress(step: int, seconds: float, cfg: TrainConfig, flops: float = 0.0) ->
 def lr_factor(step: int, seconds: float, cfg: TrainConfig, flops: float = 0.0) -> float:
     """Multiplier of the peak lr for optimizer step `step` after `seconds` of training and
     `flops` of student compute."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
+    warmup = effective_warmup(cfg)
+    if step < warmup:
+        return (step + 1) / warmup
     p = progress(step, seconds, cfg, flops)
     if cfg.schedule == "constant":
         shape = 1.0

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from distil.config import DistilConfig
-from distil.config.rules import precision_notices
+from distil.config.rules import precision_notices, warmup_notice
 from distil.data.collate import collate
 from distil.data.lengths import check_lengths, uses_completions
 from distil.errors import ConfigError, require
@@ -259,8 +259,8 @@ def build(cfg: DistilConfig) -> Components:
     if accelerator.is_main_process:
         for notice in precision_notices(cfg):
             print(f"distil: warning: {notice}", file=sys.stderr, flush=True)
-    note = cpu_precision_note(cfg, cuda=accelerator.device.type == "cuda")
-    if note and accelerator.is_main_process:
+    notes = [cpu_precision_note(cfg, cuda=accelerator.device.type == "cuda"), warmup_notice(cfg)]
+    for note in filter(None, notes if accelerator.is_main_process else []):
         print(f"note: {note}", file=sys.stderr)
     set_seed(cfg.train.seed, device_specific=True)
     loss_fn = get_loss(cfg.loss.name)
