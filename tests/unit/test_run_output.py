@@ -32,6 +32,9 @@ def test_the_printed_line_of_a_small_cpu_run(capsys, monkeypatch):
     line.update(1, metrics)
     err = capsys.readouterr().err
     assert "loss 3e-05" in err and "kl 0.00012" in err and "| 45 tok/s |" in err
+    line.update(2, {"loss": 0.29, "logratio": -0.0511, "throughput/tokens_per_s": 45.0})
+    err = capsys.readouterr().err  # a cross-tokenizer run: its log ratio is not called kl
+    assert "log S/T -0.0511" in err and " kl " not in err
 
 
 def test_eval_help_says_the_configs_task_is_the_default(capsys):

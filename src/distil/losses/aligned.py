@@ -20,9 +20,12 @@ stays finite). Unlike NeMo RL it projects the teacher (not the student), compare
 per position (no chunk averaging of probabilities vs log-probs) and needs no global top-k.
 
 Metrics of every cross-tokenizer loss (sums over this micro-batch, see `distil.losses`):
-  kl_sum               sum_g log S(g) - log T(g): the sampled reverse KL of the aligned chunks
-                       (log-probability of each group's bytes under each model; unbiased for
-                       the sequence-level reverse KL on the student's own samples)
+  logratio_sum         sum_g log S(g) - log T(g) of the realized chunks (log-probability of
+                       each group's bytes under each model). Not a divergence by itself: on
+                       the student's own samples it estimates the sequence-level KL(S‖T); on
+                       teacher-written or dataset text it estimates -KL(T‖S) and is often
+                       negative. `sampled_chunk_reverse_kl`, whose loss is this estimate on
+                       on-policy rows, also reports it as kl_sum.
   student_logprob_sum  sum_g log S(g); teacher_logprob_sum: sum_g log T(g)
   student_entropy_sum  entropy of the student's tempered distribution at each group position
   tokens_count         mask_B_T.sum(); groups_count: groups used (all student positions in mask)
@@ -218,7 +221,7 @@ def finish(total, num_tokens, row_metrics: list[dict], mask_B_T, kept: Kept, **s
             key = f"{name}_sum"
             metrics[key] = metrics.get(key, 0.0) + values.detach().sum().to(total.dtype)
     metrics.update({k: v.detach().to(total.dtype) for k, v in sums.items()})
-    metrics["kl_sum"] = metrics["student_logprob_sum"] - metrics["teacher_logprob_sum"]
+    metrics["logratio_sum"] = metrics["student_logprob_sum"] - metrics["teacher_logprob_sum"]
     metrics["loss_sum"] = total.detach()
     metrics["tokens_count"] = mask_B_T.bool().sum().to(total.dtype)
     metrics["groups_count"] = total.new_tensor(float(kept.num))

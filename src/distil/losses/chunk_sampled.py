@@ -91,7 +91,7 @@ def sampled_chunk_reverse_kl(
     advantage_G = -(student_G.detach() - teacher_G)
     loss_G = -advantage_G * torch.exp(student_G - student_G.detach())  # value -A_g, grad -A_g ∇
     total = loss_G.sum() + (ce_weight * ce_N.sum() if ce_N is not None else 0.0)
-    return finish(
+    out = finish(
         total,
         num_tokens,
         [metrics_N],
@@ -100,3 +100,5 @@ def sampled_chunk_reverse_kl(
         student_logprob_sum=student_G.detach().sum(),
         teacher_logprob_sum=teacher_G.sum(),
     )
+    out.metrics["kl_sum"] = out.metrics["logratio_sum"]  # this loss's own estimate of KL(S‖T)
+    return out

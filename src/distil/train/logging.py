@@ -140,6 +140,8 @@ class ProgressLine:
         parts = [f"step {step}", f"loss {significant(metrics.get('loss', float('nan')))}"]
         if "kl" in metrics:
             parts.append(f"kl {significant(metrics['kl'])}")
+        elif "logratio" in metrics:  # cross-tokenizer: log S - log T of the realized text
+            parts.append(f"log S/T {significant(metrics['logratio'])}")
         parts.append(f"on-policy {100 * metrics.get('policy/on_policy_share', 0):.0f}%")
         parts.append(f"{rate(metrics.get('throughput/tokens_per_s', 0))} tok/s")
         if "eval/accuracy" in metrics:

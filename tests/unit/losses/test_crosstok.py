@@ -317,7 +317,7 @@ def test_hand_worked_one_to_two_group(name):
     logits, teacher, mask, alignment = hand_case()
     out = call(name, logits, teacher, mask, alignment, beta=0.0)
     assert out.loss.item() == pytest.approx(HAND[name], abs=1e-8)
-    assert out.metrics["kl_sum"].item() == pytest.approx(-math.log(2))
+    assert out.metrics["logratio_sum"].item() == pytest.approx(-math.log(2))
     assert out.metrics["tokens_count"].item() == 2 and out.metrics["groups_count"].item() == 1
     value, _, _ = naive_loss(name, logits, teacher, mask, alignment, beta=0.0)
     assert out.loss.item() == pytest.approx(float(value.detach()) / 2, abs=1e-12)
@@ -343,7 +343,7 @@ def test_matches_naive_loops(name, beta):
     value, kl, extras = naive_loss(name, logits, teacher, mask, alignment, beta, temperature=1.4)
     torch.testing.assert_close(out.loss, value / 30, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(grad_of(out, logits), torch.autograd.grad(value / 30, logits)[0])
-    assert out.metrics["kl_sum"].item() == pytest.approx(kl, rel=1e-10)
+    assert out.metrics["logratio_sum"].item() == pytest.approx(kl, rel=1e-10)
     assert out.metrics["tokens_count"].item() == mask.sum().item()
     assert out.metrics["groups_count"].item() == alignment.num_groups
     if name == "gold":
@@ -390,3 +390,14 @@ def test_aligned_kl_coarse_student_token_and_ambiguous_teacher_tokens():
         "aligned_kl", logits, T.log(), torch.ones(1, 2, dtype=torch.bool), alignment, beta=0.0
     )
     assert out.loss.item() == pytest.approx(float(value) / 2, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", XTOK)
+def test_the_log_ratio_of_the_realized_text_is_not_called_kl(name):
+    """log S - log T of the realized text estimates KL(S‖T) on the student's samples only (on
+    teacher-written text it estimates -KL(T‖S), here negative): logged as `logratio`; only
+    `sampled_chunk_reverse_kl`, whose loss is that estimate, also calls it kl."""
+    logits, teacher, mask, alignment = hand_case()
+    out = call(name, logits, teacher, mask, alignment, beta=0.0)
+    assert out.metrics["logratio_sum"].item() == pytest.approx(-math.log(2))
+    assert ("kl_sum" in out.metrics) == (name == "sampled_chunk_reverse_kl")

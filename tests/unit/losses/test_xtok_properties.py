@@ -195,7 +195,7 @@ def test_a_group_cut_by_the_mask_is_dropped_whole(name):
     value, kl, _ = naive_loss(name, logits, teacher, cut, alignment)
     torch.testing.assert_close(out.loss, value / 10)
     assert out.metrics["groups_count"].item() == alignment.num_groups - 1
-    assert out.metrics["kl_sum"].item() == pytest.approx(kl)
+    assert out.metrics["logratio_sum"].item() == pytest.approx(kl)
     full = call(name, logits, teacher, mask, alignment, num_tokens=10)
     assert not math.isclose(full.loss.item(), out.loss.item(), rel_tol=1e-6)  # control
 
