@@ -260,6 +260,27 @@ def test_compiled_step_equals_eager(bpe_tokenizer, prompts):
     assert dict(counters["graph_break"]) == {}
 
 
+def test_seeded_calls_are_a_function_of_the_seed_and_leave_the_global_rng(bpe_tokenizer, prompts):
+    """SamplingParams.seed (generation.async): the draws come from a private generator, so
+    a call's samples depend on (weights, prompts, seed) only, compiled or not."""
+    from dataclasses import replace
+
+    model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer, seed=3)
+    _, static = pair(model, bpe_tokenizer)
+    params = SamplingParams(8, temperature=1.3, top_k=30, n=3, seed=11)
+    before = torch.get_rng_state()
+    a = static.generate(prompts, params)
+    assert torch.equal(torch.get_rng_state(), before)  # nothing drawn from the global RNG
+    torch.manual_seed(1234)
+    assert_same_rollout(a, static.generate(prompts, params), atol=0)
+    other = static.generate(prompts, replace(params, seed=12))
+    assert not torch.equal(a.completion_ids_B_C, other.completion_ids_B_C)
+    rows = a.completion_lists()
+    assert len({tuple(r) for r in rows[:3]}) > 1  # the samples of one prompt differ
+    _, compiled = pair(model, bpe_tokenizer, compile=True, compile_backend="aot_eager")
+    assert_same_rollout(a, compiled.generate(prompts, params))
+
+
 def test_cache_position_reaches_every_call_of_a_model_that_takes_it(bpe_tokenizer, prompts):
     """A forward with a `cache_position` argument (transformers 4.x) gets it on the prefill
     (arange(width)) and on every decode step (width + t), as generate passes it; the

@@ -156,11 +156,15 @@ class StaticCacheGenerator(HFGenerator):
                 logits_to_keep=1,
                 **({} if slot_P is None else {"cache_position": slot_P}),
             ).logits[:, -1]
-            token, logprob = _choose(logits, warpers, params.greedy)
+            # a call's own seed (generation.async): the draws' noise from a private generator
+            rng = None
+            if params.seed is not None and not params.greedy:
+                rng = torch.Generator(device=device).manual_seed(params.seed)
+            token, logprob = _choose(logits, warpers, params.greedy, _noise(rng, logits))
             done = torch.arange(batch, device=device) >= n_rows  # filler rows count as stopped
             slot_1 = None if slot_P is None else slot_P[-1:] + 1
             state = (token, logprob, pos_B_P[:, -1:] + 1, slot_1, mask_B_L, cache, done)
-            out_ids, out_lp = self._decode(state, params, warpers)
+            out_ids, out_lp = self._decode(state, params, warpers, rng)
         finally:
             self.model.train(was_training)
         self.calls += 1
@@ -171,7 +175,7 @@ class StaticCacheGenerator(HFGenerator):
         width_c = int(used[-1]) + 1 if len(used) else 0
         return out_ids[:, :width_c], out_lp[:, :width_c]
 
-    def _decode(self, state, params: SamplingParams, warpers: list):
+    def _decode(self, state, params: SamplingParams, warpers: list, rng):
         """Decode until max_new_tokens or every row stopped; (ids, log-probs) on the device."""
         token, logprob, pos_B_1, slot_1, mask_B_L, cache, done = state
         batch, new = token.shape[0], params.max_new_tokens
@@ -179,14 +183,16 @@ class StaticCacheGenerator(HFGenerator):
         out_lp = logprob.new_zeros((batch, new))
         stops = torch.tensor(self.stop_ids, device=token.device)
         step = self._step(token.device)
+        vocab = self.model.get_output_embeddings().weight.shape[0] if rng is not None else 0
         check_every = CHECK_EVERY_CUDA if token.device.type == "cuda" else 1
         steps = new
         for t in range(new):
             if t > 0:
                 if self.compile and token.device.type == "cuda":
                     torch.compiler.cudagraph_mark_step_begin()
+                noise = _noise(rng, out_lp, vocab) if rng is not None else None
                 token, logprob = step(
-                    token, pos_B_1, slot_1, mask_B_L, cache, warpers, params.greedy
+                    token, pos_B_1, slot_1, mask_B_L, cache, warpers, params.greedy, noise
                 )
                 pos_B_1 = pos_B_1 + 1
                 slot_1 = None if slot_1 is None else slot_1 + 1
@@ -212,7 +218,9 @@ class StaticCacheGenerator(HFGenerator):
             )
         return self._step_fn
 
-    def _one_token(self, token_B, pos_B_1, slot_1, mask_B_L, cache, warpers, greedy: bool):
+    def _one_token(
+        self, token_B, pos_B_1, slot_1, mask_B_L, cache, warpers, greedy: bool, noise_B_V=None
+    ):
         """Feed each row's last token (into cache slot `slot_1` where the model takes
         cache_position); (next token, its log-prob), both (B,)."""
         logits = self.model(
@@ -223,7 +231,7 @@ class StaticCacheGenerator(HFGenerator):
             use_cache=True,
             **({} if slot_1 is None else {"cache_position": slot_1}),
         ).logits[:, -1]
-        return _choose(logits, warpers, greedy)
+        return _choose(logits, warpers, greedy, noise_B_V)
 
     def _cache(self, batch: int, length: int):
         """The StaticCache for (batch, length), emptied; the last KEPT_CACHES stay allocated
@@ -273,13 +281,23 @@ def _layer_tensors(layer) -> list[torch.Tensor]:
     ]
 
 
-def _choose(logits_B_V: torch.Tensor, warpers: list, greedy: bool):
+def _noise(rng, like: torch.Tensor, vocab: int | None = None) -> torch.Tensor | None:
+    """Exp(1) noise for one draw of every row from the call's own generator (None: none)."""
+    if rng is None:
+        return None
+    shape = (like.shape[0], vocab or like.shape[-1])
+    return torch.empty(shape, device=like.device).exponential_(generator=rng)
+
+
+def _choose(logits_B_V: torch.Tensor, warpers: list, greedy: bool, noise_B_V=None):
     """(token_B, log-prob_B) from the last position's logits.
 
     Like generate: fp32 scores, warpers in order, argmax when greedy, else a draw from
     softmax(scores) (as argmax of p / Exp(1) noise: the same distribution as multinomial, and
-    no host sync or data-dependent shapes inside a CUDA graph). The log-prob is read from the
-    warped distribution the token is drawn from (log-softmax of the raw logits when greedy).
+    no host sync or data-dependent shapes inside a CUDA graph); the noise is `noise_B_V` when
+    given (drawn from a call's seed outside the compiled step), else drawn here. The log-prob
+    is read from the warped distribution the token is drawn from (log-softmax of the raw
+    logits when greedy).
     """
     scores = logits_B_V.float()
     for w in warpers:
@@ -288,7 +306,7 @@ def _choose(logits_B_V: torch.Tensor, warpers: list, greedy: bool):
     if greedy:
         token = scores.argmax(dim=-1)
     else:
-        noise = torch.empty_like(logp_B_V).exponential_()
+        noise = noise_B_V if noise_B_V is not None else torch.empty_like(logp_B_V).exponential_()
         token = (logp_B_V.exp() / noise).argmax(dim=-1)
     return token, logp_B_V.gather(1, token[:, None]).squeeze(1)
 
