@@ -77,3 +77,27 @@ def test_a_requested_stop_is_not_reported_as_an_error(tmp_path, capsys, monkeypa
     assert main(["train", str(preset), f"train.output_dir={tmp_path}"]) == 130
     err = capsys.readouterr().err
     assert err.startswith("distil: stopped: training stopped by SIGINT") and "error" not in err
+
+
+def test_the_step_time_is_accounted_for(tmp_path, make_train_config, monkeypatch):
+    """Collating a window (padding; alignment for a tokenizer pair) has its own bucket, and what
+    no bucket holds is time/other: the buckets add up to time/step."""
+    import time
+
+    from distil.config import build_config
+    from distil.testing import read_metrics
+    from distil.train import loop, setup
+
+    real = setup.collate
+
+    def slow_collate(samples, pad_id):
+        time.sleep(0.1)  # sleep never returns early: a lower bound, not a timing claim
+        return real(samples, pad_id)
+
+    monkeypatch.setattr(setup, "collate", slow_collate)
+    loop.train(build_config(make_train_config(train={"max_steps": 2})))
+    for m in read_metrics(tmp_path / "run"):
+        assert m["time/collate"] >= 0.1 * 2  # grad_accum_steps micro-batches
+        parts = ("time/generate", "time/collate", "time/teacher", "time/train", "time/other")
+        assert all(m[k] >= 0 for k in parts)
+        assert sum(m[k] for k in parts) == pytest.approx(m["time/step"], rel=1e-6, abs=1e-6)

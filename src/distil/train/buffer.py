@@ -185,10 +185,12 @@ class GenerationBuffer:
             if p == OFF:
                 samples[r] = self._reference(rows[r])
         slices = [samples[k * self.batch : (k + 1) * self.batch] for k in range(self.accum)]
+        start = time.perf_counter()  # padding, and for a tokenizer pair the alignment
         if self.pool is not None:  # e.g. cross-tokenizer alignment, one micro-batch per worker
             batches = list(self.pool.map(_collate_in_worker, slices, [self.pad_id] * self.accum))
         else:
             batches = [self.collate_fn(sl, self.pad_id) for sl in slices]  # type: ignore[arg-type]
+        metrics["time/collate"] = time.perf_counter() - start
 
         metrics["policy/on_policy_share"] = policies.count(ON) / len(policies)
         metrics["policy/seq_kd_share"] = policies.count(SEQ_KD) / len(policies)

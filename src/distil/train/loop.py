@@ -323,10 +323,20 @@ def _step_metrics(step, sums, window, grad_norm, lr, finite, t_teacher, t_train,
             "time/teacher": t_teacher,
             "time/train": t_train,
             "time/step": t_step,
+            "time/other": max(0.0, t_step - t_teacher - t_train - _window_seconds(window)),
             "throughput/tokens_per_s": n_inputs / max(t_step, 1e-9),
         }
     )
     return m
+
+
+def _window_seconds(window) -> float:
+    """Seconds of the step spent getting the window: sampling and collating it, or (with
+    generation.async, where both run in the background) waiting for it."""
+    t = window.metrics
+    if "time/generate_wait" in t:
+        return t["time/generate_wait"]
+    return t.get("time/generate", 0.0) + t.get("time/collate", 0.0)
 
 
 def _eval_set(cfg: DistilConfig):
