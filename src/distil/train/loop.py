@@ -37,6 +37,7 @@ from distil.train.rundir import RunLock, record_config
 from distil.train.setup import Components, build
 from distil.train.signals import StopRequest
 from distil.train.step import micro_step
+from distil.train.timing import PhaseClock
 
 
 def train(cfg: DistilConfig) -> dict[str, Any]:
@@ -200,17 +201,19 @@ def _done(step: int, clock: float, cfg: DistilConfig, cost: CostMeter) -> bool:
 def _accumulate(c: Components, cfg: DistilConfig, window) -> tuple[dict, Any, float, float]:
     """Teacher targets, loss and backward for every micro-batch of the window."""
     acc = c.accelerator
-    local = torch.tensor(float(window.num_loss_tokens), device=acc.device)
-    global_tokens = acc.reduce(local, reduction="sum").item()
+    global_tokens = float(window.num_loss_tokens)
+    if acc.num_processes > 1:  # one all-reduce (and host read) per step
+        local = torch.tensor(global_tokens, device=acc.device)
+        global_tokens = acc.reduce(local, reduction="sum").item()
     # DDP averages gradients over ranks; scaling the count keeps sum / global count exact.
     num_tokens = max(global_tokens, 1.0) / acc.num_processes
     sums: dict[str, torch.Tensor] = {}
-    t_teacher = t_train = 0.0
+    clock = PhaseClock(acc.device)  # CUDA events, read once below: no sync per micro-batch
     for i, micro in enumerate(window.micro_batches):
         micro = micro.to(acc.device)
-        t0 = _clock_now(acc.device)
+        t0 = clock.mark()
         targets = c.teacher.score(micro)
-        t1 = _clock_now(acc.device)
+        t1 = clock.mark()
         last = i == len(window.micro_batches) - 1
         with contextlib.nullcontext() if last else acc.no_sync(c.model):
             with acc.autocast():
@@ -231,29 +234,38 @@ def _accumulate(c: Components, cfg: DistilConfig, window) -> tuple[dict, Any, fl
             fold_grads(c.optimizer)
         _add_metrics(sums, result.metrics, window.policies[i])
         if micro.alignment is not None:  # cross-tokenizer: groups, bytes, unalignable tokens
-            for k, v in micro.alignment.metrics.items():
-                sums[f"align/{k}"] = sums.get(f"align/{k}", 0) + torch.tensor(float(v))
-        t_teacher, t_train = t_teacher + t1 - t0, t_train + _clock_now(acc.device) - t1
+            add_align_metrics(sums, micro.alignment.metrics, acc.device)
+        clock.add("teacher", t0, t1)
+        clock.add("train", t1, clock.mark())
         del targets, result  # released before the next micro-batch is scored
     local_ok = torch.isfinite(sums["loss_sum"]).all() if "loss_sum" in sums else True
     sums = {k: acc.reduce(v.detach().float(), reduction="sum") for k, v in sums.items()}
-    return sums, local_ok, t_teacher, t_train
+    return sums, local_ok, clock.seconds("teacher"), clock.seconds("train")
 
 
-def _clock_now(device: torch.device) -> float:
-    """perf_counter after the device's queued work (GPU kernels run asynchronously)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+def add_align_metrics(sums: dict, metrics: dict, device: torch.device) -> None:
+    """Add a micro-batch's alignment counts to `sums` as tensors on `device` (the rank's
+    device: NCCL all-reduces only device tensors)."""
+    for k, v in metrics.items():
+        sums[f"align/{k}"] = sums.get(f"align/{k}", 0) + torch.tensor(float(v), device=device)
 
 
 def _update(c: Components, cfg: DistilConfig, sums: dict) -> tuple[torch.Tensor, bool]:
     """Clip and step, unless the loss or the gradient is not finite (then skip the step)."""
     max_norm = cfg.train.max_grad_norm or float("inf")
-    grad_norm = c.accelerator.clip_grad_norm_(grad_params(c.optimizer, c.model), max_norm)
-    finite = bool(torch.isfinite(grad_norm)) and all(bool(torch.isfinite(v)) for v in sums.values())
+    acc = c.accelerator
+    grad_norm = acc.clip_grad_norm_(grad_params(c.optimizer, c.model), max_norm)
+    # one reduction and one host read for the gradient norm and every metric of the step
+    checked = [torch.as_tensor(grad_norm, device=acc.device).float().reshape(())]
+    checked += [v.float().sum().to(acc.device) for v in sums.values()]
+    finite = bool(torch.isfinite(torch.stack(checked)).all())
     if finite:
         c.optimizer.step()
+    elif getattr(acc, "scaler", None) is not None:
+        # fp16: clip_grad_norm_ has unscaled the gradients; the skipped step must still update
+        # the scaler (back off its scale, reset its per-optimizer state), else the next
+        # step's unscale_ raises and the scale never drops (gpu-readiness finding 8)
+        acc.scaler.update()
     c.optimizer.zero_grad(set_to_none=True)
     return grad_norm, finite
 
@@ -298,7 +310,9 @@ def _add_metrics(sums: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor]
 
 
 def _step_metrics(step, sums, window, grad_norm, lr, finite, t_teacher, t_train, t_step):
-    tokens = float(sums.get("tokens_count", torch.tensor(0.0)))
+    if sums:  # one device-to-host copy for every metric of the step
+        sums = dict(zip(sums, torch.stack([v.reshape(()) for v in sums.values()]).tolist()))
+    tokens = float(sums.get("tokens_count", 0.0))
     m: dict[str, Any] = {"step": step}
     for k, v in sums.items():
         if k.endswith("_sum") and "/" not in k:  # per-token means
