@@ -359,3 +359,19 @@ def test_teacher_on_another_device_than_the_student(tmp_path, make_train_config)
     # on a CPU-only machine both are "cpu", but the explicit device path is exercised
     cfg = build_config(make_train_config(teacher={"device": "cpu"}, train={"max_steps": 1}))
     assert loop.train(cfg)["skipped"] == 0
+
+
+def test_logging_only_metrics_are_computed_on_logged_steps(tmp_path, make_train_config):
+    # kl and entropy cost full-vocabulary passes per chunk: only on steps the progress prints
+    # (every log_every, and the last); the losses are those of a run that logs every step
+    runs = {}
+    for every in (1, 2):
+        raw = make_train_config(train={"max_steps": 3, "log_every": every})
+        raw["train"]["output_dir"] = str(tmp_path / f"every{every}")
+        loop.train(build_config(raw))
+        runs[every] = read_metrics(tmp_path / f"every{every}")
+    assert ["kl" in m for m in runs[1]] == [True, True, True]
+    assert ["kl" in m for m in runs[2]] == [False, True, True]
+    assert ["student_entropy" in m for m in runs[2]] == [False, True, True]
+    for a, b in zip(runs[1], runs[2], strict=True):
+        assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"]

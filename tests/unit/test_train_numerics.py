@@ -69,3 +69,16 @@ def test_alignment_counts_are_created_on_the_ranks_device(device):
     assert {v.device.type for v in sums.values()} == {device}
     if device == "cpu":
         assert sums["align/groups"].item() == 5 and sums["align/bytes"].item() == 11
+
+
+def test_loss_compile_auto_is_on_for_cuda_only(make_train_config):
+    from distil.config import build_config
+    from distil.train.setup import _compile_backend
+
+    auto = build_config(make_train_config())
+    assert _compile_backend(auto, torch.device("cuda")) == "inductor"
+    assert _compile_backend(auto, torch.device("cpu")) is None
+    on = build_config(make_train_config(loss={"compile": True}))
+    assert _compile_backend(on, torch.device("cpu")) == "inductor"
+    off = build_config(make_train_config(loss={"compile": False}))
+    assert _compile_backend(off, torch.device("cuda")) is None

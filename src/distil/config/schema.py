@@ -225,6 +225,12 @@ class LossConfig(Section):
         "fp32 log-softmax run chunk by chunk, checkpointed (auto: 2^25 / vocabulary rows, "
         "64-1024, i.e. 1024 up to a 32k vocabulary; null: unchunked, (B, T, V) fp32 logits)",
     )
+    compile: bool | Literal["auto"] = Field(
+        "auto",
+        description="fuse each chunk of forward_kl/reverse_kl/jsd with torch.compile (inductor; "
+        "one chunk shape, the last chunk padded): auto: on CUDA, off on CPU, where compiling "
+        "takes longer than it saves (docs/training.md)",
+    )
     ce_weight: float = Field(0.0, ge=0.0, description="weight of cross-entropy on data tokens")
     matched_weight: float | None = Field(
         None, ge=0.0, description="hybrid loss: weight of the matched-vocabulary term"

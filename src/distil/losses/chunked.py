@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from functools import partial
+from functools import cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -136,6 +136,27 @@ def check_temperatures(*temperatures: float) -> None:
             raise ValueError(f"temperatures must be > 0, got {value}")
 
 
+@cache
+def compiled_chunk(backend: str):
+    """`_chunk_forward` compiled once per process and backend (shapes static: one chunk size)."""
+    return torch.compile(_chunk_forward, backend=backend, dynamic=False)
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """`x` grown to `rows` rows by repeating its last row (real values: no NaN in padding)."""
+    return torch.cat([x, x[-1:].expand(rows - x.shape[0], *x.shape[1:])])
+
+
+def fp32_head(weight, bias, device_type: str):
+    """A low-precision head under autocast as an fp32 view: autocast still runs each chunk's
+    matmul in bf16, but the chunks' dW add up in fp32 (one rounding to the parameter's dtype
+    at the end of backward, not one per chunk), as Liger's fused linear losses accumulate it."""
+    low = (torch.bfloat16, torch.float16)
+    if weight is None or weight.dtype not in low or not torch.is_autocast_enabled(device_type):
+        return weight, bias
+    return weight.float(), None if bias is None else bias.float()
+
+
 def _chunk_forward(
     rows_fn: RowsFn, temperature: float, ce_weight: float, x_n, rows: Rows, weight, bias
 ):
@@ -164,6 +185,7 @@ def run_rowwise(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     ce_weight: float = 0.0,
+    compile_backend: str | None = None,
 ) -> LossOutput:
     """Apply `rows_fn` to the student's loss rows, chunked, and reduce to a `LossOutput`.
 
@@ -172,7 +194,11 @@ def run_rowwise(
     `<name>_sum` of the per-row metrics plus `loss_sum` and `tokens_count`. With no loss rows the
     loss is an exact 0 that still back-propagates (zero gradients). `ce_weight` > 0 adds that
     weight times the cross-entropy of the labels (data tokens; the loop passes it for off-policy
-    and seq-KD slices only) and reports it as `ce_sum`.
+    and seq-KD slices only) and reports it as `ce_sum`. `compile_backend` (e.g. "inductor"):
+    with several chunks, each chunk's head, upcast, `rows_fn` and cross-entropy run as one
+    `torch.compile`d graph of a fixed chunk shape (the last chunk padded with copies of its last
+    row, whose values are dropped), so the ~40 full-width elementwise passes per chunk fuse into
+    a few kernels; the values equal the eager ones up to float rounding.
     """
     check_temperatures(temperature)
     if ce_weight and labels_B_T is None:
@@ -187,15 +213,23 @@ def run_rowwise(
     n = x_N.shape[0]
     step = n if chunk_size is None else min(chunk_size, n)
     step = max(step, 1)  # n == 0 still runs one (empty) chunk so the graph stays connected
-    forward = partial(_chunk_forward, rows_fn, temperature, ce_weight)
+    if step < n:
+        weight, bias = fp32_head(weight, bias, x_N.device.type)
+    compiled = compile_backend is not None and step < n
+    forward = partial(compiled_chunk(compile_backend) if compiled else _chunk_forward, rows_fn)
+    forward = partial(forward, temperature, ce_weight)
     parts = []
     for start in range(0, max(n, 1), step):
-        rows = _rows_at(targets, labels_B_T, at_N[start : start + step])
-        chunk = (x_N[start : start + step], rows, weight, bias)
+        at_n, x_n = at_N[start : start + step], x_N[start : start + step]
+        real = x_n.shape[0]
+        if compiled and real < step:  # one chunk shape for the compiled graph: pad the last
+            at_n, x_n = _pad_rows(at_n, step), _pad_rows(x_n, step)
+        chunk = (x_n, _rows_at(targets, labels_B_T, at_n), weight, bias)
         if step < n:  # several chunks: recompute each in backward instead of storing (n, V)
-            parts.append(checkpoint(forward, *chunk, use_reentrant=False))
+            loss_n, m = checkpoint(forward, *chunk, use_reentrant=False)
         else:
-            parts.append(forward(*chunk))
+            loss_n, m = forward(*chunk)
+        parts.append((loss_n[:real], {k: v[:real] for k, v in m.items()}))
     loss_N = torch.cat([loss_n for loss_n, _ in parts])
     metrics = {
         f"{name}_sum": torch.cat([m[name] for _, m in parts]).sum().detach() for name in parts[0][1]

@@ -98,10 +98,12 @@ def gather_rows(logp_N_V: torch.Tensor, labels_N: torch.Tensor) -> torch.Tensor:
     return logp_N_V.gather(-1, labels_N.long().unsqueeze(-1)).squeeze(-1)
 
 
-def _dense_rows(kind: str, beta: float, ratio: float, logits_n_V, rows: Rows):
+def _dense_rows(kind: str, beta: float, ratio: float, diagnostics: bool, logits_n_V, rows: Rows):
     s = torch.log_softmax(logits_n_V, dim=-1)
     t = retemper(rows.logprobs_N_V, ratio)
     loss_n = divergence_rows(kind, s, t, beta)
+    if not diagnostics:  # a step that logs nothing: about a third of the full-width passes
+        return loss_n, {}
     with torch.no_grad():
         sd = s.detach()
         metrics = {
@@ -114,11 +116,13 @@ def _dense_rows(kind: str, beta: float, ratio: float, logits_n_V, rows: Rows):
     return loss_n, metrics
 
 
-def _sparse_rows(kind: str, beta: float, logits_n_V, rows: Rows):
+def _sparse_rows(kind: str, beta: float, diagnostics: bool, logits_n_V, rows: Rows):
     s = torch.log_softmax(logits_n_V, dim=-1)
     s_C = topk.student_buckets(s, rows.topk_ids_N_K)  # C = K + 1 categories
     t_C = topk.teacher_buckets(rows)
     loss_n = divergence_rows(kind, s_C, t_C, beta)
+    if not diagnostics:
+        return loss_n, {}
     with torch.no_grad():
         sd = s.detach()
         metrics = {
@@ -146,22 +150,26 @@ def divergence_loss(
     beta: float = 0.5,
     chunk_size: int | None = None,
     ce_weight: float = 0.0,
+    diagnostics: bool = True,
+    compile_backend: str | None = None,
     **unused,
 ) -> LossOutput:
     """`forward_kl`, `reverse_kl` and `jsd` (`kind`): per-position divergence, summed / num_tokens.
 
     student: logits (B, T, V) or `StudentHidden`; targets: full (B, T, V) or top-k (B, T, K) +
     rest (B, T); mask_B_T: bool loss positions; labels_B_T: realized next tokens (metrics only);
-    beta: JSD mix (ignored by the KLs); options other losses use are ignored (`**unused`).
+    beta: JSD mix (ignored by the KLs); diagnostics=False leaves out the logging-only metrics
+    (kl, entropy, log-probs of the labels; the loss and its gradient are the same);
+    compile_backend: `run_rowwise`'s; options other losses use are ignored (`**unused`).
     """
     check_temperatures(temperature, targets_temperature)
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must be in [0, 1] (0: forward KL, 1: reverse KL), got {beta}")
     if targets.is_sparse:
         topk.check_sparse_temperature(temperature, targets_temperature)
-        rows_fn = partial(_sparse_rows, kind, beta)
+        rows_fn = partial(_sparse_rows, kind, beta, diagnostics)
     elif targets.logprobs_B_T_V is not None:
-        rows_fn = partial(_dense_rows, kind, beta, targets_temperature / temperature)
+        rows_fn = partial(_dense_rows, kind, beta, targets_temperature / temperature, diagnostics)
     else:
         raise ValueError(
             f"the {kind} divergence needs the teacher's full log-probs or its top-k + rest; "
@@ -177,6 +185,7 @@ def divergence_loss(
         temperature=temperature,
         chunk_size=chunk_size,
         ce_weight=ce_weight,
+        compile_backend=compile_backend,
     )
 
 

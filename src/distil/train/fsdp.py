@@ -45,6 +45,24 @@ def check_fsdp_version() -> None:
         )
 
 
+def fsdp_plugin(precision: str):
+    """accelerate's FSDP plugin (the launcher's FSDP_* variables) with distil's mixed-precision
+    policy: parameters all-gathered and computed in bf16 (fp16), gradients reduce-scattered and
+    accumulated in fp32. accelerate's own `set_mixed_precision("bf16")` reduces in bf16 too,
+    which rounds every rank's contribution and every no_sync accumulation to 8 bits."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin()
+    if precision != "no":
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        low = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        plugin.mixed_precision_policy = MixedPrecisionPolicy(
+            param_dtype=low, reduce_dtype=torch.float32, output_dtype=low
+        )
+    return plugin
+
+
 def enable_fsdp_on_cpu(accelerator, precision: str) -> None:
     """Turn accelerate's CPU process group (MULTI_CPU, gloo) into the FSDP2 path.
 
@@ -53,14 +71,12 @@ def enable_fsdp_on_cpu(accelerator, precision: str) -> None:
     no_sync) is accelerate's ordinary FSDP2 code, so a CPU run exercises what a GPU run does.
     """
     from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from accelerate.utils import DistributedType
 
     state = AcceleratorState()
     if state.distributed_type != DistributedType.MULTI_CPU:
         return
-    plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables of the launcher
-    if precision != "no":
-        plugin.set_mixed_precision(precision)
+    plugin = fsdp_plugin(precision)
     state.fsdp_plugin = plugin
     state.distributed_type = DistributedType.FSDP
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP

@@ -95,7 +95,8 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
             lr = set_lr(c.optimizer, cfg.train, step, clock, cost.student_flops)
             window = c.buffer.next_window()
             t_shown = _maybe_print_example(c, cfg, window) if step == first else 0.0
-            sums, local_ok, t_teacher, t_train = _accumulate(c, cfg, window)
+            logs = (step + 1) % cfg.train.log_every == 0 or step + 1 >= cfg.train.max_steps
+            sums, local_ok, t_teacher, t_train = _accumulate(c, cfg, window, diagnostics=logs)
             cost.add_window(window, acc)
             t0 = time.perf_counter()
             grad_norm, finite = _update(c, cfg, sums)
@@ -198,8 +199,11 @@ def _done(step: int, clock: float, cfg: DistilConfig, cost: CostMeter) -> bool:
     )
 
 
-def _accumulate(c: Components, cfg: DistilConfig, window) -> tuple[dict, Any, float, float]:
-    """Teacher targets, loss and backward for every micro-batch of the window."""
+def _accumulate(
+    c: Components, cfg: DistilConfig, window, *, diagnostics: bool = True
+) -> tuple[dict, Any, float, float]:
+    """Teacher targets, loss and backward for every micro-batch of the window; the losses'
+    logging-only metrics (kl, entropy) only when `diagnostics` (a step the progress prints)."""
     acc = c.accelerator
     global_tokens = float(window.num_loss_tokens)
     if acc.num_processes > 1:  # one all-reduce (and host read) per step
@@ -227,7 +231,10 @@ def _accumulate(c: Components, cfg: DistilConfig, window) -> tuple[dict, Any, fl
                     vocab_size=c.vocab_size,
                     packing=cfg.train.packing,
                     pack_length=cfg.train.pack_length,
-                    loss_opts=_loss_opts(c, cfg, window.policies[i]),
+                    loss_opts={
+                        **_loss_opts(c, cfg, window.policies[i]),
+                        "diagnostics": diagnostics,
+                    },
                 )
             acc.backward(result.loss)
         if acc.num_processes == 1:  # bf16 weights: add up in fp32 (DDP: after its all-reduce)

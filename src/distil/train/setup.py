@@ -29,6 +29,7 @@ from distil.train.fsdp import (
     GatheringGenerator,
     check_launch,
     enable_fsdp_on_cpu,
+    fsdp_plugin,
     fsdp_requested,
     is_sharded,
     report_sharding,
@@ -81,11 +82,14 @@ def build_accelerator(cfg: DistilConfig):
         )
     # cpu=True on a machine without CUDA: under torchrun, accelerate then sets up gloo across
     # the processes (without it every process trains alone on its shard)
+    on_gpu = torch.cuda.is_available()
     accelerator = Accelerator(
         mixed_precision=precision,
         log_with=list(cfg.logging.trackers) or None,
         project_dir=cfg.train.output_dir,
-        cpu=not torch.cuda.is_available(),
+        cpu=not on_gpu,
+        # FSDP on GPUs: gradients reduced in fp32 (on CPU processes: enable_fsdp_on_cpu)
+        fsdp_plugin=fsdp_plugin(precision) if fsdp_requested() and on_gpu else None,
     )
     if fsdp_requested():
         enable_fsdp_on_cpu(accelerator, precision)
@@ -173,6 +177,12 @@ def _chunk_size(cfg: DistilConfig, vocab_size: int | None, student) -> int | Non
     if cfg.loss.chunk_size != "auto":
         return cfg.loss.chunk_size
     return auto_chunk_size(vocab_size or student.get_output_embeddings().weight.shape[0])
+
+
+def _compile_backend(cfg: DistilConfig, device) -> str | None:
+    """`loss.compile` as the chunked loss's torch.compile backend (None: eager)."""
+    on = cfg.loss.compile if cfg.loss.compile != "auto" else torch.device(device).type == "cuda"
+    return "inductor" if on else None
 
 
 def tokenize_examples(cfg: DistilConfig, examples, tok) -> Rows:
@@ -298,6 +308,7 @@ def build(cfg: DistilConfig) -> Components:
         "targets_temperature": cfg.loss.temperature,
         "beta": cfg.loss.beta,
         "chunk_size": _chunk_size(cfg, vocab_size, unwrapped),
+        "compile_backend": _compile_backend(cfg, accelerator.device),
         "matched_weight": cfg.loss.matched_weight,
         "unmatched_weight": cfg.loss.unmatched_weight,
     }
