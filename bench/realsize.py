@@ -19,7 +19,8 @@ graph skips (after the warm-up step all three should stay 0 for hf_static).
 
 The bare side: the same calls with no distil code: `generate` under bf16 autocast (same
 sampling: temperature 1, no top-k/top-p), one teacher forward per micro-batch under
-inference_mode, student forward + unchunked fp32 reverse KL + backward per micro-batch, clip +
+inference_mode, student forward + unchunked fp32 reverse KL (log-softmax on the loss positions
+only, as distil) + backward per micro-batch, clip +
 fused AdamW (bf16_weights: on fp32 master copies of the bf16 weights, copied back). Ratio = distil / bare per phase; MFU = FLOPs / seconds / the device's dense bf16
 peak, with FLOPs train: 6 N_student T, step: (6 + 2) N_student T + 2 N_teacher T (T the step's
 input tokens, prompts included; generation counted as 2 N per token; attention not counted).
@@ -275,18 +276,21 @@ def completion_mask(comp: torch.Tensor, eos: int) -> torch.Tensor:
 
 
 def bare_micro_step(student, teacher, seqs, attn, loss_mask, n: int, rec: dict) -> None:
+    """Teacher forward, then student forward + reverse KL + backward, log-softmax on the loss
+    positions only (the models' heads still run on every position: HF forwards do)."""
     dev = seqs.device.type
+    rows = loss_mask[:, 1:].bool()
     t0 = now(dev)
     with torch.inference_mode():
         t_logits = teacher(input_ids=seqs, attention_mask=attn, use_cache=False).logits
-        t_logp = torch.log_softmax(t_logits[:, :-1].float(), -1)
+        t_logp = torch.log_softmax(t_logits[:, :-1][rows].float(), -1)
     t_logp = t_logp.clone()  # out of inference mode
     t1 = now(dev)
     with torch.autocast(dev, dtype=torch.bfloat16):
         s_logits = student(input_ids=seqs, attention_mask=attn, use_cache=False).logits
-    s_logp = torch.log_softmax(s_logits[:, :-1].float(), -1)
-    kl = (s_logp.exp() * (s_logp - t_logp)).sum(-1)  # reverse KL per position
-    (kl * loss_mask[:, 1:]).sum().div(n).backward()
+    s_logp = torch.log_softmax(s_logits[:, :-1][rows].float(), -1)
+    kl = (s_logp.exp() * (s_logp - t_logp)).sum(-1)  # reverse KL per loss position
+    kl.sum().div(n).backward()
     rec["teacher"] += t1 - t0
     rec["student"] += now(dev) - t1
 

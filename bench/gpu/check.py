@@ -60,12 +60,12 @@ class Step:
     lines: list[str] = field(default_factory=list)  # RESULT lines and markdown table rows
 
 
-def gpu_steps(out: Path) -> list[Step]:
+def gpu_steps(out: Path, site: Path) -> list[Step]:
     """The steps of a GPU run, most important first (the budget cuts the last ones short)."""
     junit = out / "pytest.xml"
     steps = [
         Step("deps", "requirements met by what this Python imports",
-             ["bench/gpu/deps.py", "--installed"], 20),
+             ["bench/gpu/deps.py", "--installed", "--carried", str(site)], 20),
         Step("tests", "pytest -m gpu tests/gpu",
              ["-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider",
               f"--junitxml={junit}", *pytest_timeout()], 180),
@@ -175,7 +175,11 @@ def install(python: str, wheels: Path, site: Path) -> Step:
     cmd = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
            "--no-cache-dir", "--upgrade", "--target", str(site), *files]  # fmt: skip
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=step.timeout)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=step.timeout)
+    except subprocess.TimeoutExpired:
+        step.status = f"timed out after {step.timeout:.0f} s"
+        return step
     step.seconds = time.monotonic() - start
     step.status = "passed" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
     step.lines = [f"installed {len(files)} wheels into {site}", *proc.stderr.splitlines()[-5:]]
@@ -195,7 +199,11 @@ def dry_wheels(python: str, wheels: Path, logs: Path) -> Step:
     cmd = [python, "-m", "pip", "install", "--dry-run", "-q", "--no-index", "--no-deps",
            "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
            *platforms, "--target", str(logs / "dry-target"), *files]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        step.status = "timed out (pip --dry-run)"
+        return step
     if proc.returncode != 0:
         step.status = f"failed (pip --dry-run exit {proc.returncode})"
         step.lines += proc.stderr.splitlines()[-5:]
@@ -227,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         site = args.site if done[-1].status == "passed" else None
     env = child_env(site)
     wanted = set(args.only.split(",")) if args.only else None
-    for step in gpu_steps(args.out):
+    for step in gpu_steps(args.out, args.site):
         if (wanted is not None and step.name not in wanted) or (args.dry and step.name == "deps"):
             continue  # dry: the wheels step above stands for deps
         left = args.budget - (time.monotonic() - start)

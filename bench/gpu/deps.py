@@ -52,12 +52,14 @@ class Dist:
     version: Version | None  # None: an image package whose version is not known here
     source: str  # "wheel <file>", "image" or "installed"
     requires: list[str] = field(default_factory=list)
+    carried: bool = False  # one of our wheels (not the image's own package)
 
 
 @dataclass
 class Report:
     problems: list[str] = field(default_factory=list)
     unchecked: set[str] = field(default_factory=set)  # met by name only (version unknown)
+    notes: list[str] = field(default_factory=list)  # the image's own packages' requirements
     used: dict[str, Dist] = field(default_factory=dict)
 
 
@@ -66,7 +68,8 @@ def read_wheel(path: Path) -> Dist:
     with zipfile.ZipFile(path) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         msg = email.parser.Parser().parsestr(z.read(meta).decode("utf-8"))
-    return Dist(str(name), version, f"wheel {path.name}", msg.get_all("Requires-Dist") or [])
+    requires = msg.get_all("Requires-Dist") or []
+    return Dist(str(name), version, f"wheel {path.name}", requires, carried=True)
 
 
 def wheel_fits(path: Path) -> bool:
@@ -106,15 +109,18 @@ def image_dists(listing: Path) -> dict[str, Dist]:
     return out
 
 
-def installed_dists() -> dict[str, Dist]:
-    """The first distribution of each name on sys.path, as `import` would find it."""
+def installed_dists(carried: Path | None) -> dict[str, Dist]:
+    """The first distribution of each name on sys.path, as `import` would find it; those
+    under `carried` (the --target folder of the wheels) are ours."""
     from importlib.metadata import distributions
 
     out: dict[str, Dist] = {}
     for d in distributions():
         key = canonicalize_name(d.metadata["Name"] or "")
         if key and key not in out:
-            out[key] = Dist(key, Version(d.version), "installed", d.requires or [])
+            where = Path(str(d.locate_file(""))).resolve()
+            ours = carried is not None and where.is_relative_to(carried.resolve())
+            out[key] = Dist(key, Version(d.version), "installed", d.requires or [], ours)
     return out
 
 
@@ -145,10 +151,11 @@ def check(requirements: list[tuple[str, str]], available: dict[str, Dist], env: 
     """Follow `requirements` ((requirement, needed by) pairs) through `available` (name ->
     Dist); the report of what failed."""
     report = Report()
-    todo = list(requirements)
+    todo = [(r, why, False) for r, why in requirements]  # (requirement, needed by, the image's)
     seen: set[tuple[str, str]] = set()
     while todo:
-        text, why = todo.pop()
+        text, why, image_own = todo.pop()
+        problems = report.notes if image_own else report.problems
         req = Requirement(text)
         if req.marker is not None and not req.marker.evaluate({**env, "extra": ""}):
             continue
@@ -159,22 +166,21 @@ def check(requirements: list[tuple[str, str]], available: dict[str, Dist], env: 
         seen.add((str(req), extras))
         dist = available.get(key)
         if dist is None:
-            report.problems.append(f"{req} (needed by {why}): no wheel and not in the image")
+            problems.append(f"{req} (needed by {why}): no wheel and not in the image")
             continue
         report.used[key] = dist
         if dist.version is None:
             report.unchecked.add(key)
         elif req.specifier and not req.specifier.contains(dist.version, prereleases=True):
-            report.problems.append(
-                f"{req} (needed by {why}): {dist.source} has {key} {dist.version}"
-            )
+            problems.append(f"{req} (needed by {why}): {dist.source} has {key} {dist.version}")
         for sub in dist.requires:
             sub_req = Requirement(sub)
             wanted = ("", *extras)
             if sub_req.marker is None or any(
                 sub_req.marker.evaluate({**env, "extra": e}) for e in wanted
             ):
-                todo.append((str(sub_req).split(";")[0].strip(), f"{key} {dist.version}"))
+                sub_text = str(sub_req).split(";")[0].strip()
+                todo.append((sub_text, f"{key} {dist.version}", not dist.carried))
     return report
 
 
@@ -184,9 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image", type=Path, default=ROOT / "bench/gpu/image.txt")
     p.add_argument("--pins", type=Path, default=ROOT / "bench/gpu/wheels.txt")
     p.add_argument("--installed", action="store_true", help="check this interpreter's packages")
+    p.add_argument("--carried", type=Path, default=None, help="--installed: the wheels' folder")
     args = p.parse_args(argv)
     if args.installed:
-        env, available = default_environment(), installed_dists()
+        env, available = default_environment(), installed_dists(args.carried)
         report = Report()
     else:
         env, report = TARGET_ENV, Report()
@@ -202,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     where = "this interpreter" if args.installed else f"{args.wheels} + {args.image.name}"
     for line in problems:
         print(f"deps: MISSING OR CONFLICT: {line}")
+    for line in result.notes:  # not ours to fix, and not counted: the image runs as it is
+        print(f"deps: note, the image's own requirement: {line}")
     print(
         f"deps: {len(result.used)} distributions checked against {where}; "
         f"{len(from_wheels)} from wheels; {len(problems)} problem(s)"

@@ -154,7 +154,8 @@ def _realsize(out: Path) -> list[str]:
         "",
         "## Real-size check (bench/realsize.py)",
         "",
-        f"{r0['device']}: student {r0['student']} ({r0['student_params'] / 1e9:.3f}B), teacher "
+        f"{r0['device']}, size {r0['size']}: student {r0['student']} "
+        f"({r0['student_params'] / 1e9:.3f}B), teacher "
         f"{r0['teacher']} ({r0['teacher_params'] / 1e9:.3f}B), vocabulary {r0['vocab']:,}; "
         f"{r0['batch']} x {r0['grad_accum']} sequences per step, {r0['new_tokens']} new tokens, "
         f"{r0['precision']}; median of {r0['steps'] - r0['warmup']} steps after "
