@@ -1,4 +1,6 @@
-"""hf_static on CUDA with the decode step compiled (inductor, reduce-overhead: CUDA graphs).
+"""hf_static on CUDA with the decode step compiled (inductor, reduce-overhead: CUDA graphs):
+greedy tokens equal hf's, no graph break, no recompile and no CUDA-graph skip after warm-up,
+an evaluation's KV caches released afterwards.
 
 Skipped automatically without a CUDA device (tests/conftest.py).
 """
@@ -25,14 +27,18 @@ def test_compiled_cuda_graph_generator_equals_hf_and_follows_weight_updates(bpe_
     hf = HFGenerator(model, **kw)
     static = StaticCacheGenerator(model, compile=True, **kw)
     params = SamplingParams(16, temperature=0.0, n=2)
+    counters.clear()
     got = static.generate(prompts, params)
     ref = hf.generate(prompts, params)
     assert torch.equal(got.completion_ids_B_C, ref.completion_ids_B_C)
     torch.testing.assert_close(got.logprobs_B_C, ref.logprobs_B_C, atol=1e-4, rtol=0)
+    # one graph per step: no data-dependent break (a cache_position derived from the cache)
+    assert dict(counters["graph_break"]) == {}
 
     graphs = counters["stats"]["unique_graphs"]
     static.generate(prompts[::-1], params)  # same buckets: replayed, not recompiled
     assert counters["stats"]["unique_graphs"] == graphs
+    assert counters["inductor"]["cudagraph_skips"] == 0  # replayed as CUDA graphs
 
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
@@ -63,3 +69,23 @@ def test_compiled_sampling_records_the_warped_logprobs(bpe_tokenizer):
         logp = torch.log_softmax(logits.masked_fill(logits < kth, float("-inf")), -1)
         expected = logp.gather(1, torch.tensor(ids, device="cuda")[:, None])[:, 0].cpu()
         torch.testing.assert_close(out.logprobs_B_C[row, : len(ids)], expected, atol=1e-3, rtol=0)
+
+
+def test_an_evaluation_releases_its_kv_caches(bpe_tokenizer):
+    """Calls inside scratch_caches() (the in-training eval) leave the CUDA memory they
+    allocated for KV caches free afterwards; the training bucket's cache stays."""
+    model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer, seed=3).cuda()
+    prompts = [bpe_tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    static = StaticCacheGenerator(
+        model, pad_id=bpe_tokenizer.pad_token_id, stop_ids=[bpe_tokenizer.eos_token_id]
+    )
+    static.generate(prompts[:2], SamplingParams(8, temperature=0.0))  # the training bucket
+    torch.cuda.synchronize()
+    kept, allocated = static.kept_cache_bytes(), torch.cuda.memory_allocated()
+    with static.scratch_caches():
+        static.generate(prompts * 16, SamplingParams(256, temperature=0.0))  # eval-sized
+        static.generate(prompts * 8, SamplingParams(128, temperature=0.0))
+        assert static.kept_cache_bytes() > 4 * kept
+    torch.cuda.synchronize()
+    assert static.kept_cache_bytes() == kept
+    assert torch.cuda.memory_allocated() <= allocated  # the eval's caches are free again

@@ -3,9 +3,11 @@ greedy completions and log-probs equal HFGenerator's, sampled log-probs are the 
 distribution's, an optimizer step reaches the engine, LoRA students push merged weights.
 
 One engine per process (vLLM's sleep mode allows one), shared by the tests of this module.
-Models are bf16 (vLLM's attention kernels do not run fp32), so values are compared with
-bf16 tolerances; the weights are drawn with a large init range so that greedy choices are
-not near-ties.
+Models are bf16, the engine's default dtype (vLLM runs fp32 too, but only on its slower Triton
+and Flex attention backends, so distil asks for it only when generation.vllm.dtype says so),
+and values are compared with bf16 tolerances; the weights are drawn with a large init range so
+that greedy choices are not near-ties. Building the engine must leave the global RNGs as they
+were (vLLM's start-up reseeds them; distil restores them).
 """
 
 from __future__ import annotations
@@ -31,11 +33,28 @@ def student():
     return model.to("cuda", torch.bfloat16)
 
 
+RNG_STATES: dict[str, tuple] = {}
+
+
+def rng_states():
+    import random
+
+    import numpy as np
+
+    return (
+        random.getstate(),
+        np.random.get_state()[1].tolist(),
+        torch.get_rng_state(),
+        torch.cuda.get_rng_state(),
+    )
+
+
 @pytest.fixture(scope="module")
 def engine():
     from distil.generation.vllm import VLLMGenerator
 
     model = student()
+    RNG_STATES["before"] = rng_states()
     cfg = build_config(
         {
             "generation": {
@@ -45,7 +64,15 @@ def engine():
             "data": {"max_prompt_tokens": 32},
         }
     )
-    return model, VLLMGenerator.from_config(cfg, model, pad_id=0, stop_ids=STOPS)
+    gen = VLLMGenerator.from_config(cfg, model, pad_id=0, stop_ids=STOPS)
+    RNG_STATES["after"] = rng_states()
+    return model, gen
+
+
+def test_building_the_engine_leaves_the_global_rngs(engine):
+    before, after = RNG_STATES["before"], RNG_STATES["after"]
+    assert before[:2] == after[:2]  # Python, numpy
+    assert torch.equal(before[2], after[2]) and torch.equal(before[3], after[3])  # torch
 
 
 def agreeing_prefix(a, b):
