@@ -258,3 +258,44 @@ def test_validate_accepts_a_cross_tokenizer_url_config_with_top_k(make_train_con
     raw["teacher"].update({"url": "http://127.0.0.1:9/v1", "top_k": 4})
     problems, _ = preflight(build_config(raw))
     assert not any("top_k" in p for p in problems), problems
+
+
+def test_logits_in_place_of_log_probs_are_refused():
+    # vllm serve --logprobs-mode raw_logits: the same field, values of a logit scale
+    torch.manual_seed(1)
+    V, K, row = 50, 4, [3, 7, 9, 11]
+    logits = torch.randn(len(row) - 1, V) * 3 + 5
+    teacher = RemoteTeacher(FakeClient({}, K), model="m", top_k=K)
+    with pytest.raises(RemoteTeacherError, match="drop --logprobs-mode"):
+        teacher._parse(vllm_entries(logits, row, K), row)
+    # true log-probs pass, also rounded to bf16 as a bf16 server sends them (k = V: mass 1)
+    logprobs = torch.log_softmax(logits, -1).bfloat16().float()
+    teacher._parse(vllm_entries(logprobs, row, K), row)
+    whole = RemoteTeacher(FakeClient({}, V), model="m", top_k=V)
+    whole._parse(vllm_entries(logprobs, row, V), row)
+
+
+def _context_cfg(**data):
+    return build_config({**_cfg(top_k=4), "data": {"train": "d.jsonl", **data}})
+
+
+def test_the_servers_context_must_hold_the_longest_sequence_plus_one_token():
+    from distil.teacher.remote import check_context, longest_sequence
+
+    cfg = _context_cfg(max_prompt_tokens=100)  # lambda 1: on-policy, generation's length
+    longest = 100 + cfg.generation.max_new_tokens
+    assert longest_sequence(cfg) == longest
+    check_context(cfg, longest + 1, "u")
+    with pytest.raises(RemoteTeacherError, match=rf"{longest + 1} > {longest}.*--max-model-len"):
+        check_context(cfg, longest, "u")
+    off = _context_cfg(max_prompt_tokens=100, max_completion_tokens=300)
+    off.train.lambda_ = 0.0  # dataset completions and their end token
+    assert longest_sequence(off) == 100 + 301
+    # a sequence past the server's context stops before the request, naming both lengths
+    client = FakeClient({}, 2)
+    teacher = RemoteTeacher(client, model="m", top_k=2)
+    teacher.max_model_len = 5
+    ids, attn = torch.arange(1, 6)[None], torch.ones(1, 5, dtype=torch.long)
+    with pytest.raises(RemoteTeacherError, match=r"5 teacher tokens.*max_model_len = 5"):
+        teacher.score(Batch(ids, attn, ids[:, 1:], attn[:, 1:].bool(), samples=[]))
+    assert client.bodies == []

@@ -114,7 +114,9 @@ def test_a_missing_or_wrong_key_gets_401_and_health_needs_none(server):
         ({"prompt": "some text", "max_tokens": 1}, 400, "token-id prompts only"),
         ({"prompt": [1, 2], "max_tokens": 1, "prompt_logprobs": 21}, 400, "max allowed: 20"),
         ({"prompt": [1, 10**6], "max_tokens": 1}, 400, "out of vocabulary"),
-        ({"prompt": [1, 2], "max_tokens": 16}, 400, "0 or 1"),
+        ({"prompt": [1, 2], "max_tokens": 16}, 400, "give 1"),
+        ({"prompt": [1, 2], "max_tokens": 0}, 400, "max_tokens must be at least 1, got 0"),
+        ({"prompt": [1] * 512, "max_tokens": 1}, 400, "maximum context length is 512"),
         ({"prompt": [[1, 2], []], "max_tokens": 1}, 400, "at least one token"),
         ({"prompt": [1, 2], "model": "other"}, 404, "does not exist"),
         ({"prompt": [[1] * 40000, [2] * 40000], "max_tokens": 1}, 413, "over the limit"),
@@ -164,3 +166,15 @@ def test_connect_checks_model_name_vocabulary_and_key(server, keyed, bpe_tokeniz
         connect(
             _teacher_cfg(url, teacher, key_env=None), bpe_tokenizer, vocab_limit=None, policy=FAST
         )
+
+
+def test_connect_refuses_a_run_longer_than_the_servers_context(server, keyed, bpe_tokenizer):
+    url, teacher = server
+    card = httpx.get(url + "/models", headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert card["data"][0]["max_model_len"] == 512  # the tiny model's max_position_embeddings
+    cfg = _teacher_cfg(url, teacher)
+    cfg.data.max_prompt_tokens = 512 - cfg.generation.max_new_tokens - 1
+    assert connect(cfg, bpe_tokenizer, vocab_limit=None, policy=FAST).max_model_len == 512
+    cfg.data.max_prompt_tokens += 1  # the longest sequence leaves no room for max_tokens 1
+    with pytest.raises(RemoteTeacherError, match=r"max_model_len = 512.*513 > 512"):
+        connect(cfg, bpe_tokenizer, vocab_limit=None, policy=FAST)

@@ -22,6 +22,7 @@ becomes one row.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -119,6 +120,18 @@ def unpack(y_R_P: torch.Tensor, plan: PackPlan) -> torch.Tensor:
     out = flat.index_select(0, source_BL.to(flat.device))
     out.masked_fill_(padding_BL.to(flat.device).reshape(-1, *([1] * len(tail))), 0)
     return out.reshape(b, l_, *tail)
+
+
+@contextmanager
+def head_bypassed(model: torch.nn.Module):
+    """Temporarily replace the output embedding with identity, so `model_forward` returns the
+    final hidden states; yields the real head (teachers apply it to the rows they need)."""
+    head = model.get_output_embeddings()
+    model.set_output_embeddings(torch.nn.Identity())
+    try:
+        yield head
+    finally:
+        model.set_output_embeddings(head)
 
 
 def sequence_lengths(attention_mask_B_L: torch.Tensor) -> list[int]:

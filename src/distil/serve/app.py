@@ -3,8 +3,10 @@
   GET  /health          200 {} (no key needed, as vLLM's)
   GET  /v1/models       {"object": "list", "data": [{"id": NAME, "max_model_len", ...}]}
   POST /v1/completions  token-id prompts (one list or a list of lists), `prompt_logprobs: K`
-                        (0..--max-logprobs), `max_tokens` 0 or 1 (nothing is generated:
-                        `text` is ""), each choice with `prompt_logprobs` as vLLM's
+                        (0..--max-logprobs, no cap with -1), `max_tokens` 1 (nothing is
+                        generated: `text` is ""; 0 is refused, as vLLM does), each choice
+                        with `prompt_logprobs` as vLLM's; a prompt needs room for that one
+                        token within `max_model_len` (as vLLM: at most max_model_len - 1)
 
 Mistakes get a 4xx with `{"error": {"message", "type", "code"}}` (vLLM's shape) and the
 server stays up: 400 for a malformed body or a bad value, 401 for a missing or wrong bearer
@@ -36,7 +38,7 @@ class CompletionRequest(BaseModel):
 
 @dataclass(frozen=True)
 class Limits:
-    max_logprobs: int = 20  # largest prompt_logprobs a request may ask for (vLLM's default)
+    max_logprobs: int = 20  # largest prompt_logprobs a request may ask for (vLLM's); -1: no cap
     max_tokens_per_request: int = 65536  # prompt tokens over all prompts of one request
     max_body_bytes: int = 16 << 20  # the request body, checked before it is parsed
 
@@ -59,14 +61,15 @@ def build_app(scorer, *, model_name: str, api_key: str | None, limits: Limits, m
             "created": int(time.time()),
             "owned_by": "distil",
             "root": model_name,
-            "max_model_len": max_model_len,
             "vocab_size": scorer.vocab_size,
         }
+        if max_model_len is not None:  # vLLM's card has it; a client checks its lengths
+            card["max_model_len"] = max_model_len
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
     def completions(req: CompletionRequest):
-        problem = check_request(req, model_name, scorer.vocab_size, limits)
+        problem = check_request(req, model_name, scorer.vocab_size, limits, max_model_len)
         if problem is not None:
             return error(*problem)
         prompts = _prompts(req)
@@ -147,19 +150,22 @@ def _completion_response(req, prompts, scored, model_name: str):
     )
 
 
-def check_request(req, model_name: str, vocab_size: int, limits: Limits):
+def check_request(req, model_name: str, vocab_size: int, limits: Limits, max_model_len=None):
     """(status, message) for a request this server will not score, else None."""
     if req.model is not None and req.model != model_name:
         return 404, f"The model `{req.model}` does not exist (this server serves {model_name!r})."
     if req.stream:
         return 400, "`prompt_logprobs` are not available when `stream=True`."
-    if req.max_tokens not in (0, 1):
-        return 400, f"max_tokens = {req.max_tokens}: this server scores prompts only (0 or 1)."
+    if req.max_tokens is not None and req.max_tokens < 1:
+        return 400, f"max_tokens must be at least 1, got {req.max_tokens}."  # vLLM's answer
+    if req.max_tokens != 1:
+        return 400, f"max_tokens = {req.max_tokens}: this server scores prompts only (give 1)."
     k = req.prompt_logprobs
-    if k is not None and not 0 <= k <= min(limits.max_logprobs, vocab_size):
+    cap = vocab_size if limits.max_logprobs == -1 else min(limits.max_logprobs, vocab_size)
+    if k is not None and not 0 <= k <= cap:
         return 400, (
             f"Requested prompt logprobs of {k}, which is greater than max allowed: "
-            f"{limits.max_logprobs} (restart with --max-logprobs to allow more)"
+            f"{cap} (restart with --max-logprobs to allow more, -1 for no cap)"
             if k > 0
             else f"`prompt_logprobs` must be a positive value, got {k}."
         )
@@ -171,6 +177,12 @@ def check_request(req, model_name: str, vocab_size: int, limits: Limits):
         return 413, (
             f"{total} prompt tokens in one request, over the limit of "
             f"{limits.max_tokens_per_request} (--max-tokens-per-request); send fewer sequences"
+        )
+    longest = max((len(p) for p in prompts), default=0)
+    if max_model_len is not None and longest + 1 > max_model_len:
+        return 400, (  # vLLM's wording: the prompt and its one token must fit
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {longest + 1} tokens ({longest} in the messages, 1 in the completion)."
         )
     bad = next((t for p in prompts for t in p if not 0 <= t < vocab_size), None)
     if bad is not None:

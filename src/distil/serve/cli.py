@@ -43,11 +43,30 @@ def add_serve_teacher(sub, positive_int) -> None:
     )
     p.add_argument(
         "--max-logprobs",
-        type=positive_int,
+        type=_logprobs_cap,
         default=20,
-        help="largest prompt_logprobs a request may ask for (default: 20, as vLLM)",
+        help="largest prompt_logprobs a request may ask for (default: 20, as vLLM; -1: no cap)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=None,
+        help="longest prompt + 1 token (default: the model's max_position_embeddings); sent in "
+        "/v1/models as vLLM does",
     )
     p.set_defaults(func=_serve_teacher)
+
+
+def _logprobs_cap(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < -1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number >= 0, or -1 for no cap")
+    return value
 
 
 def _serve_teacher(args) -> int:
@@ -75,7 +94,7 @@ def _serve_teacher(args) -> int:
     limits = Limits(
         max_logprobs=args.max_logprobs, max_tokens_per_request=args.max_tokens_per_request
     )
-    max_len = getattr(model.config, "max_position_embeddings", None)
+    max_len = args.max_model_len or getattr(model.config, "max_position_embeddings", None)
     scorer = PromptScorer(model, tok, max_batch=args.max_batch)
     app = build_app(scorer, model_name=name, api_key=api_key, limits=limits, max_model_len=max_len)
     print(

@@ -3,7 +3,9 @@
 Each prompt's entry p (p >= 1) describes the distribution predicting token p: the K most
 likely ids with their log-probs and 1-based ranks, plus the prompt's own token p (as vLLM
 does, so a client always finds the realised token's log-prob). Entry 0 is None. Log-softmax
-is taken in fp32 over the full vocabulary before the top-k, as `LiveTeacher` does.
+is taken in fp32 over the full vocabulary before the top-k, as `LiveTeacher` does: the head is
+bypassed in the forward and applied `losses.chunked.auto_chunk_size(V)` positions at a time, so
+the (B, L, V) logits of a request never exist at once.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import threading
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 
 from distil.data.crosstok import right_pad
-from distil.data.packing import model_forward
+from distil.data.packing import head_bypassed, model_forward
+from distil.losses.chunked import auto_chunk_size
 
 MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps its log-probs the same way
 
@@ -44,25 +48,35 @@ class PromptScorer:
 
     @torch.inference_mode()
     def _score_batch(self, prompts: list[list[int]], k: int) -> list[list[dict | None]]:
+        """One forward with the head bypassed; head + fp32 log-softmax on the scored positions
+        (every prompt position but the last), `auto_chunk_size(V)` of them at a time."""
         ids, attn = right_pad(prompts, self.pad_id)
         with self._lock:
-            logits = model_forward(
-                self.model, ids.to(self.device), attn.to(self.device), packing=False
-            )[:, :-1]
-            results = []
-            for r, row in enumerate(prompts):
-                n = len(row) - 1
-                lp = torch.log_softmax(logits[r, :n].float(), dim=-1)
-                results.append(self._entries(lp, row, k))
+            with head_bypassed(self.model) as head:
+                hidden_B_L_H = model_forward(
+                    self.model, ids.to(self.device), attn.to(self.device), packing=False
+                )
+            nxt_B_L = ids.to(self.device)
+            row_N = torch.cat([torch.full((len(r) - 1,), b) for b, r in enumerate(prompts)])
+            pos_N = torch.cat([torch.arange(len(r) - 1) for r in prompts])
+            row_N, pos_N = row_N.to(self.device), pos_N.to(self.device)
+            step = auto_chunk_size(self.vocab_size)
+            parts = []
+            for s in range(0, len(row_N), step):
+                r, p = row_N[s : s + step], pos_N[s : s + step]
+                logits_n_V = F.linear(hidden_B_L_H[r, p], head.weight, getattr(head, "bias", None))
+                lp_n_V = torch.log_softmax(logits_n_V.float(), dim=-1)
+                parts.append(_top_and_realised(lp_n_V, nxt_B_L[r, p + 1], k))
+        vals, top, tok_lp, rank = ([x for part in parts for x in part[i]] for i in range(4))
+        results, at = [], 0
+        for row in prompts:
+            n = len(row) - 1
+            sl = slice(at, at + n)
+            results.append(self._entries(row, vals[sl], top[sl], tok_lp[sl], rank[sl]))
+            at += n
         return results
 
-    def _entries(self, lp_N_V: torch.Tensor, row: list[int], k: int) -> list[dict | None]:
-        nxt = torch.tensor(row[1:], device=lp_N_V.device, dtype=torch.long)
-        tok_lp = lp_N_V.gather(-1, nxt[:, None])[:, 0]
-        rank = (lp_N_V > tok_lp[:, None]).sum(-1) + 1  # 1-based, as vLLM's
-        vals, top = lp_N_V.topk(k, dim=-1) if k else (lp_N_V[:, :0], nxt[:, None][:, :0])
-        vals, top = vals.clamp(min=MIN_LOGPROB).tolist(), top.tolist()
-        tok_lp, rank = tok_lp.clamp(min=MIN_LOGPROB).tolist(), rank.tolist()
+    def _entries(self, row: list[int], vals, top, tok_lp, rank) -> list[dict | None]:
         entries: list[dict | None] = [None]
         for p, token in enumerate(row[1:]):
             entry = {
@@ -77,3 +91,16 @@ class PromptScorer:
                 }
             entries.append(entry)
         return entries
+
+
+def _top_and_realised(lp_n_V: torch.Tensor, nxt_n: torch.Tensor, k: int):
+    """Lists of (top-k log-probs, top-k ids, realised log-prob, its 1-based rank) per row."""
+    tok_lp = lp_n_V.gather(-1, nxt_n[:, None])[:, 0]
+    rank = (lp_n_V > tok_lp[:, None]).sum(-1) + 1  # 1-based, as vLLM's
+    vals, top = lp_n_V.topk(k, dim=-1) if k else (lp_n_V[:, :0], nxt_n[:, None][:, :0])
+    return (
+        vals.clamp(min=MIN_LOGPROB).tolist(),
+        top.tolist(),
+        tok_lp.clamp(min=MIN_LOGPROB).tolist(),
+        rank.tolist(),
+    )

@@ -15,12 +15,11 @@ log-probs, or PAD_LOGPROB top-k). Targets are moved to the student's device at t
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
-from distil.data.packing import model_forward
+from distil.data.packing import head_bypassed, model_forward
 from distil.errors import DistilError
 from distil.losses.chunked import auto_chunk_size
 from distil.teacher.base import sparse_topk
@@ -157,17 +156,6 @@ def scored_positions(batch: Batch, shape_B_T: tuple[int, int]) -> torch.Tensor:
     keep = proj_N >= 0
     rows_B_T[a.proj_row_N[keep], proj_N[keep]] = True
     return rows_B_T
-
-
-@contextmanager
-def head_bypassed(model: torch.nn.Module):
-    """Temporarily replace the output embedding with identity; yields the real head."""
-    head = model.get_output_embeddings()
-    model.set_output_embeddings(torch.nn.Identity())
-    try:
-        yield head
-    finally:
-        model.set_output_embeddings(head)
 
 
 def _head_params(head, vocab_size: int | None):

@@ -12,11 +12,15 @@ rest = log(1 - sum exp(top-k)) (`base.rest_logprob`), and the realised token's l
 Servers return log-probs at temperature 1 (vLLM's prompt log-probs are the raw model's), so
 `loss.temperature` must be 1. Sequences go `SEQUENCES_PER_REQUEST` to a request, `CONCURRENCY`
 requests at a time; `remote_client.py` retries. Before the first step `connect` checks the
-server: reachable, serving `teacher.path`, and with this tokenizer's vocabulary (a probe).
+server: reachable, serving `teacher.path`, a `max_model_len` (when its card says) that holds the
+run's longest sequence plus the one token of `max_tokens: 1`, and this tokenizer's vocabulary (a
+probe). Every answer must be log-probs: top-k whose logsumexp exceeds 0 (beyond rounding) are
+logits (`vllm serve --logprobs-mode raw_logits`) and are refused.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -32,6 +36,7 @@ SEQUENCES_PER_REQUEST = 8
 CONCURRENCY = 8
 PAD_LOGPROB = -30.0  # targets at padding positions: finite, masked out by every loss
 PROBE_TOKENS = 12  # ids spread over the vocabulary sent once at start
+LOGSUMEXP_SLACK = 1e-3  # top-k log-probs may sum past 0 by rounding (bf16 servers), not more
 
 
 class RemoteTeacher:
@@ -50,6 +55,7 @@ class RemoteTeacher:
         self.client, self.model, self.top_k = client, model, top_k
         self.temperature = 1.0
         self.vocab_limit = vocab_limit  # ids at or above it cannot index the student's logits
+        self.max_model_len: int | None = None  # the server's context, when its card says
         self.sequences_per_request, self.concurrency = sequences_per_request, concurrency
 
     @classmethod
@@ -64,6 +70,16 @@ class RemoteTeacher:
         if batch.teacher_input_ids_B_L is not None:
             ids, attn = batch.teacher_input_ids_B_L, batch.teacher_attention_mask_B_L
         rows = [_unpadded(ids[b], attn[b]) for b in range(ids.shape[0])]
+        longest = max((len(r) for r in rows), default=0)
+        if self.max_model_len is not None and longest + 1 > self.max_model_len:
+            raise RemoteTeacherError(
+                f"a sequence of {longest} teacher tokens does not fit the teacher server's "
+                f"max_model_len = {self.max_model_len} with room for max_tokens 1 (the server "
+                "would refuse it). Fix: restart the server with a larger --max-model-len, or "
+                "lower data.max_prompt_tokens / data.max_completion_tokens / "
+                "generation.max_new_tokens (a cross-tokenizer teacher's tokens can outnumber "
+                "the student's)"
+            )
         n = self.sequences_per_request
         chunks = [rows[i : i + n] for i in range(0, len(rows), n)]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(chunks))) as pool:
@@ -136,6 +152,7 @@ class RemoteTeacher:
             )
         if not (torch.isfinite(lps).all() and torch.isfinite(token).all()):
             raise self._unusable("it returned NaN or infinite log-probs")
+        check_logprobs(lps, self.client.url)
         return ids, lps.clamp(min=-1e4), token.clamp(min=-1e4)
 
     def _hint(self) -> str:
@@ -150,6 +167,24 @@ class RemoteTeacher:
             f"the teacher server at {self.client.url} answered POST /completions with something "
             f"distil cannot use: {what}. Check that it is an OpenAI-compatible server that "
             "supports prompt_logprobs on token-id prompts (vLLM, distil serve-teacher)"
+        )
+
+
+def check_logprobs(top_lps_n_K: torch.Tensor, url: str) -> None:
+    """Log-probs of one distribution have logsumexp <= 0 over any subset; logits do not.
+    `vllm serve --logprobs-mode raw_logits` (or processed_logits) returns logits in the same
+    field, which would pass every other check and silently become wrong targets."""
+    if not len(top_lps_n_K):
+        return
+    mass_n = torch.logsumexp(top_lps_n_K.double(), dim=-1)
+    if float(mass_n.max()) > LOGSUMEXP_SLACK:
+        p = int(mass_n.argmax())
+        raise RemoteTeacherError(
+            f"the teacher server at {url} returned prompt_logprobs whose top-k probabilities "
+            f"sum to {math.exp(min(float(mass_n[p]), 700.0)):.4g} > 1 (logsumexp "
+            f"{float(mass_n[p]):.4g} at position {p + 1}): these are logits, not log-probs. "
+            "Fix: the server returns logits: drop --logprobs-mode (vllm serve's default "
+            "raw_logprobs is what distil needs)"
         )
 
 
@@ -192,9 +227,44 @@ def connect(
             "they are not the same vocabulary. Fix: set teacher.tokenizer to the served "
             "model's tokenizer"
         )
+    max_model_len = cards[name].get("max_model_len")  # vLLM sends it
+    max_model_len = max_model_len if isinstance(max_model_len, int) else None
+    if max_model_len is not None:
+        check_context(cfg, max_model_len, client.url)
     teacher = RemoteTeacher(client, model=name, top_k=t.top_k, vocab_limit=vocab_limit)
+    teacher.max_model_len = max_model_len
     probe(teacher, teacher_tok)
     return teacher
+
+
+def longest_sequence(cfg) -> int:
+    """The most tokens one scored sequence can hold: the prompt limit plus the longest
+    completion of the run's sources (dataset completions off-policy, generated ones on-policy
+    or with seq-KD)."""
+    completion = 0
+    if cfg.train.lambda_ < 1.0 and not cfg.train.seq_kd:
+        completion = cfg.data.max_completion_tokens + 1  # + its end token
+    if cfg.train.lambda_ > 0.0 or cfg.train.seq_kd:
+        completion = max(completion, cfg.generation.max_new_tokens)
+    return cfg.data.max_prompt_tokens + completion
+
+
+def check_context(cfg, max_model_len: int, url: str) -> None:
+    """vLLM answers a prompt of n tokens with `max_tokens: 1` only when n + 1 <= max_model_len
+    (a 400 otherwise): refuse at start a run whose longest sequence does not fit, rather than
+    stopping hours in at the first sequence that reaches it."""
+    longest = longest_sequence(cfg)
+    if longest + 1 > max_model_len:
+        raise RemoteTeacherError(
+            f"the teacher server at {url} serves a context of max_model_len = {max_model_len} "
+            f"tokens, but this run's sequences can hold {longest} (data.max_prompt_tokens = "
+            f"{cfg.data.max_prompt_tokens} + the longest completion) and each needs room for "
+            f"max_tokens 1: {longest + 1} > {max_model_len}. Fix: restart the server with "
+            f"--max-model-len {longest + 1} or more (vllm serve, distil serve-teacher), or lower "
+            "data.max_prompt_tokens / data.max_completion_tokens / generation.max_new_tokens. "
+            "Cross-tokenizer pairs count teacher tokens: leave some room for a longer teacher "
+            "tokenization"
+        )
 
 
 def _only_served(served: list, url: str) -> str:
