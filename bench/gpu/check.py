@@ -68,7 +68,7 @@ def gpu_steps(out: Path, site: Path) -> list[Step]:
              ["bench/gpu/deps.py", "--installed", "--carried", str(site)], 20),
         Step("tests", "pytest -m gpu tests/gpu",
              ["-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider",
-              f"--junitxml={junit}", *pytest_timeout()], 180),
+              f"--junitxml={junit}", *pytest_extras()], 200),
     ]  # fmt: skip
     for backend, timeout in (("hf", 80), ("hf_static", 120)):  # hf_static compiles first
         reuse = ["--bare-json", str(out / "realsize-hf.json")] if backend != "hf" else []
@@ -97,11 +97,18 @@ def gpu_steps(out: Path, site: Path) -> list[Step]:
     return steps
 
 
-def pytest_timeout() -> list[str]:
-    """A per-test timeout where pytest-timeout is installed (the GPU image has it)."""
+def pytest_extras() -> list[str]:
+    """Where the GPU image's plugins are there: a per-test timeout (pytest-timeout) and, on a
+    CUDA machine, 4 workers (pytest-xdist; one module per worker, so that a module's shared
+    engine or server stays in one process)."""
     import importlib.util
 
-    return ["--timeout=120"] if importlib.util.find_spec("pytest_timeout") else []
+    import torch
+
+    out = ["--timeout=120"] if importlib.util.find_spec("pytest_timeout") else []
+    if importlib.util.find_spec("xdist") and torch.cuda.is_available():
+        out += ["-n", "4", "--dist", "loadfile"]
+    return out
 
 
 def child_env(site: Path | None) -> dict[str, str]:
@@ -148,8 +155,9 @@ def run_step(step: Step, python: str, env: dict, logs: Path, left: float) -> Non
 
 
 def stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the step's process group, SIGKILL after 10 s."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+    """SIGINT the step's process group (pytest then writes its report of the tests so far),
+    SIGTERM after 15 s, SIGKILL after 10 more."""
+    for sig, wait in ((signal.SIGINT, 15), (signal.SIGTERM, 10), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
