@@ -178,3 +178,39 @@ def test_realsize_runs_end_to_end_at_tiny_sizes_on_the_cpu(tmp_path):
         assert all(r[side][k] > 0 for k in ("generate", "teacher", "student", "optimizer"))
     assert r["decode"]["graph_breaks_after"] == 0 and r["mfu"]["train"] is None  # CPU: no peak
     assert "RESULT realsize hf: step" in run.stdout
+
+
+def test_make_test_gpu_lists_a_missing_extra_and_fails_with_strict(monkeypatch):
+    """tests/gpu/conftest.py's hooks, called as pytest calls them on a CUDA machine."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("gpu_conftest", ROOT / "tests/gpu/conftest.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    skip = "could not import 'vllm': No module named 'vllm'"
+    hooks.pytest_collectreport(
+        SimpleNamespace(skipped=True, nodeid="tests/gpu/test_vllm.py", longrepr=("f", 1, skip))
+    )
+    flash = "Skipped: flash-attn is not installed"
+    hooks.pytest_runtest_logreport(
+        SimpleNamespace(skipped=True, nodeid="tests/gpu/test_p.py::t", longrepr=("f", 2, flash))
+    )
+    hooks.pytest_runtest_logreport(  # a skip for another reason is not an extra
+        SimpleNamespace(skipped=True, nodeid="tests/gpu/test_p.py::u", longrepr=("f", 3, "2 GPUs"))
+    )
+    assert hooks._not_run == {
+        "vllm": ["tests/gpu/test_vllm.py"],
+        "flash-attn": ["tests/gpu/test_p.py::t"],
+    }
+    lines = []
+    reporter = SimpleNamespace(section=lambda *a, **k: None, write_line=lines.append)
+    hooks.pytest_terminal_summary(reporter)
+    assert any(x.startswith("missing: vllm (1 tests)") for x in lines)
+    session = SimpleNamespace(exitstatus=0)
+    hooks.pytest_sessionfinish(session, 0)
+    assert session.exitstatus == 0  # reported, not failed, unless DISTIL_GPU_STRICT=1
+    monkeypatch.setenv("DISTIL_GPU_STRICT", "1")
+    hooks.pytest_sessionfinish(session, 0)
+    assert session.exitstatus == pytest.ExitCode.TESTS_FAILED
