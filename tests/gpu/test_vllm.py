@@ -153,3 +153,47 @@ def test_lora_student_samples_with_merged_weights(engine):
     prefix = agreeing_prefix(got.completion_ids_B_C[:, :width], want.completion_ids_B_C[:, :width])
     assert prefix.float().mean() >= 0.9 * width
     assert not any(getattr(m, "merged", False) for m in lora.modules())
+
+
+def test_async_windows_with_the_engine_equal_the_sync_windows(engine):
+    """generation.async drives the engine from its worker thread, on a side stream, through a
+    copy of the generator over the weight snapshot (vllm-conformance A20). With the weights
+    held still and per-call seeds, its windows are the synchronous buffer's."""
+    from distil.train.async_gen import AsyncWindows
+    from distil.train.buffer import GenerationBuffer, PromptSide
+    from distil.types import Example
+
+    model, gen = engine
+
+    def buffer():
+        b = GenerationBuffer(
+            [Example(i, f"prompt {i}", f"answer {i}") for i in range(24)],
+            PromptSide([[100 + i, 7, 9 + i % 5] for i in range(24)], gen),
+            completion_ids=[[200 + i, STOPS[0]] for i in range(24)],
+            params=SamplingParams(16, temperature=1.0, top_k=50, n=2),
+            per_device_batch_size=4,
+            grad_accum_steps=2,
+            lambda_=1.0,
+            pad_id=0,
+            seed=0,
+        )
+        b.seeded = True
+        return b
+
+    def rows(window):
+        ids = [s.completion_ids for b in window.micro_batches for s in b.samples]
+        width = max(len(r) for r in ids)
+        return torch.tensor([r + [-1] * (width - len(r)) for r in ids])
+
+    steps = 6
+    sync = buffer()
+    want = [rows(sync.next_window()) for _ in range(steps)]  # before: one engine, one caller
+    source = AsyncWindows(buffer(), model, max_steps=steps)
+    try:
+        got = [rows(source.next_window()) for _ in range(steps)]
+    finally:
+        source.close()
+    for w, g in zip(want, got, strict=True):
+        width = min(w.shape[1], g.shape[1])
+        prefix = agreeing_prefix(w[:, :width], g[:, :width])
+        assert prefix.float().mean() >= 0.9 * width, prefix  # bf16 kernels: rare late flips

@@ -386,6 +386,29 @@ def test_sleep_level_0_never_sleeps(fake_vllm):
     assert gen.llm.kwargs["enable_sleep_mode"] is False
 
 
+@pytest.mark.parametrize("level", [1, 2])
+def test_copies_of_the_generator_share_what_the_engine_holds(fake_vllm, level):
+    """generation.async samples with a copy of the generator over the weight snapshot: the
+    copies drive one engine, so each must know whether it sleeps and whose weights it holds."""
+    import copy
+
+    student, other = tiny_llama(V), tiny_llama(V, seed=5)
+    greedy = SamplingParams(8, temperature=0.0)
+    gen = make(student, sleep_level=level)
+    first = gen.generate(PROMPTS, greedy)
+    twin = copy.copy(gen)
+    twin.sync_weights(other)  # pushes the other weights into the shared engine
+    got_twin = twin.generate(PROMPTS, greedy)
+    got = gen.generate(PROMPTS, greedy)  # must wake the engine and push its weights again
+    for model, rollout in ((other, got_twin), (student, got)):
+        want = HFGenerator(model, pad_id=0, stop_ids=[5, 6]).generate(PROMPTS, greedy)
+        width = want.completion_ids_B_C.shape[1]
+        assert torch.equal(rollout.completion_ids_B_C[:, :width], want.completion_ids_B_C)
+        assert torch.allclose(rollout.logprobs_B_C[:, :width], want.logprobs_B_C, atol=1e-5)
+    assert torch.equal(first.logprobs_B_C, got.logprobs_B_C)
+    assert not torch.allclose(got.logprobs_B_C, got_twin.logprobs_B_C, atol=1e-3)
+
+
 # ---- config errors ------------------------------------------------------------------------
 
 

@@ -33,6 +33,7 @@ import re
 import tempfile
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -180,8 +181,9 @@ class VLLMGenerator:
         self.workdir = workdir  # keeps the engine's config directory alive
         self.calls = 0  # generate calls made
         self.weights_version = 0  # weight pushes made
-        self._engine_fingerprint = None  # the student's state the engine holds (None: none)
-        self._asleep: set[str] = set()
+        # what the engine holds: shared by copies of this generator (generation.async samples
+        # with a copy over the weight snapshot), since they drive the one engine
+        self._engine = _EngineState()
         self._sleep()
 
     @classmethod
@@ -281,7 +283,7 @@ class VLLMGenerator:
 
     def _push_if_stale(self) -> None:
         fingerprint = weights_fingerprint(self.model)
-        if fingerprint == self._engine_fingerprint:
+        if fingerprint == self._engine.fingerprint:
             return
         self._wake(["weights"])
         missing = self.llm.apply_model(partial(_load_weights, weights=named_weights(self.model)))
@@ -292,24 +294,30 @@ class VLLMGenerator:
                 "engine's model (an unsupported architecture or wrapper)"
             )
         self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
-        self._engine_fingerprint = fingerprint
+        self._engine.fingerprint = fingerprint
         self.weights_version += 1
 
     def _wake(self, tags: Sequence[str] = _TAGS) -> None:
-        todo = [t for t in tags if t in self._asleep]
+        todo = [t for t in tags if t in self._engine.asleep]
         if todo:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # hand the training's cached blocks to the engine
             self.llm.wake_up(tags=todo)
-            self._asleep -= set(todo)
+            self._engine.asleep -= set(todo)
 
     def _sleep(self) -> None:
-        if self.sleep_level == 0 or self._asleep:
+        if self.sleep_level == 0 or self._engine.asleep:
             return
         self.llm.sleep(level=self.sleep_level)
-        self._asleep = set(_TAGS)
+        self._engine.asleep = set(_TAGS)
         if self.sleep_level == 2:  # level 2 discards the weights: push them again
-            self._engine_fingerprint = None
+            self._engine.fingerprint = None
+
+
+@dataclass
+class _EngineState:
+    asleep: set[str] = field(default_factory=set)  # memory tags the engine has put to sleep
+    fingerprint: tuple | None = None  # the weights the engine holds (None: none / discarded)
 
 
 def _load_weights(model, weights) -> set[str]:
