@@ -14,6 +14,7 @@ from pathlib import Path
 
 from distil.demo.cli import add_demo
 from distil.errors import ConfigError, DistilError
+from distil.plan.cli import add_plan
 from distil.serve.cli import add_serve_teacher
 from distil.teacher.cli import add_cache_teacher, add_generate
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_teacher(sub, _positive_int)
     add_generate(sub, _positive_int)
     add_serve_teacher(sub, _positive_int)
+    add_plan(sub, _positive_int)
     return p
 
 

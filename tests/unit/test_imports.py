@@ -128,6 +128,7 @@ LAYERS = {
     "distil.teacher": 4,
     "distil.serve": 4,
     "distil.preflight": 5,
+    "distil.plan": 5,
     "distil.train": 6,
     "distil": 7,
     "distil.cli": 7,
@@ -136,6 +137,7 @@ LAYERS = {
     "distil.testing": 7,
     "distil.teacher.cli": 7,
     "distil.serve.cli": 7,
+    "distil.plan.cli": 7,
 }
 SHARED_KERNELS = {"distil.models", "distil.align"}  # the L2 rooms their siblings may import
 

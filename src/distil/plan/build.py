@@ -1,0 +1,158 @@
+"""`make_plan(cfg, target)`: the models' shapes, every phase on every device, the peak, whether
+it fits, and the time a step takes at the target's peak compute and bandwidth."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from distil.config import DistilConfig
+from distil.errors import ConfigError
+from distil.plan import phases as ph
+from distil.plan.shapes import ModelShape, model_shape
+from distil.plan.sizes import Sizes, sizes
+from distil.plan.target import Target
+
+# phases that run once per micro-batch (the others once per optimizer step)
+PER_MICRO = ("teacher scoring", "student fwd/bwd + loss")
+
+
+@dataclass
+class DevicePlan:
+    name: str
+    usable: int
+    phases: list[ph.Phase]
+
+    @property
+    def peak_phase(self) -> ph.Phase:
+        return max(self.phases, key=lambda p: p.peak)
+
+    @property
+    def peak(self) -> int:
+        return self.peak_phase.peak
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.usable
+
+
+@dataclass
+class Plan:
+    target: Target
+    student: ModelShape
+    teacher: ModelShape | None
+    sizes: Sizes
+    devices: list[DevicePlan]
+    suggestions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return all(d.fits for d in self.devices)
+
+    @property
+    def worst(self) -> DevicePlan:
+        return max(self.devices, key=lambda d: d.peak / max(d.usable, 1))
+
+    @property
+    def largest(self):
+        """(device, phase, term) of the largest term of the worst device's peak phase."""
+        d = self.worst
+        phase = d.peak_phase
+        return d, phase, max(phase.terms, key=lambda t: t.bytes)
+
+    def step_phases(self) -> list[tuple[str, float]]:
+        """(phase, seconds a step spends in it) on the student's device, eval excluded."""
+        out = []
+        for p in self.devices[0].phases:
+            if p.name == "eval":
+                continue
+            out.append((p.name, p.seconds * (self.sizes.accum if p.name in PER_MICRO else 1)))
+        return out
+
+    @property
+    def step_seconds(self) -> float:
+        return sum(s for _, s in self.step_phases())
+
+    @property
+    def tokens_per_step(self) -> int:
+        z = self.sizes
+        return z.batch * z.seq * z.accum * self.target.gpus
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / max(self.step_seconds, 1e-12)
+
+    @property
+    def bound(self) -> str:
+        return max(self.step_phases(), key=lambda x: x[1])[0]
+
+
+def shapes(cfg: DistilConfig) -> tuple[ModelShape, ModelShape | None]:
+    """The student's and (when a run reads it) the teacher's shapes, from config.json only."""
+    if not cfg.student.path:
+        raise ConfigError(
+            "student.path is not set. Fix: set it to a model directory, a config.json file or "
+            "a hub id (distil plan reads only its config.json)"
+        )
+    s = model_shape(cfg.student.path, key="student.path",
+                    trust_remote_code=cfg.student.trust_remote_code)  # fmt: skip
+    t = None
+    if cfg.teacher.path and not cfg.teacher.url:
+        t = model_shape(cfg.teacher.path, key="teacher.path",
+                        trust_remote_code=cfg.teacher.trust_remote_code)  # fmt: skip
+    return s, t
+
+
+def make_plan(cfg: DistilConfig, target: Target) -> Plan:
+    s, t = shapes(cfg)
+    z = sizes(cfg, s, t, target)
+    apart = _teacher_apart(cfg) and z.teacher_kind == "live"
+    main = [
+        ph.generation(cfg, z, s, target),
+        ph.teacher_scoring(cfg, z, s, t, target, model_here=not apart),
+        ph.student_step(cfg, z, s, t, target, teacher_here=not apart),
+        ph.optimizer_step(cfg, z, s, target),
+        ph.evaluation(cfg, z, s, target),
+    ]
+    main = [p for p in main if p is not None]
+    if not apart and z.teacher_kind == "live" and t is not None:
+        for p in main:  # the teacher stays on the student's device through every phase
+            if p.name not in ("teacher scoring", "student fwd/bwd + loss"):
+                p.add("teacher weights", ph.m.weights(t.params, z.teacher_bytes, _t_shards(cfg, z)))
+    rank = "cpu" if not target.cuda else "cuda:0" + (" (each rank)" if target.gpus > 1 else "")
+    devices = [DevicePlan(rank, target.usable, main)]
+    if apart:
+        scoring = ph.teacher_scoring(cfg, z, s, t, target, student_here=False)
+        devices.append(DevicePlan(f"{cfg.teacher.device} (teacher)", target.usable, [scoring]))
+    plan = Plan(target, s, t, z, devices, notes=_notes(cfg, s, t, z))
+    for d in devices:
+        for p in d.phases:
+            p.seconds = max(
+                p.flops / (target.tflops * 1e12 or 1), p.bytes_moved / (target.bandwidth or 1)
+            )
+    return plan
+
+
+def _t_shards(cfg: DistilConfig, z: Sizes) -> int:
+    return z.shards if cfg.teacher.placement == "shard" else 1
+
+
+def _teacher_apart(cfg: DistilConfig) -> bool:
+    dev = cfg.teacher.device
+    return bool(dev) and dev not in ("cuda", "cuda:0", "cpu")
+
+
+def _notes(cfg: DistilConfig, s: ModelShape, t: ModelShape | None, z: Sizes) -> list[str]:
+    out = []
+    for name, shape in (("student", s), ("teacher", t)):
+        if shape is not None and not shape.act_traced:
+            out.append(
+                f"{name} ({shape.model_type}): its decoder layer does not run on the meta device "
+                "(data-dependent routing); activations use a Llama-style count with the active "
+                "experts' width"
+            )
+    if z.teacher_kind == "remote":
+        out.append("teacher.url: the teacher's memory is the server's, not planned here")
+    if cfg.generation.backend == "vllm":
+        out.append("vLLM reserves gpu_memory_utilization x the device's memory while it samples")
+    return out

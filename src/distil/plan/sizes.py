@@ -1,0 +1,106 @@
+"""The numbers a plan is made of, read once from a config, the model shapes and the target.
+
+Lengths are the worst case the config allows: every prompt at `data.max_prompt_tokens`, every
+completion at `generation.max_new_tokens` (on-policy) or `data.max_completion_tokens`
+(dataset / teacher completions), so a micro-batch has no padding and packing changes only the
+rounding to `train.pack_length` rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distil.config import DistilConfig
+from distil.losses import is_cross_tokenizer
+from distil.losses.chunked import auto_chunk_size
+from distil.plan.memory import nbytes
+from distil.plan.shapes import ModelShape
+from distil.plan.target import Target
+
+
+@dataclass(frozen=True)
+class Sizes:
+    batch: int  # sequences per micro-batch
+    accum: int  # micro-batches per optimizer step
+    prompt: int
+    completion: int
+    seq: int  # prompt + completion
+    tokens: int  # student tokens per micro-batch (packed rows rounded up)
+    loss_rows: int  # loss positions per micro-batch
+    gen_rows: int  # sequences sampled per window (0: no on-policy generation)
+    student_bytes: int  # student weights' element size on the device
+    act_bytes: int  # activations' element size
+    teacher_bytes: int
+    trainable: int  # student parameters AdamW steps
+    lora: bool
+    master: bool  # train.bf16_weights: fp32 master copies in the optimizer
+    chunk_rows: int | None  # loss positions per logits chunk (None: unchunked)
+    teacher_rows: int  # teacher scoring positions per fp32 chunk
+    teacher_kind: str  # live | cache | remote | none
+    cross: bool
+    top_k: int | None
+    shards: int  # FSDP shards of the student
+
+
+def resolve_dtype(name: str, shape: ModelShape, target: Target) -> str:
+    """`auto`: the checkpoint's dtype on a GPU, fp32 on CPU (as `distil train` loads it)."""
+    if name != "auto":
+        return name
+    return shape.dtype if target.cuda and shape.dtype in ("bfloat16", "float16") else "float32"
+
+
+def teacher_kind(cfg: DistilConfig) -> str:
+    if cfg.loss.name == "sft" and not cfg.train.seq_kd:
+        return "none"
+    if cfg.teacher.cache:
+        return "cache"
+    if cfg.teacher.url:
+        return "remote"
+    return "live" if cfg.teacher.path else "none"
+
+
+def sizes(
+    cfg: DistilConfig, student: ModelShape, teacher: ModelShape | None, target: Target
+) -> Sizes:
+    t, g = cfg.train, cfg.generation
+    on_policy = t.lambda_ > 0
+    off = t.lambda_ < 1 or t.seq_kd
+    completion = max(
+        g.max_new_tokens if on_policy else 0, cfg.data.max_completion_tokens if off else 0
+    )
+    seq = cfg.data.max_prompt_tokens + completion
+    tokens = t.per_device_batch_size * seq
+    if t.packing and t.pack_length:
+        tokens = -(-tokens // t.pack_length) * t.pack_length
+    s_dtype = "bfloat16" if t.bf16_weights else resolve_dtype(cfg.student.dtype, student, target)
+    s_bytes = nbytes(s_dtype)
+    autocast = t.bf16 or t.bf16_weights or t.fp16
+    lora = cfg.student.lora
+    trainable = student.lora_params(lora.r, lora.target_modules) if lora.enabled else student.params
+    kind = teacher_kind(cfg)
+    t_dtype = resolve_dtype(cfg.teacher.dtype, teacher, target) if teacher else "float32"
+    chunk = cfg.loss.chunk_size
+    if chunk == "auto":
+        chunk = auto_chunk_size(student.vocab)
+    return Sizes(
+        batch=t.per_device_batch_size,
+        accum=t.grad_accum_steps,
+        prompt=cfg.data.max_prompt_tokens,
+        completion=completion,
+        seq=seq,
+        tokens=tokens,
+        loss_rows=t.per_device_batch_size * completion,
+        gen_rows=t.per_device_batch_size * t.grad_accum_steps if on_policy else 0,
+        student_bytes=s_bytes,
+        act_bytes=2 if autocast or s_bytes == 2 else 4,
+        teacher_bytes=nbytes(t_dtype),
+        trainable=trainable,
+        lora=lora.enabled,
+        master=t.bf16_weights,
+        chunk_rows=chunk,
+        teacher_rows=auto_chunk_size(teacher.vocab) if teacher else 0,
+        teacher_kind=kind,
+        cross=is_cross_tokenizer(cfg.loss.name),
+        top_k=cfg.teacher.top_k,
+        shards=target.gpus if target.fsdp else 1,
+    )

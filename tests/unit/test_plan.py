@@ -1,0 +1,174 @@
+"""`distil plan`: each memory term against a value worked out by hand, on the shipped configs.
+
+The shipped config.json files (tests/data/model_configs) are built on the meta device; nothing
+is downloaded and no weights are read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distil.config import build_config
+from distil.errors import ConfigError
+from distil.losses.chunked import auto_chunk_size
+from distil.plan import make_plan, make_target, parse_bytes
+from distil.plan.shapes import model_shape
+
+MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "data" / "model_configs"
+
+Q06 = str(MODEL_CONFIGS / "qwen3-0.6b")
+Q17 = str(MODEL_CONFIGS / "qwen3-1.7b")
+Q06_PARAMS = 596_049_920  # tests/data/model_configs/README.md
+H100 = make_target("h100")
+
+
+def cfg(**sections):
+    raw = {
+        "student": {"path": Q06, "dtype": "bfloat16"},
+        "teacher": {"path": Q17, "dtype": "bfloat16"},
+        "data": {"max_prompt_tokens": 256, "max_completion_tokens": 256},
+        "generation": {"max_new_tokens": 256, "num_generations": 2},
+        "train": {"per_device_batch_size": 4, "grad_accum_steps": 2},
+    }
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    return build_config(raw)
+
+
+def term(plan, phase: str, name: str, device: int = 0) -> int:
+    p = next(p for p in plan.devices[device].phases if p.name == phase)
+    return next(t.bytes for t in p.terms if t.name == name)
+
+
+def test_weights_of_qwen3_06b_in_bf16_are_its_parameters_times_two():
+    plan = make_plan(cfg(), H100)
+    assert plan.student.params == Q06_PARAMS
+    assert term(plan, "optimizer step", "student weights") == Q06_PARAMS * 2
+
+
+def test_adamw_fp32_states_are_8_bytes_a_parameter():
+    plan = make_plan(cfg(student={"dtype": "float32"}), H100)
+    assert term(plan, "optimizer step", "optimizer states") == 8 * Q06_PARAMS
+    assert term(plan, "optimizer step", "gradients") == 4 * Q06_PARAMS
+
+
+def test_bf16_weights_keep_fp32_masters_and_fp32_moments():
+    plan = make_plan(cfg(train={"bf16_weights": True}), H100)
+    assert term(plan, "optimizer step", "student weights") == 2 * Q06_PARAMS
+    assert term(plan, "optimizer step", "fp32 master weights") == 4 * Q06_PARAMS
+    assert term(plan, "optimizer step", "optimizer states") == 8 * Q06_PARAMS
+    assert term(plan, "optimizer step", "gradients") == (2 + 4) * Q06_PARAMS
+
+
+def test_fsdp_shards_weights_gradients_and_states():
+    plan = make_plan(cfg(student={"dtype": "float32"}), make_target("h100", gpus=4, fsdp=True))
+    assert term(plan, "optimizer step", "student weights") == Q06_PARAMS * 4 // 4
+    assert term(plan, "optimizer step", "optimizer states") == 8 * Q06_PARAMS // 4
+
+
+def test_kv_cache_is_2_layers_kv_heads_head_dim_tokens_bytes():
+    plan = make_plan(cfg(), H100)
+    rows, tokens = 4 * 2, 256 + 256  # the window's sequences, prompt + max_new_tokens
+    # Qwen3-0.6B: 28 layers, 8 KV heads of 128, bf16
+    assert term(plan, "generation", "KV cache") == 2 * 28 * 8 * 128 * rows * tokens * 2
+
+
+def test_hf_static_keeps_its_bucketed_kv_cache_in_every_phase():
+    plan = make_plan(cfg(generation={"backend": "hf_static"}), H100)
+    rows, width = 8, 256 + 256  # bucket(8) = 8 rows; bucket(256) = 256 + max_new_tokens
+    kv = 2 * 28 * 8 * 128 * rows * width * 2
+    for phase in ("generation", "student fwd/bwd + loss", "optimizer step"):
+        assert term(plan, phase, "hf_static KV cache (kept)") == kv
+
+
+def test_vllm_reserves_its_share_of_the_device_while_it_samples():
+    c = cfg(generation={"backend": "vllm", "vllm": {"gpu_memory_utilization": 0.25}})
+    plan = make_plan(c, H100)
+    assert term(plan, "generation", "vLLM engine") == int(0.25 * H100.memory)
+    names = [t.name for p in plan.devices[0].phases[1:] for t in p.terms]
+    assert "vLLM engine" not in names  # sleep_level 1 frees it between generations
+
+
+def test_loss_logits_chunk_is_rows_times_vocabulary_in_fp32():
+    plan = make_plan(cfg(), H100)
+    rows = auto_chunk_size(151_936)  # 220 of the 4 x 256 loss positions: several chunks
+    assert rows == 220
+    assert term(plan, "student fwd/bwd + loss", "loss logits chunk") == rows * 151_936 * 4 * 14
+
+
+def test_unchunked_loss_holds_every_loss_position():
+    plan = make_plan(cfg(loss={"chunk_size": None}), H100)
+    got = term(plan, "student fwd/bwd + loss", "loss logits (unchunked)")
+    assert got == 4 * 256 * 151_936 * 4 * 12
+
+
+def test_teacher_scoring_chunk_uses_the_losses_auto_chunk_rule():
+    plan = make_plan(cfg(), H100)
+    rows = auto_chunk_size(151_936)
+    assert term(plan, "teacher scoring", "scoring chunk (fp32)") == rows * 151_936 * 4 * 2
+    assert term(plan, "teacher scoring", "teacher weights") == plan.teacher.params * 2
+    b_t = 4 * (512 - 1)  # the shifted positions of a micro-batch
+    assert term(plan, "teacher scoring", "teacher log-probs (B, T, V)") == b_t * 151_936 * 2
+
+
+def test_cached_and_remote_teachers_hold_top_k_transfer_buffers():
+    b_t, k = 4 * 511, 32
+    for section in ({"cache": "some/dir"}, {"url": "http://host:8000/v1"}):
+        plan = make_plan(cfg(teacher={**section, "top_k": k}, train={"lambda": 0.0}), H100)
+        assert term(plan, "teacher scoring", "transfer buffer") == b_t * (k * 12 + 4)
+        assert "teacher weights" not in [t.name for p in plan.devices[0].phases for t in p.terms]
+
+
+def test_lora_trains_adapters_only():
+    plan = make_plan(cfg(student={"lora": {"enabled": True, "r": 16}}), H100)
+    # all-linear on Qwen3-0.6B, per layer in+out: q 1024+2048, k 1024+1024, v 1024+1024,
+    # o 2048+1024, gate 1024+3072, up 1024+3072, down 3072+1024 = 22,528; 28 layers, r=16
+    adapters = 16 * 22_528 * 28
+    assert term(plan, "optimizer step", "LoRA adapters (fp32)") == adapters * 4
+    assert term(plan, "optimizer step", "optimizer states") == adapters * 8
+    assert term(plan, "optimizer step", "student weights") == Q06_PARAMS * 2  # frozen, bf16
+
+
+def test_gradient_checkpointing_keeps_each_layers_input_and_one_layer():
+    s = model_shape(Q06)
+    tokens, a = 4 * 512, 2
+    off = term(make_plan(cfg(), H100), "student fwd/bwd + loss", "activations")
+    on = term(make_plan(cfg(student={"gradient_checkpointing": True}), H100),
+              "student fwd/bwd + loss", "activations")  # fmt: skip
+    final = 3 * s.hidden * tokens * a
+    assert off == int(28 * s.act_per_token_layer * tokens * a + final)
+    assert on == int(28 * s.hidden * tokens * a + s.act_per_token_layer * tokens * a + final)
+    assert s.act_traced and 20_000 < s.act_per_token_layer < 60_000
+
+
+def test_a_teacher_on_another_device_gets_its_own_column():
+    plan = make_plan(cfg(teacher={"device": "cuda:1"}), H100)
+    assert [d.name for d in plan.devices] == ["cuda:0", "cuda:1 (teacher)"]
+    on_student = [t.name for p in plan.devices[0].phases for t in p.terms]
+    assert "teacher weights" not in on_student
+    assert "teacher log-probs (B, T, V)" in on_student  # the targets come back to the student
+
+
+def test_flops_per_phase_follow_2n_and_6n():
+    plan = make_plan(cfg(), H100)
+    s, t = plan.student, plan.teacher
+    phases = {p.name: p for p in plan.devices[0].phases}
+    assert phases["teacher scoring"].flops == 2 * t.params * 4 * 512
+    student = phases["student fwd/bwd + loss"].flops
+    assert student == 6 * s.params * 4 * 512 + 2 * s.hidden * s.vocab * 4 * 256
+    assert phases["generation"].flops == 2 * s.params * 8 * 512
+    assert plan.tokens_per_s > 0 and plan.bound in phases
+
+
+def test_parse_bytes_and_its_errors():
+    assert parse_bytes("80GiB") == 80 * 2**30
+    assert parse_bytes("141GB") == 141 * 10**9
+    with pytest.raises(ConfigError, match=r"--gpu-memory = 'lots'.*80GiB"):
+        parse_bytes("lots")
+
+
+def test_a_missing_model_config_names_the_key_and_the_fix(tmp_path):
+    with pytest.raises(ConfigError, match=r"teacher.path = .*could not read its config.json.*Fix"):
+        make_plan(cfg(teacher={"path": str(tmp_path / "nowhere")}), H100)
