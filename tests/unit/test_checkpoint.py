@@ -386,3 +386,56 @@ def test_a_run_that_fails_before_writing_leaves_no_directory(tmp_path):
         (tmp_path / "kept" / "run" / "metrics.jsonl").write_text("{}")
         raise RuntimeError("after the first step")
     assert (tmp_path / "kept" / "run" / "metrics.jsonl").exists()
+
+
+def test_streamed_safetensors_read_back_and_hash_as_the_file(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from distil.files import sha256
+    from distil.train.tensorfile import write_safetensors
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "w": torch.randn(5, 3, generator=g),
+        "bf16": torch.randn(7, generator=g).to(torch.bfloat16),
+        "half": torch.randn(2, 2, generator=g).half(),
+        "ids": torch.arange(11, dtype=torch.int64),
+        "mask": torch.tensor([True, False, True]),
+        "bytes": torch.arange(5, dtype=torch.uint8),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 4),
+        "strided": torch.randn(4, 6, generator=g).t(),  # not contiguous
+    }
+    digest = write_safetensors(tensors, tmp_path / "t.safetensors", metadata={"k": "v"})
+    assert digest == sha256(tmp_path / "t.safetensors")
+    back = load_file(str(tmp_path / "t.safetensors"))
+    assert back.keys() == tensors.keys()
+    for name, t in tensors.items():
+        assert back[name].dtype == t.dtype and torch.equal(back[name], t), name
+    with safe_open(str(tmp_path / "t.safetensors"), "pt") as f:
+        assert f.metadata() == {"k": "v"}
+
+
+def test_checkpoint_files_are_hashed_as_written_not_read_back(tmp_path, monkeypatch):
+    from accelerate import Accelerator
+
+    from distil.files import sha256
+
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    reads = []
+    monkeypatch.setattr(ck, "sha256", lambda path: reads.append(path) or sha256(path))
+    path = ck.save_checkpoint(
+        acc, tmp_path, 1, {"step": 1}, 2, model=model, optimizer=opt, config_text="a: 1\n",
+        extra_tensors={"sampler.safetensors": {"w": model.weight.detach()}},
+    )  # fmt: skip
+    assert reads == []  # one process wrote every file and hashed it on the way
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert len(manifest["files"]) == 7
+    for name, entry in manifest["files"].items():
+        assert entry["sha256"] == sha256(path / name), name
+    assert ck.verify_checkpoint(path) == []

@@ -33,13 +33,14 @@ import numpy as np
 import torch
 
 from distil.errors import DistilError
-from distil.files import fsync_dir, fsync_file, sha256
+from distil.files import fsync_dir, sha256
 from distil.train.fsdp import (
     full_model_state,
     full_optimizer_state,
     is_sharded,
     load_full_state,
 )
+from distil.train.tensorfile import write_safetensors, write_text
 
 STATE_FILE = "trainer_state.json"
 MODEL_FILE = "model.safetensors"
@@ -105,24 +106,29 @@ def save_checkpoint(
     unwrapped = accelerator.unwrap_model(model)
     # FSDP: the whole optimizer state gathered to rank 0, indexed like an unsharded run's
     optim_state = full_optimizer_state(unwrapped, optimizer) if is_sharded(unwrapped) else None
+    digests: dict[str, str] = {}  # sha256 of each file this process wrote, hashed as written
     if main:
-        _save_model(unwrapped, model_state, tmp / MODEL_FILE)
-        _save_optimizer(optimizer, tmp, optim_state)
+        digests[MODEL_FILE] = _save_model(unwrapped, model_state, tmp / MODEL_FILE)
+        digests.update(_save_optimizer(optimizer, tmp, optim_state))
         for name, tensors in (extra_tensors or {}).items():
-            _save_tensors(tensors, tmp / name)
-    _save_rng(tmp / rng_file(accelerator.process_index))
+            digests[name] = write_safetensors(tensors, tmp / name)
+    rng_name = rng_file(accelerator.process_index)
+    digests[rng_name] = _save_rng(tmp / rng_name)
     accelerator.wait_for_everyone()
     if main:
-        _write_text(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True))
-        _write_text(tmp / CONFIG_FILE, config_text)
+        digests[STATE_FILE] = write_text(
+            tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True)
+        )
+        digests[CONFIG_FILE] = write_text(tmp / CONFIG_FILE, config_text)
         files = sorted(p.name for p in tmp.iterdir())
         manifest = {
             "format": FORMAT,
             "step": step,
             "world_size": accelerator.num_processes,
-            "files": {name: _describe(tmp / name) for name in files},
+            # other ranks' RNG files (small) are the only ones read back
+            "files": {name: _describe(tmp / name, digests.get(name)) for name in files},
         }
-        _write_text(tmp / MANIFEST, json.dumps(manifest, indent=2))  # last: marks completeness
+        write_text(tmp / MANIFEST, json.dumps(manifest, indent=2))  # last: marks completeness
         fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(final)
@@ -133,7 +139,7 @@ def save_checkpoint(
     return final
 
 
-def _save_model(unwrapped: torch.nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+def _save_model(unwrapped: torch.nn.Module, state: dict[str, torch.Tensor], path: Path) -> str:
     # tied weights (embedding == lm_head) share storage; keep the first name of each
     seen: set[tuple] = set()
     flat = {}
@@ -142,38 +148,29 @@ def _save_model(unwrapped: torch.nn.Module, state: dict[str, torch.Tensor], path
         if key in seen:
             continue
         seen.add(key)
-        flat[name] = t.detach().to("cpu").contiguous()
-    _save_tensors(flat, path)
+        flat[name] = t  # copied to the host one tensor at a time, as it is written
+    return write_safetensors(flat, path)
 
 
-def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
-
-    save_file(tensors, str(path), metadata={"format": "pt"})
-    fsync_file(path)
-
-
-def _save_optimizer(optimizer, out: Path, sd: dict | None = None) -> None:
-    from safetensors.torch import save_file
-
+def _save_optimizer(optimizer, out: Path, sd: dict | None = None) -> dict[str, str]:
+    """Write optimizer.safetensors and optimizer.json; their sha256 by name."""
     sd = optimizer.state_dict() if sd is None else sd
     tensors, plain = {}, {}
     for pid, entry in sd["state"].items():
         plain[str(pid)] = {}
         for name, v in entry.items():
             if isinstance(v, torch.Tensor):
-                tensors[f"state/{pid}/{name}"] = v.detach().to("cpu").contiguous()
+                tensors[f"state/{pid}/{name}"] = v
             else:
                 plain[str(pid)][name] = _encode(v)
-    save_file(tensors, str(out / OPTIM_TENSORS))
-    fsync_file(out / OPTIM_TENSORS)
     meta = {"state": plain, "param_groups": _encode(sd["param_groups"])}
-    _write_text(out / OPTIM_META, json.dumps(meta, indent=2))
+    return {
+        OPTIM_TENSORS: write_safetensors(tensors, out / OPTIM_TENSORS),
+        OPTIM_META: write_text(out / OPTIM_META, json.dumps(meta, indent=2)),
+    }
 
 
-def _save_rng(path: Path) -> None:
-    from safetensors.torch import save_file
-
+def _save_rng(path: Path) -> str:
     version, mt, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     tensors = {
@@ -188,8 +185,7 @@ def _save_rng(path: Path) -> None:
         "python": json.dumps({"version": version, "gauss_next": gauss}),
         "numpy": json.dumps({"kind": kind, "pos": pos, "has_gauss": has_gauss, "cached": cached}),
     }
-    save_file(tensors, str(path), metadata=meta)
-    fsync_file(path)
+    return write_safetensors(tensors, path, metadata=meta)
 
 
 # ----------------------------------------------------------------------------- verify
@@ -378,15 +374,8 @@ def _decode(v: Any) -> Any:
     return v
 
 
-def _write_text(path: Path, text: str) -> None:
-    with path.open("w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _describe(path: Path) -> dict[str, Any]:
-    return {"bytes": path.stat().st_size, "sha256": sha256(path)}
+def _describe(path: Path, digest: str | None = None) -> dict[str, Any]:
+    return {"bytes": path.stat().st_size, "sha256": digest or sha256(path)}
 
 
 def _prune(root: Path, keep_last: int) -> None:
