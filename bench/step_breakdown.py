@@ -106,20 +106,31 @@ def _now(device: str) -> float:
 
 
 def run_bare(root: Path, dirs, preset, steps: int, device: str, bf16: bool) -> list[dict]:
-    """The same calls, made directly: generate, teacher forward, student fwd/bwd/AdamW."""
+    """The same calls, made directly: generate, teacher forward, student fwd/bwd/AdamW, at the
+    precision distil runs them (`--bf16`: autocast over the generate and training forwards, TF32
+    on CUDA) and with the AdamW implementation distil picks (fused on CUDA)."""
     import contextlib
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from distil.config.schema import TrainConfig
+    from distil.models.load import enable_tf32
     from distil.tasks.countdown import get_template, read_rows
+    from distil.train.optim import use_fused
 
     tok = AutoTokenizer.from_pretrained(dirs["student"])
     student = AutoModelForCausalLM.from_pretrained(dirs["student"]).to(device)
     teacher_dtype = torch.bfloat16 if bf16 else torch.float32
     teacher = AutoModelForCausalLM.from_pretrained(dirs["teacher"], dtype=teacher_dtype)
     teacher = teacher.to(device).eval()
-    opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
-    autocast = torch.autocast(device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    enable_tf32(device)  # as distil's training start does
+    fused = use_fused(TrainConfig(), torch.device(device))
+    opt = torch.optim.AdamW(student.parameters(), lr=1e-4, fused=fused)
+
+    def autocast():
+        on = torch.autocast(device, dtype=torch.bfloat16)
+        return on if bf16 else contextlib.nullcontext()
+
     template = get_template("countdown_plain")
     rows = read_rows(root / "data" / "train.jsonl")
     texts = [
@@ -139,7 +150,7 @@ def run_bare(root: Path, dirs, preset, steps: int, device: str, bf16: bool) -> l
         ).to(device)
         t0 = _now(device)
         student.eval()
-        with torch.no_grad():
+        with torch.no_grad(), autocast():  # distil generates through the autocast forward
             seqs = student.generate(
                 **enc,
                 max_new_tokens=preset["new"],
@@ -156,7 +167,7 @@ def run_bare(root: Path, dirs, preset, steps: int, device: str, bf16: bool) -> l
             t_logits = teacher(input_ids=seqs, attention_mask=attn, use_cache=False).logits
         t_logp = torch.log_softmax(t_logits[:, :-1].float(), -1).clone()
         t2 = _now(device)
-        with autocast:
+        with autocast():
             s_logits = student(input_ids=seqs, attention_mask=attn, use_cache=False).logits
         s_logp = torch.log_softmax(s_logits[:, :-1].float(), -1)
         mask = attn[:, 1:].bool().clone()

@@ -10,7 +10,9 @@ precision (`bf16_autocast`: fp32 weights as `train.bf16`; `bf16_weights`: bf16 w
 fp32 masters as `train.bf16_weights`) x fused AdamW (`train.fused_adamw`) x packing, chunked
 loss (1024), plus the unchunked padded autocast row of the issue. Seconds per phase (median of
 the measured steps), tokens/s of the whole step, MFU = 6·N_student·tokens (train phase) and
-+ 2·N_teacher·tokens (whole step) / time / peak FLOP/s (CUDA only). `--device cpu` runs the
++ 2·N_teacher·tokens (whole step) / time / peak FLOP/s (CUDA only); `tokens` counts every
+input token (prompt tokens too, which the forward and backward also process), not only the
+loss tokens. Models are initialized on the target device. `--device cpu` runs the
 same rows with ~3M/7M-parameter models and an 8k vocabulary (`--size cpu`).
 
 Part `generate`: the student's HF generate calls on fp32 weights under bf16 autocast against
@@ -49,13 +51,17 @@ def peak_flops() -> float:
     return 1e12 * next((v for k, v in PEAK_TFLOPS.items() if k in name), 989.0)
 
 
-def llama(hidden, layers, heads, inter, vocab, seed):
+def llama(hidden, layers, heads, inter, vocab, seed, device="cpu"):
+    """A seeded Llama built on `device` (weights initialized there: no ~0.5B CPU init + copy per
+    row on the GPU)."""
     from distil.testing import tiny_llama
 
-    return tiny_llama(
-        vocab, hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=inter,
-        max_position_embeddings=1024, seed=seed, tie_word_embeddings=False,
-    )  # fmt: skip
+    with torch.device(device):
+        return tiny_llama(
+            vocab, hidden_size=hidden, num_layers=layers, num_heads=heads,
+            intermediate_size=inter, max_position_embeddings=1024, seed=seed,
+            tie_word_embeddings=False,
+        )  # fmt: skip
 
 
 def non_embedding(model) -> int:
@@ -101,13 +107,13 @@ def step_table(args) -> list[dict]:
     from distil.teacher.live import LiveTeacher
 
     s_dims, t_dims, vocab = SIZES[args.size]
-    teacher = llama(*t_dims, vocab, 1).to(args.device, torch.bfloat16)
+    teacher = llama(*t_dims, vocab, 1, args.device).to(torch.bfloat16)
     if args.attn:
         teacher.config._attn_implementation = args.attn
     n_t = non_embedding(teacher)
     rows = []
     for precision, fused, chunk, packing in ROWS:
-        student = llama(*s_dims, vocab, 0).to(args.device).train()  # fp32, as loaded
+        student = llama(*s_dims, vocab, 0, args.device).train()  # fp32, as loaded
         if args.attn:
             student.config._attn_implementation = args.attn
         n_s = non_embedding(student)
@@ -238,7 +244,7 @@ def generate_table(args) -> dict:
     params = SamplingParams(48, temperature=0.0)
     res = {}
     for mode in ("bf16_autocast", "bf16_weights"):
-        model = llama(*s_dims, vocab, 0)
+        model = llama(*s_dims, vocab, 0, args.device)
         if mode == "bf16_weights":
             build_optimizer(model, TrainConfig(bf16_weights=True), device=args.device)
         model = acc.unwrap_model(acc.prepare(model))
