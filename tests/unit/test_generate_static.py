@@ -309,6 +309,26 @@ def test_cache_position_reaches_every_call_of_a_model_that_takes_it(bpe_tokenize
     assert len(seen) == want.completion_ids_B_C.shape[1]  # prefill + one per further token
 
 
+def test_the_cache_goes_under_the_name_the_forward_takes(bpe_tokenizer, prompts):
+    """transformers 5.24 renamed past_key_values to cache (the old name warns, and goes in
+    5.40): every call passes the name the model's forward declares."""
+    import inspect
+    import warnings
+
+    model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer, seed=3)
+    hf, static = pair(model, bpe_tokenizer)
+    seen = []
+    model.register_forward_pre_hook(lambda m, a, kw: seen.append(set(kw)), with_kwargs=True)
+    params = SamplingParams(3, temperature=0.0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*deprecated")
+        got = static.generate(prompts, params)
+    takes = inspect.signature(model.forward).parameters
+    name = "cache" if "cache" in takes else "past_key_values"
+    assert seen and all(name in kw for kw in seen)
+    assert_same_rollout(hf.generate(prompts, params), got)
+
+
 def test_an_evaluation_keeps_no_kv_cache_and_the_training_cache_stays(bpe_tokenizer, prompts):
     """Calls inside scratch_caches() (an evaluation) drop their caches afterwards; the cache
     from before (the training bucket) stays the same object, reused inside, and results are

@@ -81,6 +81,7 @@ class StaticCacheGenerator(HFGenerator):
         self._held: dict[tuple, Any] = {}  # caches from before scratch_caches(): never evicted
         self._step_fn = None
         self._cache_position = takes_cache_position(model)
+        self._cache_arg = cache_argument(model)
 
     @classmethod
     def from_config(
@@ -106,6 +107,7 @@ class StaticCacheGenerator(HFGenerator):
             self._held = {}
             self._step_fn = None
             self._cache_position = takes_cache_position(model)
+        self._cache_arg = cache_argument(model)
         self.model = model
 
     @contextlib.contextmanager
@@ -151,7 +153,7 @@ class StaticCacheGenerator(HFGenerator):
                 input_ids=ids,
                 attention_mask=mask_B_L,
                 position_ids=pos_B_P,
-                past_key_values=cache,
+                **{self._cache_arg: cache},
                 use_cache=True,
                 logits_to_keep=1,
                 **({} if slot_P is None else {"cache_position": slot_P}),
@@ -227,7 +229,7 @@ class StaticCacheGenerator(HFGenerator):
             input_ids=token_B[:, None],
             attention_mask=mask_B_L,
             position_ids=pos_B_1,
-            past_key_values=cache,
+            **{self._cache_arg: cache},
             use_cache=True,
             **({} if slot_1 is None else {"cache_position": slot_1}),
         ).logits[:, -1]
@@ -261,11 +263,21 @@ class StaticCacheGenerator(HFGenerator):
 def takes_cache_position(model) -> bool:
     """Whether `model`'s forward (under a peft wrapper: the base model's) has a
     `cache_position` argument (transformers 4.x models; 5.17+ have none)."""
+    return "cache_position" in _forward_arguments(model)
+
+
+def cache_argument(model) -> str:
+    """The name the forward takes the KV cache under: `cache` from transformers 5.24 on
+    (`past_key_values` is deprecated there, and removed in 5.40), else `past_key_values`."""
+    return "cache" if "cache" in _forward_arguments(model) else "past_key_values"
+
+
+def _forward_arguments(model) -> set[str]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     try:
-        return "cache_position" in inspect.signature(base.forward).parameters
-    except (TypeError, ValueError):  # no signature to read: pass nothing, as before
-        return False
+        return set(inspect.signature(base.forward).parameters)
+    except (TypeError, ValueError):  # no signature to read: the names of transformers 4/5.x
+        return set()
 
 
 def _cache_bytes(cache) -> int:
