@@ -124,7 +124,7 @@ def make_plan(cfg: DistilConfig, target: Target) -> Plan:
     if apart:
         scoring = ph.teacher_scoring(cfg, z, s, t, target, student_here=False)
         devices.append(DevicePlan(f"{cfg.teacher.device} (teacher)", target.usable, [scoring]))
-    plan = Plan(target, s, t, z, devices, notes=_notes(cfg, s, t, z))
+    plan = Plan(target, s, t, z, devices, notes=_notes(cfg, s, t, z, target))
     for d in devices:
         for p in d.phases:
             p.seconds = max(
@@ -142,7 +142,9 @@ def _teacher_apart(cfg: DistilConfig) -> bool:
     return bool(dev) and dev not in ("cuda", "cuda:0", "cpu")
 
 
-def _notes(cfg: DistilConfig, s: ModelShape, t: ModelShape | None, z: Sizes) -> list[str]:
+def _notes(
+    cfg: DistilConfig, s: ModelShape, t: ModelShape | None, z: Sizes, target: Target
+) -> list[str]:
     out = []
     for name, shape in (("student", s), ("teacher", t)):
         if shape is not None and not shape.act_traced:
@@ -153,6 +155,11 @@ def _notes(cfg: DistilConfig, s: ModelShape, t: ModelShape | None, z: Sizes) -> 
             )
     if z.teacher_kind == "remote":
         out.append("teacher.url: the teacher's memory is the server's, not planned here")
+    if cfg.loss.compile is True or (cfg.loss.compile == "auto" and target.cuda):
+        out.append(
+            "loss.compile: a fused chunk holds fewer fp32 copies than the eager count planned "
+            "here (an upper bound; measured on CPU, eager)"
+        )
     if cfg.generation.backend == "vllm":
         out.append("vLLM reserves gpu_memory_utilization x the device's memory while it samples")
     return out

@@ -22,10 +22,10 @@ def headline(plan: Plan) -> str:
     """One line: the expected peak against the device's memory, and the largest term."""
     d, phase, term = plan.largest
     verdict = "fits" if plan.fits else "DOES NOT FIT"
+    kind = "" if d.name == plan.target.kind else f" ({plan.target.kind})"
     return (
-        f"memory plan: peak {gb(d.peak)} of {gb(d.usable)} usable on {d.name} "
-        f"({plan.target.kind}) in {phase.name}: {verdict}; largest term: {term.name} "
-        f"{gb(term.bytes)}"
+        f"memory plan: peak {gb(d.peak)} of {gb(d.usable)} usable on {d.name}{kind} in "
+        f"{phase.name}: {verdict}; largest term: {term.name} {gb(term.bytes)}"
     )
 
 

@@ -101,6 +101,20 @@ def make_target(
     return replace(target, **updates)
 
 
+def for_device(device, gpus: int = 1, fsdp: bool = False) -> Target:
+    """The Target of the device a run trains on: a GPU's total memory (the H200 preset's
+    speeds for an H200, else the H100's), or the host's memory for CPU (no speeds)."""
+    import torch
+
+    if getattr(device, "type", device) == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        preset = PRESETS["h200" if "h200" in props.name.lower() else "h100"]
+        return replace(preset, kind=props.name, memory=props.total_memory, gpus=gpus,
+                       fsdp=fsdp and gpus > 1)  # fmt: skip
+    return Target("cpu", _host_memory(), gpus=gpus, fsdp=fsdp and gpus > 1, tflops=0.0,
+                  bandwidth=0.0, reserve=0)  # fmt: skip
+
+
 def _host_memory() -> int:
     try:
         with open("/proc/meminfo") as fh:

@@ -70,6 +70,24 @@ def _plain(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def memory_metrics(device: torch.device, planned_peak: int | None) -> dict[str, int]:
+    """The planned peak (`distil plan`) next to the measured one: on CUDA the peak of tensor
+    memory (`max_memory_allocated`), on CPU the process's resident high-water mark (VmHWM:
+    tensors plus the interpreter and libraries)."""
+    out = {} if planned_peak is None else {"memory/planned_peak_bytes": int(planned_peak)}
+    if device.type == "cuda":
+        out["memory/peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
+        return out
+    try:
+        with open("/proc/self/status") as fh:
+            hwm = next((line.split()[1] for line in fh if line.startswith("VmHWM:")), None)
+    except OSError:
+        hwm = None
+    if hwm is not None:
+        out["memory/rss_peak_bytes"] = int(hwm) * 1024
+    return out
+
+
 class ProgressLine:
     """Progress of a run: a live bar with ETA on a terminal, else a status line every `every`
     steps (step, loss, KL, on-policy share, tokens/s, eval accuracy, elapsed, ETA).

@@ -30,7 +30,7 @@ from distil.train.checkpoint import save_checkpoint, save_final_model
 from distil.train.cost import CostMeter
 from distil.train.fsdp import full_weights, is_sharded
 from distil.train.guard import Guard
-from distil.train.logging import MetricsLog, ProgressLine, print_sample
+from distil.train.logging import MetricsLog, ProgressLine, memory_metrics, print_sample
 from distil.train.optim import final_weights, fold_grads, grad_params, set_lr
 from distil.train.resume import resume
 from distil.train.rundir import RunLock, record_config
@@ -109,6 +109,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
             )
             metrics["time/train_clock"] = clock
             metrics.update(cost.metrics())
+            metrics.update(memory_metrics(acc.device, c.planned_peak))
             flags = _rank_flags(acc, stop.signum, guard.time_due(), local_ok)
             last = _done(step, clock, cfg, cost)
             if eval_set is not None and (step % cfg.train.eval_every == 0 or last):

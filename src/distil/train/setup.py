@@ -54,6 +54,7 @@ class Components:
     vocab_size: int | None
     examples: list
     cross: Any = None  # CrossTokenizer for cross-tokenizer losses
+    planned_peak: int | None = None  # bytes `distil plan` expects on this device (None: no plan)
 
 
 def build_accelerator(cfg: DistilConfig):
@@ -265,6 +266,7 @@ def build(cfg: DistilConfig) -> Components:
 
     check(cfg, "train")  # names, paths, extras: before any weights load
     accelerator = build_accelerator(cfg)
+    planned_peak = memory_plan(cfg, accelerator)  # before any weights load, too
     enable_tf32(accelerator.device)  # the matmuls autocast leaves in fp32 (and fp32 runs)
     if accelerator.is_main_process:
         for notice in precision_notices(cfg):
@@ -325,4 +327,26 @@ def build(cfg: DistilConfig) -> Components:
         vocab_size,
         examples,
         cross,
+        planned_peak,
     )
+
+
+def memory_plan(cfg: DistilConfig, accelerator) -> int | None:
+    """The peak `distil plan` expects on this device, its headline printed once (expected peak
+    against the device's memory); None, with a one-line note, when the config cannot be
+    planned (a plan is advice: it never stops a run)."""
+    from distil.plan import headline, make_plan
+    from distil.plan.target import for_device
+    from distil.progress import console
+
+    try:
+        target = for_device(accelerator.device, accelerator.num_processes, fsdp_requested())
+        plan = make_plan(cfg, target)
+    except Exception as exc:  # an unknown architecture, remote code, a hub id offline
+        if accelerator.is_main_process:
+            reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            console.print(f"memory plan: not made ({reason})", markup=False, soft_wrap=True)
+        return None
+    if accelerator.is_main_process:
+        console.print(headline(plan), markup=False, soft_wrap=True)
+    return plan.devices[0].peak
