@@ -21,6 +21,9 @@ def resolve(cfg: DistilConfig) -> DistilConfig:
         cfg.student.tokenizer = cfg.student.path
     if cfg.teacher.tokenizer is None:
         cfg.teacher.tokenizer = cfg.teacher.path
+    for t in cfg.teachers.values():
+        if t.tokenizer is None:
+            t.tokenizer = t.path
     gen, train = cfg.generation, cfg.train
     window = train.per_device_batch_size * train.grad_accum_steps
     if gen.generation_batch_size is None and window % gen.num_generations == 0:
@@ -320,5 +323,58 @@ def _vllm_engine_lengths(cfg: DistilConfig):
             "would stop completions at its context length. Fix: set "
             f"generation.vllm.max_model_len to at least {data.max_prompt_tokens + new}, or "
             "null to size it from these lengths"
+        )
+    return None
+
+
+@check
+def _several_teachers(cfg: DistilConfig):
+    """`teachers` + `routing`: what this version supports, each refusal with its fix."""
+    names, r = list(cfg.teachers), cfg.routing
+    if not names:
+        if r.column or r.weights or r.map:
+            return ("routing",), "routing is set but `teachers` names none. Fix: add `teachers`"
+        return None
+    keys = ("teachers", "routing")
+    if cfg.teacher.path or cfg.teacher.cache or cfg.teacher.url:
+        return keys, (
+            "teacher.path/cache/url and `teachers` are both set. Fix: name every teacher under "
+            "`teachers` (teacher.path=null)"
+        )
+    if bool(r.column) == bool(r.weights):
+        return keys, (
+            f"`teachers` ({', '.join(names)}) need exactly one of routing.column (each row to "
+            "one teacher, by a data column) and routing.weights (a mixture of all). Fix: set one"
+        )
+    named = set(r.map.values()) | set(r.weights or {})
+    if unknown := sorted(named - set(names)):
+        return keys, (
+            f"routing names {unknown}, which `teachers` does not define ({', '.join(names)}). "
+            "Fix: use those names"
+        )
+    weights = list((r.weights or {}).values())
+    if r.weights is not None and (min(weights, default=0) < 0 or not sum(weights) > 0):
+        return keys, f"routing.weights = {r.weights}: weights are >= 0 with a positive sum"
+    for name, t in cfg.teachers.items():
+        if not t.path or t.cache or t.url or t.placement != "replicate":
+            return keys, (
+                f"teachers.{name}: several teachers are live models for now (a path; no cache, "
+                "url or placement=shard). Fix: set teachers.{name}.path to a model"
+            )
+        if r.weights is not None and t.top_k is not None:
+            return keys, (
+                f"teachers.{name}.top_k = {t.top_k} in a mixture: mixing needs each teacher's "
+                f"full distribution. Fix: teachers.{name}.top_k=null"
+            )
+    if cfg.loss.name == "sft" or cfg.train.seq_kd:  # cross-tokenizer losses: preflight
+        return keys, (
+            f"loss.name = {cfg.loss.name!r}{' with train.seq_kd' * cfg.train.seq_kd}: several "
+            "teachers score same-tokenizer losses for now (no cross-tokenizer losses, sft or "
+            "seq-KD). Fix: a same-tokenizer loss such as jsd, or one teacher"
+        )
+    if cfg.train.packing:
+        return keys, (
+            "train.packing=true with several teachers: a packed row would hold rows of "
+            "different teachers. Fix: train.packing=false"
         )
     return None

@@ -93,12 +93,13 @@ def build_scorer(
         cross, keep, teacher_keep = cross_tokenizer_setup(
             cfg, tok, teacher_tok, student, teacher_model
         )
-        return _live(cfg, teacher_model, None, teacher_keep), teacher_tok, cross, keep
+        return live_scorer(cfg, teacher_model, None, teacher_keep), teacher_tok, cross, keep
     keep = shared_vocab_size(cfg, tok, teacher_tok, student, teacher_model)
-    return _live(cfg, teacher_model, cfg.teacher.top_k, keep), teacher_tok, None, keep
+    return live_scorer(cfg, teacher_model, cfg.teacher.top_k, keep), teacher_tok, None, keep
 
 
-def _live(cfg: DistilConfig, teacher_model, top_k: int | None, vocab_size: int | None):
+def live_scorer(cfg: DistilConfig, teacher_model, top_k: int | None, vocab_size: int | None):
+    """A LiveTeacher for `teacher_model` with the config's temperature and packing."""
     return scorer_class("live")(
         teacher_model,
         temperature=cfg.loss.temperature,

@@ -168,6 +168,30 @@ def load_teacher(cfg: DistilConfig, accelerator):
     return _load(cfg.teacher, "teacher", device=cfg.teacher.device or accelerator.device)
 
 
+def several_teachers(cfg: DistilConfig, accelerator, model, tok, examples) -> tuple:
+    """`build_scorer` for `teachers`: each teacher loaded like `teacher`, checked to share the
+    student's vocabulary, behind one RoutedTeacher or MixedTeacher (teacher/several.py)."""
+    from distil.teacher.select import live_scorer, shared_vocab_size
+    from distil.teacher.several import MixedTeacher, RoutedTeacher, row_teachers
+
+    names = list(cfg.teachers)
+    loaded = []
+    for name in names:
+        one = cfg.model_copy(update={"teacher": cfg.teachers[name]})
+        t_model, t_tok = load_teacher(one, accelerator)
+        shared_vocab_size(one, tok, t_tok, model, t_model)  # raises for another vocabulary
+        loaded.append((one, t_model, t_tok))
+    rows = [m.get_output_embeddings().weight.shape[0] for _, m, _ in loaded]
+    vs = model.get_output_embeddings().weight.shape[0]
+    keep = min(vs, *rows) if any(r != vs for r in rows) else None
+    scorers = [live_scorer(one, m, one.teacher.top_k, keep) for one, m, _ in loaded]
+    if cfg.routing.weights is not None:
+        teacher = MixedTeacher(scorers, [cfg.routing.weights.get(n, 0.0) for n in names])
+    else:
+        teacher = RoutedTeacher(scorers, names, row_teachers(examples, cfg.routing, names))
+    return teacher, loaded[0][2], None, keep
+
+
 def gathering(generator, model):
     """`generator` as is, or, for a sharded model, one that generates on gathered weights."""
     return GatheringGenerator(generator, model) if is_sharded(model) else generator
@@ -283,9 +307,14 @@ def build(cfg: DistilConfig) -> Components:
     teacher_model, teacher_tok = None, None
     if loads_teacher_model(cfg):
         teacher_model, teacher_tok = load_teacher(cfg, accelerator)
-    teacher, teacher_tok, cross, vocab_size = build_scorer(
-        cfg, model, tok, teacher_model, teacher_tok, rows=rows
-    )
+    if cfg.teachers:
+        teacher, teacher_tok, cross, vocab_size = several_teachers(
+            cfg, accelerator, model, tok, examples
+        )
+    else:
+        teacher, teacher_tok, cross, vocab_size = build_scorer(
+            cfg, model, tok, teacher_model, teacher_tok, rows=rows
+        )
     optimizer = build_optimizer(model, cfg.train, device=accelerator.device)
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)

@@ -1,0 +1,153 @@
+"""Several teachers (`teachers` + `routing`): each row is scored by its own teacher (recorded per
+row), a mixture's targets are log sum_i w_i T_i, a mixture of one teacher with weight 1 trains
+exactly like that teacher alone, and config validate names the mistakes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from distil.config import build_config
+from distil.errors import ConfigError, DataError
+from distil.preflight import preflight
+from distil.teacher.several import MixedTeacher, RoutedTeacher, row_teachers
+from distil.testing import build_model_dir, config_with, read_metrics
+from distil.train import loop
+from distil.train.setup import build
+
+
+@pytest.fixture(scope="module")
+def second_teacher(tmp_path_factory, bpe_tokenizer):
+    """Another teacher with the pair's tokenizer (other seed, other width)."""
+    return build_model_dir(
+        tmp_path_factory.mktemp("t2"), tokenizer=bpe_tokenizer, hidden_size=80, seed=7
+    )
+
+
+@pytest.fixture
+def routed_data(tmp_path, countdown_dir):
+    """The Countdown train rows, each with a `source` column: 'small' or 'big' by target."""
+    rows = [json.loads(x) for x in (countdown_dir / "train.jsonl").read_text().splitlines()]
+    for i, r in enumerate(rows):
+        r["source"] = "small" if i % 2 else "big"
+    path = tmp_path / "routed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path, rows
+
+
+def several(make_train_config, pair_dirs, second_teacher, data, **routing):
+    raw = make_train_config(train={"max_steps": 2, "lambda": 0.0})
+    raw["data"]["train"] = str(data)
+    raw["teacher"] = {}
+    raw["teachers"] = {"a": {"path": str(pair_dirs[0])}, "b": {"path": str(second_teacher)}}
+    raw["routing"] = routing
+    return raw
+
+
+def test_each_row_is_scored_by_its_teacher(
+    make_train_config, pair_dirs, second_teacher, routed_data
+):
+    data, rows = routed_data
+    raw = several(
+        make_train_config, pair_dirs, second_teacher, data,
+        column="source", map={"small": "a", "big": "b"},
+    )  # fmt: skip
+    c = build(build_config(raw))
+    assert isinstance(c.teacher, RoutedTeacher)
+
+    def routes(batch):
+        return ["a" if rows[s.example_id]["source"] == "small" else "b" for s in batch.samples]
+
+    batches = [b for _ in range(4) for b in c.buffer.next_window().micro_batches]
+    batch = next(b for b in batches if len(set(routes(b))) == 2)  # both teachers in one batch
+    targets = c.teacher.score(batch).logprobs_B_T_V
+    want = routes(batch)
+    assert c.teacher.last_routes == want
+    for i, name in enumerate(want):  # row i equals its own teacher's score of the row alone
+        alone = c.teacher.teachers["ab".index(name)]
+        from distil.teacher.several import _rows
+
+        ref = alone.score(_rows(batch, torch.tensor([i]), [i])).logprobs_B_T_V[0]
+        m = batch.mask_B_T[i]
+        torch.testing.assert_close(targets[i][m], ref[m], rtol=0, atol=0)
+        other = c.teacher.teachers[1 - "ab".index(name)]
+        wrong = other.score(_rows(batch, torch.tensor([i]), [i])).logprobs_B_T_V[0]
+        assert not torch.allclose(targets[i][m], wrong[m])
+
+
+def test_a_mixture_is_the_hand_computed_mixture():
+    class Fixed:
+        temperature = 1.0
+
+        def __init__(self, p):
+            self.p = p
+
+        def score(self, batch):
+            from distil.types import TeacherTargets
+
+            return TeacherTargets(logprobs_B_T_V=torch.log(self.p))
+
+    p1 = torch.tensor([[[0.7, 0.2, 0.1]]], dtype=torch.float64)
+    p2 = torch.tensor([[[0.1, 0.1, 0.8]]], dtype=torch.float64)
+    mixed = MixedTeacher([Fixed(p1), Fixed(p2)], [3.0, 1.0]).score(None).logprobs_B_T_V
+    want = torch.log(torch.tensor([[[0.55, 0.175, 0.275]]], dtype=torch.float64))
+    torch.testing.assert_close(mixed, want)
+    assert math.isclose(float(mixed.exp().sum()), 1.0)
+
+
+def test_a_mixture_of_one_teacher_with_weight_one_is_that_teacher(
+    tmp_path, make_train_config, pair_dirs, second_teacher, routed_data
+):
+    data, _ = routed_data
+    raw = several(make_train_config, pair_dirs, second_teacher, data, weights={"a": 1.0})
+    raw["train"]["output_dir"] = str(tmp_path / "mixed")
+    loop.train(build_config(raw))
+    single = make_train_config(train={"max_steps": 2, "lambda": 0.0})
+    single["data"]["train"] = str(data)
+    single["train"]["output_dir"] = str(tmp_path / "single")
+    loop.train(build_config(single))
+    got = [m["loss"] for m in read_metrics(tmp_path / "mixed")]
+    want = [m["loss"] for m in read_metrics(tmp_path / "single")]
+    assert len(got) == 2 and got == want  # exactly
+
+
+def test_validate_names_the_mistakes(make_train_config, pair_dirs, second_teacher, routed_data):
+    data, _ = routed_data
+    raw = several(
+        make_train_config, pair_dirs, second_teacher, data,
+        column="source", map={"small": "a", "big": "c"},
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"routing names \['c'\]"):
+        build_config(raw)
+    raw["routing"] = {"column": "source", "map": {"small": "a"}}  # 'big' is claimed by no one
+    problems, _ = preflight(build_config(raw))
+    assert any("'big': no teacher claims this value" in p for p in problems)
+    assert any("routed.jsonl:1" in p for p in problems)
+    raw["routing"] = {"column": "origin"}
+    problems, _ = preflight(build_config(raw))
+    assert any("routing.column = 'origin': this row has no such column" in p for p in problems)
+    raw["routing"] = {"column": "source", "weights": {"a": 1.0}}
+    with pytest.raises(ConfigError, match="exactly one of routing.column"):
+        build_config(raw)
+    raw["routing"] = {"weights": {"a": 1.0}}
+    with pytest.raises(ConfigError, match="a same-tokenizer loss"):
+        from distil.preflight import check
+
+        check(config_with(raw, loss={"name": "aligned_kl"}), "train")
+    with pytest.raises(ConfigError, match="teacher.path/cache/url and `teachers`"):
+        build_config({**raw, "teacher": {"path": str(pair_dirs[0])}})
+
+
+def test_row_teachers_maps_values_to_names(routed_data):
+    from distil.config.schema import RoutingConfig
+    from distil.data.datasets import load_examples
+
+    data, rows = routed_data
+    examples = load_examples(str(data))
+    routes = row_teachers(examples, RoutingConfig(column="source"), ["big", "small"])
+    assert routes == [0 if r["source"] == "big" else 1 for r in rows]
+    with pytest.raises(DataError, match="routed.jsonl:1"):
+        row_teachers(examples, RoutingConfig(column="source"), ["a", "b"])
