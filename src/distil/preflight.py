@@ -43,10 +43,10 @@ def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
 
         found.attempt(check_settings, cfg)
     examples = _data(cfg, found)
-    if cfg.teachers and cfg.routing.column and examples:  # each row has a teacher
+    if cfg.teachers.models and cfg.teachers.column and examples:  # each row has a teacher
         from distil.teacher.several import row_teachers
 
-        found.attempt(row_teachers, examples, cfg.routing, list(cfg.teachers))
+        found.attempt(row_teachers, examples, cfg.teachers, list(cfg.teachers.models))
     toks = _tokenizers(cfg, examples, found, notes)
     from distil.losses import is_cross_tokenizer
     from distil.models.load import vocab_mismatch
@@ -123,7 +123,7 @@ def _names(cfg: DistilConfig) -> list[str]:
 
     found = _task_named(cfg)
     name = cfg.loss.name
-    if cfg.teachers and is_cross_tokenizer(name):
+    if cfg.teachers.models and is_cross_tokenizer(name):
         found.append(
             f"loss.name = {name!r} with several teachers: they score same-tokenizer losses for "
             "now (the student's tokenizer on every side). Fix: a same-tokenizer loss such as "
@@ -148,7 +148,7 @@ def _task_named(cfg: DistilConfig) -> list[str]:
 
 def _teacher_needed(cfg: DistilConfig) -> str | None:
     t = cfg.teacher
-    needs = (cfg.loss.name != "sft" or cfg.train.seq_kd) and not t.cache and not cfg.teachers
+    needs = (cfg.loss.name != "sft" or cfg.train.seq_kd) and not t.cache and not cfg.teachers.models
     why = "train.seq_kd=true" if cfg.loss.name == "sft" else f"loss.name = {cfg.loss.name!r}"
     if needs and t.url and not t.tokenizer:  # resolve() copies teacher.path into it
         return (
@@ -193,7 +193,7 @@ def source_problems(cfg: DistilConfig) -> tuple[list[str], list[str]]:
     models = [("student", cfg.student)]
     if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd):
         models.append(("teacher", cfg.teacher))
-    models += [(f"teachers.{name}", t) for name, t in cfg.teachers.items()]
+    models += [(f"teachers.models.{name}", t) for name, t in cfg.teachers.models.items()]
     for name, section in models:
         if not section.path:
             continue

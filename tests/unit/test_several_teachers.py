@@ -42,8 +42,8 @@ def several(make_train_config, pair_dirs, second_teacher, data, **routing):
     raw = make_train_config(train={"max_steps": 2, "lambda": 0.0})
     raw["data"]["train"] = str(data)
     raw["teacher"] = {}
-    raw["teachers"] = {"a": {"path": str(pair_dirs[0])}, "b": {"path": str(second_teacher)}}
-    raw["routing"] = routing
+    models = {"a": {"path": str(pair_dirs[0])}, "b": {"path": str(second_teacher)}}
+    raw["teachers"] = {"models": models, **routing}
     return raw
 
 
@@ -120,34 +120,51 @@ def test_validate_names_the_mistakes(make_train_config, pair_dirs, second_teache
         make_train_config, pair_dirs, second_teacher, data,
         column="source", map={"small": "a", "big": "c"},
     )  # fmt: skip
-    with pytest.raises(ConfigError, match=r"routing names \['c'\]"):
+    with pytest.raises(ConfigError, match=r"teachers.map/weights name \['c'\]"):
         build_config(raw)
-    raw["routing"] = {"column": "source", "map": {"small": "a"}}  # 'big' is claimed by no one
+    raw["teachers"] |= {"column": "source", "map": {"small": "a"}}  # 'big' is claimed by no one
     problems, _ = preflight(build_config(raw))
     assert any("'big': no teacher claims this value" in p for p in problems)
     assert any("routed.jsonl:1" in p for p in problems)
-    raw["routing"] = {"column": "origin"}
+    raw["teachers"] |= {"column": "origin", "map": {}}
     problems, _ = preflight(build_config(raw))
-    assert any("routing.column = 'origin': this row has no such column" in p for p in problems)
-    raw["routing"] = {"column": "source", "weights": {"a": 1.0}}
-    with pytest.raises(ConfigError, match="exactly one of routing.column"):
+    assert any("teachers.column = 'origin': this row has no such column" in p for p in problems)
+    raw["teachers"] |= {"column": "source", "weights": {"a": 1.0}}
+    with pytest.raises(ConfigError, match=r"exactly one of teachers\.column"):
         build_config(raw)
-    raw["routing"] = {"weights": {"a": 1.0}}
+    raw["teachers"] |= {"column": None, "weights": {"a": 1.0}}
     with pytest.raises(ConfigError, match="a same-tokenizer loss"):
         from distil.preflight import check
 
         check(config_with(raw, loss={"name": "aligned_kl"}), "train")
-    with pytest.raises(ConfigError, match="teacher.path/cache/url and `teachers`"):
+    with pytest.raises(ConfigError, match=r"teacher\.path/cache/url and teachers\.models"):
         build_config({**raw, "teacher": {"path": str(pair_dirs[0])}})
 
 
 def test_row_teachers_maps_values_to_names(routed_data):
-    from distil.config.schema import RoutingConfig
+    from distil.config.schema import TeachersConfig
     from distil.data.datasets import load_examples
 
     data, rows = routed_data
     examples = load_examples(str(data))
-    routes = row_teachers(examples, RoutingConfig(column="source"), ["big", "small"])
+    routes = row_teachers(examples, TeachersConfig(column="source"), ["big", "small"])
     assert routes == [0 if r["source"] == "big" else 1 for r in rows]
-    with pytest.raises(DataError, match="routed.jsonl:1"):
-        row_teachers(examples, RoutingConfig(column="source"), ["a", "b"])
+    with pytest.raises(DataError, match=r"routed\.jsonl:1"):
+        row_teachers(examples, TeachersConfig(column="source"), ["a", "b"])
+
+
+def test_a_mistyped_key_of_one_teacher_is_named_with_its_fix(
+    make_train_config, pair_dirs, second_teacher, routed_data
+):
+    data, _ = routed_data
+    raw = several(make_train_config, pair_dirs, second_teacher, data, weights={"a": 1.0})
+    raw["teachers"]["models"]["a"]["tokeniser"] = "x"
+    raw["teachers"]["models"]["b"]["top_k"] = "abc"
+    with pytest.raises(ConfigError) as err:
+        build_config(raw)
+    assert err.value.problems == [
+        "unknown key 'teachers.models.a.tokeniser' in section 'teachers.models.a': did you "
+        "mean 'teachers.models.a.tokenizer'?",
+        "'teachers.models.b.top_k' = 'abc': Input should be a valid integer, unable to parse "
+        "string as an integer",
+    ]

@@ -5,6 +5,7 @@ the fix, rules over several values)."""
 from __future__ import annotations
 
 import difflib
+import typing
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -149,6 +150,10 @@ def _loc_key(loc: tuple) -> str:
     field adds (`target_modules.str`) dropped."""
     parts = [str(p) for p in loc if not isinstance(p, int)]
     leaves = leaf_fields()
+    if len(parts) > 2 and _dict_of_sections(
+        getattr(leaves.get(".".join(parts[:2])), "annotation", None)
+    ):
+        return ".".join(parts[:4])  # teachers.models.<name>.<key>
     for end in range(len(parts), 0, -1):
         if ".".join(parts[:end]) in leaves:
             return ".".join(parts[:end])
@@ -209,7 +214,20 @@ def _unknown_keys(raw: Any, model: type[BaseModel] = DistilConfig, prefix: str =
             found.add(prefix + str(key))
         elif isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
             found |= _unknown_keys(value, info.annotation, f"{prefix}{key}.")
+        elif (item := _dict_of_sections(info.annotation)) is not None and isinstance(value, dict):
+            for name, entry in value.items():  # teachers.models.<name>: a section per name
+                found |= _unknown_keys(entry, item, f"{prefix}{key}.{name}.")
     return found
+
+
+def _dict_of_sections(annotation: Any) -> type[BaseModel] | None:
+    """The section type of a `dict[str, Section]` field (teachers.models), else None."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is dict and len(args) == 2:
+        item = args[1]
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            return item
+    return None
 
 
 def unknown_key_problems(raw: dict[str, Any], model: type[BaseModel]) -> list[str]:
@@ -219,6 +237,11 @@ def unknown_key_problems(raw: dict[str, Any], model: type[BaseModel]) -> list[st
     for key in sorted(_unknown_keys(raw, model)):
         parent, _, last = key.rpartition(".")
         siblings = [k for k in all_keys if k.rpartition(".")[0] == parent]
+        if item := _dict_of_sections(
+            getattr(leaf_fields(model).get(parent.rpartition(".")[0]), "annotation", None)
+        ):
+            siblings = [f"{parent}.{info.alias or n}" for n, info in item.model_fields.items()]
+            all_keys = [*all_keys, *siblings]  # teachers.models.<name>: the keys of its section
         if not parent:
             siblings = sections
         same_name = [k for k in all_keys if k.rpartition(".")[2] == last]

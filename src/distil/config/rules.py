@@ -21,7 +21,7 @@ def resolve(cfg: DistilConfig) -> DistilConfig:
         cfg.student.tokenizer = cfg.student.path
     if cfg.teacher.tokenizer is None:
         cfg.teacher.tokenizer = cfg.teacher.path
-    for t in cfg.teachers.values():
+    for t in cfg.teachers.models.values():
         if t.tokenizer is None:
             t.tokenizer = t.path
     gen, train = cfg.generation, cfg.train
@@ -330,41 +330,44 @@ def _vllm_engine_lengths(cfg: DistilConfig):
 @check
 def _several_teachers(cfg: DistilConfig):
     """`teachers` + `routing`: what this version supports, each refusal with its fix."""
-    names, r = list(cfg.teachers), cfg.routing
+    names, r = list(cfg.teachers.models), cfg.teachers
     if not names:
         if r.column or r.weights or r.map:
-            return ("routing",), "routing is set but `teachers` names none. Fix: add `teachers`"
+            return ("teachers",), (
+                "teachers.column/map/weights are set but teachers.models names no teacher. "
+                "Fix: add teachers.models"
+            )
         return None
-    keys = ("teachers", "routing")
+    keys = ("teachers",)
     if cfg.teacher.path or cfg.teacher.cache or cfg.teacher.url:
         return keys, (
-            "teacher.path/cache/url and `teachers` are both set. Fix: name every teacher under "
-            "`teachers` (teacher.path=null)"
+            "teacher.path/cache/url and teachers.models are both set. Fix: name every teacher "
+            "under teachers.models (teacher.path=null)"
         )
     if bool(r.column) == bool(r.weights):
         return keys, (
-            f"`teachers` ({', '.join(names)}) need exactly one of routing.column (each row to "
-            "one teacher, by a data column) and routing.weights (a mixture of all). Fix: set one"
+            f"teachers.models ({', '.join(names)}) need exactly one of teachers.column (each row to "
+            "one teacher, by a data column) and teachers.weights (a mixture of all). Fix: set one"
         )
     named = set(r.map.values()) | set(r.weights or {})
     if unknown := sorted(named - set(names)):
         return keys, (
-            f"routing names {unknown}, which `teachers` does not define ({', '.join(names)}). "
+            f"teachers.map/weights name {unknown}, which teachers.models does not define ({', '.join(names)}). "
             "Fix: use those names"
         )
     weights = list((r.weights or {}).values())
     if r.weights is not None and (min(weights, default=0) < 0 or not sum(weights) > 0):
-        return keys, f"routing.weights = {r.weights}: weights are >= 0 with a positive sum"
-    for name, t in cfg.teachers.items():
+        return keys, f"teachers.weights = {r.weights}: weights are >= 0 with a positive sum"
+    for name, t in cfg.teachers.models.items():
         if not t.path or t.cache or t.url or t.placement != "replicate":
             return keys, (
-                f"teachers.{name}: several teachers are live models for now (a path; no cache, "
-                "url or placement=shard). Fix: set teachers.{name}.path to a model"
+                f"teachers.models.{name}: several teachers are live models for now (a path; no cache, "
+                "url or placement=shard). Fix: set teachers.models.{name}.path to a model"
             )
         if r.weights is not None and t.top_k is not None:
             return keys, (
-                f"teachers.{name}.top_k = {t.top_k} in a mixture: mixing needs each teacher's "
-                f"full distribution. Fix: teachers.{name}.top_k=null"
+                f"teachers.models.{name}.top_k = {t.top_k} in a mixture: mixing needs each teacher's "
+                f"full distribution. Fix: teachers.models.{name}.top_k=null"
             )
     if cfg.loss.name == "sft" or cfg.train.seq_kd:  # cross-tokenizer losses: preflight
         return keys, (

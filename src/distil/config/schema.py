@@ -365,16 +365,19 @@ class LoggingConfig(Section):
     print_example: bool = Field(True, description="print one rendered training example")
 
 
-class RoutingConfig(Section):
-    """Several teachers (`teachers`): which one scores each training row (docs/multi-teacher.md).
+class TeachersConfig(Section):
+    """Several teachers: `models` by name, and which one scores each training row
+    (docs/multi-teacher.md). Either `column` (each row to one teacher, by a data column) or
+    `weights` (every row scored by every teacher named, their distributions mixed)."""
 
-    Either `column` (each row to one teacher, by a data column) or `weights` (every row scored
-    by every teacher named, their distributions mixed), never both."""
-
+    models: dict[str, TeacherConfig] = Field(
+        default_factory=dict,
+        description="teachers by name, each with the keys of `teacher` (teacher.path stays null)",
+    )
     column: str | None = Field(
         None,
         description="data column naming each row's teacher: its value is a teacher's name, or "
-        "a key of routing.map",
+        "a key of teachers.map",
     )
     map: dict[str, str] = Field(
         default_factory=dict, description="column value -> teacher name (default: the value)"
@@ -390,12 +393,7 @@ class DistilConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     student: ModelConfig = Field(default_factory=ModelConfig)
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
-    teachers: dict[str, TeacherConfig] = Field(
-        default_factory=dict,
-        description="several teachers by name (each with the keys of `teacher`), routed or "
-        "mixed by `routing`; `teacher.path` stays null then",
-    )
-    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    teachers: TeachersConfig = Field(default_factory=TeachersConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)

@@ -1,10 +1,10 @@
-"""Several teachers behind one `TeacherScorer` (config `teachers` + `routing`).
+"""Several teachers behind one `TeacherScorer` (config `teachers`).
 
-- Routed (`routing.column`): each training row goes to one teacher, named by a data column
-  (through `routing.map` when given). Rows of different teachers share a micro-batch; each
+- Routed (`teachers.column`): each training row goes to one teacher, named by a data column
+  (through `teachers.map` when given). Rows of different teachers share a micro-batch; each
   teacher runs once per micro-batch on its own rows, and the targets are put back in row
   order.
-- Mixed (`routing.weights`): every teacher scores every row and the targets are the mixture
+- Mixed (`teachers.weights`): every teacher scores every row and the targets are the mixture
   of their distributions, log M(v) = log sum_i w_i T_i(v) (weights normalized to sum to 1),
   which the configured divergence then compares with the student. A mixture of one teacher
   with weight 1 is that teacher.
@@ -26,9 +26,9 @@ from distil.errors import DataError
 from distil.types import Batch, Example, TeacherTargets
 
 
-def row_teachers(examples: Sequence[Example], routing, names: Sequence[str]) -> list[int]:
-    """Index into `names` of each example's teacher (`routing.column`, mapped by
-    `routing.map`); a row without the column, or whose value no teacher claims, is a DataError
+def row_teachers(examples: Sequence[Example], teachers, names: Sequence[str]) -> list[int]:
+    """Index into `names` of each example's teacher (`teachers.column`, mapped by
+    `teachers.map`); a row without the column, or whose value no teacher claims, is a DataError
     naming its file and line."""
     from distil.data.datasets import source_row
 
@@ -38,20 +38,20 @@ def row_teachers(examples: Sequence[Example], routing, names: Sequence[str]) -> 
         path, _, line = e.meta.get("_where", "").rpartition(":")
         where = {"path": path or None, "line": int(line) if line.isdigit() else None}
         row = source_row(e)
-        if routing.column not in row:
+        if teachers.column not in row:
             raise DataError(
-                f"routing.column = {routing.column!r}: this row has no such column (it has "
+                f"teachers.column = {teachers.column!r}: this row has no such column (it has "
                 f"{', '.join(sorted(row)) or 'none'}). Fix: add it, or route by another column",
                 **where,
             )
-        value = str(row[routing.column])
-        name = routing.map.get(value, value)
+        value = str(row[teachers.column])
+        name = teachers.map.get(value, value)
         if name not in index:
-            claimed = sorted(routing.map) if routing.map else list(names)
+            claimed = sorted(teachers.map) if teachers.map else list(names)
             raise DataError(
-                f"routing.column {routing.column!r} = {value!r}: no teacher claims this value "
+                f"teachers.column {teachers.column!r} = {value!r}: no teacher claims this value "
                 f"(teachers: {', '.join(names)}; values routed: {', '.join(claimed)}). Fix: "
-                "add it to routing.map, or name a teacher after it",
+                "add it to teachers.map, or name a teacher after it",
                 **where,
             )
         out.append(index[name])

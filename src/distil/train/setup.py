@@ -169,15 +169,15 @@ def load_teacher(cfg: DistilConfig, accelerator):
 
 
 def several_teachers(cfg: DistilConfig, accelerator, model, tok, examples) -> tuple:
-    """`build_scorer` for `teachers`: each teacher loaded like `teacher`, checked to share the
+    """`build_scorer` for `teachers.models`: each teacher loaded like `teacher`, checked to share the
     student's vocabulary, behind one RoutedTeacher or MixedTeacher (teacher/several.py)."""
     from distil.teacher.select import live_scorer, shared_vocab_size
     from distil.teacher.several import MixedTeacher, RoutedTeacher, row_teachers
 
-    names = list(cfg.teachers)
+    names = list(cfg.teachers.models)
     loaded = []
     for name in names:
-        one = cfg.model_copy(update={"teacher": cfg.teachers[name]})
+        one = cfg.model_copy(update={"teacher": cfg.teachers.models[name]})
         t_model, t_tok = load_teacher(one, accelerator)
         shared_vocab_size(one, tok, t_tok, model, t_model)  # raises for another vocabulary
         loaded.append((one, t_model, t_tok))
@@ -185,10 +185,10 @@ def several_teachers(cfg: DistilConfig, accelerator, model, tok, examples) -> tu
     vs = model.get_output_embeddings().weight.shape[0]
     keep = min(vs, *rows) if any(r != vs for r in rows) else None
     scorers = [live_scorer(one, m, one.teacher.top_k, keep) for one, m, _ in loaded]
-    if cfg.routing.weights is not None:
-        teacher = MixedTeacher(scorers, [cfg.routing.weights.get(n, 0.0) for n in names])
+    if cfg.teachers.weights is not None:
+        teacher = MixedTeacher(scorers, [cfg.teachers.weights.get(n, 0.0) for n in names])
     else:
-        teacher = RoutedTeacher(scorers, names, row_teachers(examples, cfg.routing, names))
+        teacher = RoutedTeacher(scorers, names, row_teachers(examples, cfg.teachers, names))
     return teacher, loaded[0][2], None, keep
 
 
@@ -307,7 +307,7 @@ def build(cfg: DistilConfig) -> Components:
     teacher_model, teacher_tok = None, None
     if loads_teacher_model(cfg):
         teacher_model, teacher_tok = load_teacher(cfg, accelerator)
-    if cfg.teachers:
+    if cfg.teachers.models:
         teacher, teacher_tok, cross, vocab_size = several_teachers(
             cfg, accelerator, model, tok, examples
         )
