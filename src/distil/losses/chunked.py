@@ -118,10 +118,13 @@ def student_parts(student, mask_B_T: torch.Tensor):
     return hidden, weight, bias
 
 
-def _student_rows(student, mask_B_T: torch.Tensor):
-    """(x_N_X, weight_V_H | None, bias_V | None): the student's loss rows and its head, if any."""
+def _student_rows(student, mask_B_T: torch.Tensor, at_N: torch.Tensor):
+    """(x_N_X, weight_V_H | None, bias_V | None): the student's rows at the flat loss positions
+    `at_N` (b * T + t) and its head, if any. Indexing with the positions already found costs
+    no second nonzero (a host sync) as a boolean mask would."""
     hidden, weight, bias = student_parts(student, mask_B_T)
-    return hidden[mask_B_T], weight, bias
+    t = hidden.shape[1]
+    return hidden[at_N // t, at_N % t], weight, bias
 
 
 def upcast(x: torch.Tensor) -> torch.Tensor:
@@ -206,10 +209,10 @@ def run_rowwise(
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of rows or None, got {chunk_size}")
     mask_B_T = mask_B_T.bool()
-    x_N, weight, bias = _student_rows(student, mask_B_T)
     # the targets' rows are gathered chunk by chunk (from flat positions), so a full (N, V)
     # copy of the teacher's log-probs never exists next to the (B, T, V) original
     at_N = mask_B_T.reshape(-1).nonzero().squeeze(1)
+    x_N, weight, bias = _student_rows(student, mask_B_T, at_N)
     n = x_N.shape[0]
     step = n if chunk_size is None else min(chunk_size, n)
     step = max(step, 1)  # n == 0 still runs one (empty) chunk so the graph stays connected

@@ -30,7 +30,7 @@ def _teacher_token_logprobs(rows: Rows, ratio: float) -> torch.Tensor:
     return gather_rows(retemper(rows.logprobs_N_V, ratio), rows.labels_N)
 
 
-def _sampled_rows(ratio: float, logits_n_V: torch.Tensor, rows: Rows):
+def _sampled_rows(ratio: float, diagnostics: bool, logits_n_V: torch.Tensor, rows: Rows):
     s = torch.log_softmax(logits_n_V, dim=-1)
     lp_n = gather_rows(s, rows.labels_N)
     with torch.no_grad():
@@ -39,10 +39,11 @@ def _sampled_rows(ratio: float, logits_n_V: torch.Tensor, rows: Rows):
     loss_n = -advantage_n * torch.exp(lp_n - lp_n.detach())  # value -A_t, gradient -A_t ∇lp_t
     metrics = {
         "kl": -advantage_n,  # sampled reverse-KL estimate lp_t - τ_t (unbiased on-policy)
-        "student_entropy": entropy_rows(s.detach()),
         "student_logprob": lp_n.detach(),
         "teacher_logprob": tau_n,
     }
+    if diagnostics:  # the one full-width metric: only on steps that log it
+        metrics["student_entropy"] = entropy_rows(s.detach())
     return loss_n, metrics
 
 
@@ -83,16 +84,18 @@ def sampled_reverse_kl(
     targets_temperature: float = 1.0,
     chunk_size: int | None = None,
     ce_weight: float = 0.0,
+    diagnostics: bool = True,
     **unused,
 ) -> LossOutput:
-    """Sampled-token reverse KL as a per-token advantage (Tinker on-policy): teacher token lps."""
+    """Sampled-token reverse KL as a per-token advantage (Tinker on-policy): teacher token lps.
+    diagnostics=False leaves out the student's entropy (a full-vocabulary pass)."""
     check_temperatures(temperature, targets_temperature)
     _check(targets, labels_B_T, temperature, targets_temperature)
     return run_rowwise(
         student,
         targets,
         mask_B_T,
-        partial(_sampled_rows, targets_temperature / temperature),
+        partial(_sampled_rows, targets_temperature / temperature, diagnostics),
         num_tokens=num_tokens,
         labels_B_T=labels_B_T,
         temperature=temperature,

@@ -8,6 +8,8 @@ per token: -log S(x_{t+1})
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from distil.losses.chunked import Rows, run_rowwise
@@ -16,10 +18,13 @@ from distil.losses.registry import register
 from distil.types import LossOutput, TeacherTargets
 
 
-def _ce_rows(logits_n_V: torch.Tensor, rows: Rows):
+def _ce_rows(diagnostics: bool, logits_n_V: torch.Tensor, rows: Rows):
     logp = torch.log_softmax(logits_n_V, dim=-1)
     nll = -logp.gather(1, rows.labels_N[:, None]).squeeze(1)
-    return nll, {"student_logprob": -nll.detach(), "student_entropy": entropy_rows(logp).detach()}
+    metrics = {"student_logprob": -nll.detach()}
+    if diagnostics:  # a full-vocabulary pass: only on steps that log it
+        metrics["student_entropy"] = entropy_rows(logp).detach()
+    return nll, metrics
 
 
 @register("sft")
@@ -32,16 +37,18 @@ def sft(
     labels_B_T=None,
     chunk_size: int | None = None,
     ce_weight: float = 0.0,
+    diagnostics: bool = True,
     **unused,
 ) -> LossOutput:
-    """Cross-entropy on the data's tokens (dataset or teacher-written completions); no teacher."""
+    """Cross-entropy on the data's tokens (dataset or teacher-written completions); no teacher.
+    diagnostics=False leaves out the student's entropy."""
     if labels_B_T is None:
         raise ValueError("the sft loss needs labels_B_T (the data's next tokens)")
     return run_rowwise(
         student,
         targets or TeacherTargets(),
         mask_B_T,
-        _ce_rows,
+        partial(_ce_rows, diagnostics),
         num_tokens=num_tokens,
         labels_B_T=labels_B_T,
         chunk_size=chunk_size,

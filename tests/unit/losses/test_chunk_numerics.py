@@ -123,3 +123,19 @@ def test_bf16_head_gradient_adds_up_in_fp32_over_many_chunks():
     one_chunk, many = err(head_grad(None)), err(head_grad(16))
     # bf16 accumulation over 64 chunks: 0.0108 against 0.0064 for one chunk; fp32: 0.0065
     assert many < 1.1 * one_chunk, (many, one_chunk)
+
+
+@pytest.mark.parametrize("name", ["sampled_reverse_kl", "sft"])
+def test_diagnostics_off_drops_the_entropy_of_the_other_losses(name):
+    hidden, weight, bias, _, mask, labels = make_case("dense")
+    teacher = torch.log_softmax(torch.randn(*mask.shape, weight.shape[0]), -1)
+    tokens = teacher.gather(-1, labels[..., None])[..., 0]
+    targets = TeacherTargets(logprobs_B_T_V=teacher, token_logprobs_B_T=tokens)
+    case = (hidden, weight, bias, targets, mask, labels)
+    full = run(case, name=name, chunk_size=4)
+    lean = run(case, name=name, chunk_size=4, diagnostics=False)
+    assert "student_entropy_sum" in full[0].metrics
+    assert set(full[0].metrics) - set(lean[0].metrics) == {"student_entropy_sum"}
+    torch.testing.assert_close(lean[0].loss, full[0].loss, atol=0, rtol=0)
+    for x, y in zip(lean[1], full[1], strict=True):
+        torch.testing.assert_close(x, y, atol=0, rtol=0)
