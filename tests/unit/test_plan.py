@@ -172,3 +172,18 @@ def test_parse_bytes_and_its_errors():
 def test_a_missing_model_config_names_the_key_and_the_fix(tmp_path):
     with pytest.raises(ConfigError, match=r"teacher.path = .*could not read its config.json.*Fix"):
         make_plan(cfg(teacher={"path": str(tmp_path / "nowhere")}), H100)
+
+
+def test_seq_kd_teacher_writes_with_its_own_kv_cache():
+    plan = make_plan(cfg(train={"seq_kd": True, "lambda": 0.0}), H100)
+    rows, tokens = 4 * 2, 256 + 256  # the window's off-policy slices, prompt + max_new_tokens
+    # Qwen3-1.7B: 28 layers, 8 KV heads of 128, bf16
+    kv = 2 * 28 * 8 * 128 * rows * tokens * 2
+    assert term(plan, "teacher generation (seq-KD)", "teacher KV cache") == kv
+    assert "generation" not in [p.name for p in plan.devices[0].phases]  # no on-policy slices
+
+
+def test_moe_layers_are_traced_on_meta():
+    s = model_shape(str(MODEL_CONFIGS / "qwen3-30b-a3b"))
+    assert s.params == 30_532_122_624 and s.experts == 128 and s.act_traced
+    assert s.active_params < s.params // 5  # 8 of 128 experts a token

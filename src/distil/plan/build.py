@@ -14,6 +14,7 @@ from distil.plan.target import Target
 
 # phases that run once per micro-batch (the others once per optimizer step)
 PER_MICRO = ("teacher scoring", "student fwd/bwd + loss")
+SEQ_KD = "teacher generation (seq-KD)"
 
 
 @dataclass
@@ -109,6 +110,7 @@ def make_plan(cfg: DistilConfig, target: Target) -> Plan:
     apart = _teacher_apart(cfg) and z.teacher_kind == "live"
     main = [
         ph.generation(cfg, z, s, target),
+        None if apart else ph.teacher_generation(cfg, z, s, t, target, student_here=True),
         ph.teacher_scoring(cfg, z, s, t, target, model_here=not apart),
         ph.student_step(cfg, z, s, t, target, teacher_here=not apart),
         ph.optimizer_step(cfg, z, s, target),
@@ -117,13 +119,15 @@ def make_plan(cfg: DistilConfig, target: Target) -> Plan:
     main = [p for p in main if p is not None]
     if not apart and z.teacher_kind == "live" and t is not None:
         for p in main:  # the teacher stays on the student's device through every phase
-            if p.name not in ("teacher scoring", "student fwd/bwd + loss"):
+            if p.name not in ("teacher scoring", "student fwd/bwd + loss", SEQ_KD):
                 p.add("teacher weights", ph.m.weights(t.params, z.teacher_bytes, _t_shards(cfg, z)))
     rank = "cpu" if not target.cuda else "cuda:0" + (" (each rank)" if target.gpus > 1 else "")
     devices = [DevicePlan(rank, target.usable, main)]
     if apart:
         scoring = ph.teacher_scoring(cfg, z, s, t, target, student_here=False)
-        devices.append(DevicePlan(f"{cfg.teacher.device} (teacher)", target.usable, [scoring]))
+        writing = ph.teacher_generation(cfg, z, s, t, target, student_here=False)
+        phases = [p for p in (writing, scoring) if p is not None]
+        devices.append(DevicePlan(f"{cfg.teacher.device} (teacher)", target.usable, phases))
     plan = Plan(target, s, t, z, devices, notes=_notes(cfg, s, t, z, target))
     for d in devices:
         for p in d.phases:
@@ -149,9 +153,8 @@ def _notes(
     for name, shape in (("student", s), ("teacher", t)):
         if shape is not None and not shape.act_traced:
             out.append(
-                f"{name} ({shape.model_type}): its decoder layer does not run on the meta device "
-                "(data-dependent routing); activations use a Llama-style count with the active "
-                "experts' width"
+                f"{name} ({shape.model_type}): its decoder layer does not run on the meta device; "
+                "activations use a Llama-style count (with the active experts' width for MoE)"
             )
     if z.teacher_kind == "remote":
         out.append("teacher.url: the teacher's memory is the server's, not planned here")

@@ -108,6 +108,28 @@ def generation(cfg: DistilConfig, z: Sizes, s: ModelShape, target: Target) -> Ph
     return p
 
 
+def teacher_generation(cfg: DistilConfig, z: Sizes, s: ModelShape, t: ModelShape | None,
+                       target: Target, *, student_here: bool) -> Phase | None:  # fmt: skip
+    """`train.seq_kd`: the live teacher writes the off-policy slices' completions (hf or
+    hf_static; a colocated vLLM engine serves the student only)."""
+    if not z.seq_kd_rows or t is None or z.teacher_kind != "live":
+        return None
+    g = cfg.generation
+    p = Phase("teacher generation (seq-KD)")
+    if student_here:
+        p.terms = resident(cfg, z, s, target, grads=False)
+    shards = z.shards if cfg.teacher.placement == "shard" else 1
+    p.add("teacher weights", m.weights(t.params, z.teacher_bytes, shards))
+    tokens = z.prompt + g.max_new_tokens
+    p.add("teacher KV cache", m.kv_cache(t, z.seq_kd_rows, tokens, z.teacher_bytes),
+          f"{z.seq_kd_rows} rows x {tokens} tokens")  # fmt: skip
+    p.add("prefill forward", m.inference_forward(t, z.seq_kd_rows * z.prompt, z.teacher_bytes))
+    p.add("sampling logits", m.logits_chunk(z.seq_kd_rows, t.vocab, m.GEN_LOGITS_COPIES))
+    p.flops = 2 * t.active_params * z.seq_kd_rows * tokens
+    p.bytes_moved = t.active_params * z.teacher_bytes * g.max_new_tokens
+    return p
+
+
 def targets_terms(z: Sizes, t: ModelShape | None, rows_bt: int) -> list[Term]:
     """The teacher's targets of one micro-batch, held until its loss is done."""
     p = Phase("targets")

@@ -5,9 +5,10 @@ device (shapes only: no weights are read or allocated).
 config.json is read, through `AutoConfig`). The parameter counts come from the meta build, so
 tied embeddings, biases, norms, MoE experts and a vision tower count as transformers builds
 them. The activations one decoder layer saves for backward are measured by running that layer
-on the meta device under `torch.autograd.graph.saved_tensors_hooks` and adding up the storages
-it saves (parameters excluded), per token; an architecture whose layer cannot run on meta
-(MoE routing is data-dependent) falls back to a count of a Llama-style block.
+on the meta device under `torch.autograd.graph.saved_tensors_hooks` and adding up the elements
+of the storages it saves (parameters excluded), per token (an MoE layer on meta routes every
+token to its k experts); an architecture whose layer cannot run on meta falls back to a count
+of a Llama-style block.
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ def model_shape(path: str, *, key: str = "student.path", trust_remote_code: bool
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
-                config, trust_remote_code=trust_remote_code, dtype=torch.float32
-            )
+                config, trust_remote_code=trust_remote_code, dtype=torch.bfloat16
+            )  # bf16: the grouped expert matmuls of MoE layers run on meta only in bf16
     except Exception as exc:
         raise ConfigError(
             f"{key} = {path!r}: transformers could not build a causal LM from its config "
@@ -178,11 +179,13 @@ def _trace_layer(model, text) -> tuple[float, bool]:
 
     def pack(x: torch.Tensor) -> torch.Tensor:
         s = x.untyped_storage()
-        saved[s._cdata] = (s.nbytes(), x)  # keep x alive: its address must not be reused
+        # elements, so the count holds for any dtype; keep x alive: its address must not be reused
+        saved[s._cdata] = (s.nbytes() // x.element_size(), x)
         return x
 
     try:
-        h = torch.zeros(1, t, text.hidden_size, device="meta", requires_grad=True)
+        dtype = next(model.parameters()).dtype
+        h = torch.zeros(1, t, text.hidden_size, device="meta", dtype=dtype, requires_grad=True)
         pos = torch.arange(t, device="meta")[None]
         try:
             pe = inner.rotary_emb(h, pos)
@@ -190,10 +193,10 @@ def _trace_layer(model, text) -> tuple[float, bool]:
             pe = inner.rotary_emb(h, pos, "full_attention")
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
             inner.layers[0](h, attention_mask=None, position_ids=pos, position_embeddings=pe)
-    except Exception:  # data-dependent routing (MoE), remote code, unusual signatures
+    except Exception:  # data-dependent ops, remote code, unusual layer signatures
         return 0.0, False
     weights = {p.untyped_storage()._cdata for p in model.parameters()}
     total = sum(
         n for k, (n, x) in saved.items() if k not in weights and tuple(x.shape[-2:]) != (t, t)
     )
-    return total / 4 / t, True  # traced in fp32: 4 bytes an element
+    return total / t, True

@@ -28,6 +28,7 @@ class Sizes:
     tokens: int  # student tokens per micro-batch (packed rows rounded up)
     loss_rows: int  # loss positions per micro-batch
     gen_rows: int  # sequences sampled per window (0: no on-policy generation)
+    seq_kd_rows: int  # sequences the teacher writes per window (seq-KD; worst case: all)
     student_bytes: int  # student weights' element size on the device
     act_bytes: int  # activations' element size
     teacher_bytes: int
@@ -64,9 +65,10 @@ def sizes(
 ) -> Sizes:
     t, g = cfg.train, cfg.generation
     on_policy = t.lambda_ > 0
-    off = t.lambda_ < 1 or t.seq_kd
+    sampled = on_policy or (t.seq_kd and t.lambda_ < 1)  # the teacher samples seq-KD slices
+    dataset = t.lambda_ < 1 and not t.seq_kd
     completion = max(
-        g.max_new_tokens if on_policy else 0, cfg.data.max_completion_tokens if off else 0
+        g.max_new_tokens if sampled else 0, cfg.data.max_completion_tokens if dataset else 0
     )
     seq = cfg.data.max_prompt_tokens + completion
     tokens = t.per_device_batch_size * seq
@@ -91,6 +93,9 @@ def sizes(
         tokens=tokens,
         loss_rows=t.per_device_batch_size * completion,
         gen_rows=t.per_device_batch_size * t.grad_accum_steps if on_policy else 0,
+        seq_kd_rows=t.per_device_batch_size * t.grad_accum_steps
+        if t.seq_kd and t.lambda_ < 1
+        else 0,
         student_bytes=s_bytes,
         act_bytes=2 if autocast or s_bytes == 2 else 4,
         teacher_bytes=nbytes(t_dtype),
