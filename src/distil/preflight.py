@@ -43,6 +43,12 @@ def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
 
         found.attempt(check_settings, cfg)
     examples = _data(cfg, found)
+    if (cfg.teacher.context or cfg.teacher.system) and examples:  # the fields it reads
+        from distil.data.context import context_prompt
+
+        for e in examples:
+            if found.attempt(context_prompt, e, cfg.teacher.context, cfg.teacher.system) is None:
+                break
     if cfg.teachers.models and cfg.teachers.column and examples:  # each row has a teacher
         from distil.teacher.several import row_teachers
 

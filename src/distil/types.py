@@ -296,6 +296,11 @@ class Batch:
     # cross-tokenizer batches: the teacher's own inputs and the alignment of the completions
     teacher_input_ids_B_L: torch.Tensor | None = None
     teacher_attention_mask_B_L: torch.Tensor | None = None
+    # privileged context, same tokenizer: the teacher's prompt + the same completion, and per
+    # row the shift from a student position to the teacher's (data/context.py)
+    context_input_ids_B_L: torch.Tensor | None = None
+    context_attention_mask_B_L: torch.Tensor | None = None
+    context_shift_B: torch.Tensor | None = None
     alignment: AlignmentGroups | None = None
 
     @property

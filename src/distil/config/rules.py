@@ -381,3 +381,36 @@ def _several_teachers(cfg: DistilConfig):
             "different teachers. Fix: train.packing=false"
         )
     return None
+
+
+@check
+def _privileged_context(cfg: DistilConfig):
+    """teacher.context / teacher.system: a live teacher scores the completion for now."""
+    t = cfg.teacher
+    if not (t.context or t.system):
+        return None
+    keys = ("teacher.context", "teacher.system")
+    if t.cache or t.url:
+        return keys, (
+            "teacher.context/system with teacher.cache or teacher.url: the cache and the server "
+            "score the student's own prompt. Fix: a live teacher (teacher.path), or no context"
+        )
+    if cfg.train.seq_kd:
+        return keys, (
+            "teacher.context/system with train.seq_kd=true: a teacher that writes completions "
+            "after a privileged prompt is not supported yet. Fix: train.seq_kd=false"
+        )
+    if cfg.loss.name == "sft":
+        return keys, "teacher.context/system with loss.name='sft': no teacher scores. Fix: drop it"
+    if cfg.teachers.models and not any(m.context or m.system for m in cfg.teachers.models.values()):
+        return keys, (
+            "teacher.context/system with teachers.models: privileged context is for one teacher "
+            "for now. Fix: drop it, or use one teacher (teacher.path)"
+        )
+    for name, m in cfg.teachers.models.items():
+        if m.context or m.system:
+            return ("teachers",), (
+                f"teachers.models.{name}.context/system: privileged context is for one "
+                "teacher for now. Fix: drop it there"
+            )
+    return None

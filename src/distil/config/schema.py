@@ -118,6 +118,17 @@ class TeacherConfig(Section):
     api_key_env: str | None = Field(
         None, description="environment variable holding the teacher server's API key"
     )
+    context: str | None = Field(
+        None,
+        description="privileged context: the teacher's prompt as a template over the row's "
+        "columns, {prompt} being the student's (e.g. '{prompt}\\n\\nA correct solution: "
+        "{solution}'); both score the same completion (docs/privileged-context.md)",
+    )
+    system: str | None = Field(
+        None,
+        description="text only the teacher sees before the prompt (a system message for chat "
+        "prompts): context distillation",
+    )
 
 
 class VLLMConfig(Section):

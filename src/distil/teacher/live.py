@@ -66,6 +66,8 @@ class LiveTeacher:
         ids, attn = batch.input_ids_B_L, batch.attention_mask_B_L
         if batch.teacher_input_ids_B_L is not None:
             ids, attn = batch.teacher_input_ids_B_L, batch.teacher_attention_mask_B_L
+        elif batch.context_input_ids_B_L is not None:  # privileged context, same tokens
+            ids, attn = batch.context_input_ids_B_L, batch.context_attention_mask_B_L
         kw = dict(packing=self.packing, pack_length=self.pack_length)
         sharded = _is_fsdp(self.model)
         with torch.no_grad() if sharded else torch.inference_mode():
@@ -86,6 +88,8 @@ class LiveTeacher:
         if weight is None and self.vocab_size is not None:
             V = min(V, self.vocab_size)
         b, t = x_B_T_X.shape[:2]
+        if batch.context_shift_B is not None:  # targets in the student's positions
+            b, t = batch.mask_B_T.shape
         rows_B_T = scored_positions(batch, (b, t)).to(x_B_T_X.device)
         row_N, pos_N = rows_B_T.nonzero(as_tuple=True)
         labels_N = None
@@ -94,9 +98,13 @@ class LiveTeacher:
         dtype = x_B_T_X.dtype if weight is None else weight.dtype
         out = _Output(b, t, V, self.top_k, dtype, x_B_T_X.device)
         step = self.chunk_rows or auto_chunk_size(V)
+        # privileged context: teacher position p + shift predicts what student position p does
+        at_N = pos_N
+        if batch.context_shift_B is not None:
+            at_N = pos_N + batch.context_shift_B.to(pos_N.device)[row_N]
         for s in range(0, len(row_N), step):
             r, p = row_N[s : s + step], pos_N[s : s + step]
-            x_n = x_B_T_X[r, p]  # gathers n rows only, from any layout
+            x_n = x_B_T_X[r, at_N[s : s + step]]  # gathers n rows only, from any layout
             logits_n_V = x_n[:, :V] if weight is None else F.linear(x_n, weight, bias)
             logits_n_V = logits_n_V.float()
             if self.temperature != 1.0:

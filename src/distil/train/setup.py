@@ -276,9 +276,25 @@ def build_buffer(
         rank=accelerator.process_index,
         world_size=accelerator.num_processes,
         shuffle=cfg.data.shuffle,
-        collate_fn=cross.collate if cross is not None and align else collate,
+        collate_fn=_collate_fn(cfg, examples, tok, cross if align else None),
         num_workers=cfg.data.num_workers,
     )
+
+
+def _collate_fn(cfg: DistilConfig, examples, tok, cross):
+    """The micro-batch collation: padding (+ alignment across tokenizers), and with
+    teacher.context/system the teacher's privileged prompt (data/context.py; kept whole)."""
+    fn = cross.collate if cross is not None else collate
+    t = cfg.teacher
+    if not (t.context or t.system):
+        return fn
+    from distil.data.context import ContextCollate, context_prompt
+
+    prompts = [context_prompt(e, t.context, t.system) for e in examples]
+    if cross is not None:  # the teacher renders them with its own template
+        return ContextCollate(fn, context_prompts=prompts)
+    ids = encode_prompts(tok, prompts, name="teacher context")
+    return ContextCollate(fn, context_ids=ids)
 
 
 def build(cfg: DistilConfig) -> Components:
