@@ -107,5 +107,5 @@ def test_across_tokenizers_the_teacher_renders_the_context_itself(
 def test_validate_names_a_missing_field_and_refuses_a_cache(raw):
     problems, _ = preflight(config_with(raw, teacher={"context": "{prompt} {hint}"}))
     assert any("teacher.context reads 'hint'" in p and "train.jsonl:1" in p for p in problems)
-    with pytest.raises(ConfigError, match="teacher.cache or teacher.url"):
+    with pytest.raises(ConfigError, match=r"teacher\.cache or teacher\.url"):
         config_with(raw, teacher={"context": HINT, "cache": "x"}, train={"lambda": 0.0})
