@@ -65,14 +65,29 @@ def render(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def rate_text(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def seconds_text(s: float) -> str:
+    return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:,.0f} s"
+
+
 def _speed(plan: Plan) -> list[str]:
     tg = plan.target
-    out = [f"time at {tg.tflops:g} TFLOP/s and {tg.bandwidth / 1e12:.2f} TB/s ({tg.kind}):"]
+    bw = (
+        f"{tg.bandwidth / 1e12:.2f} TB/s"
+        if tg.bandwidth >= 1e11
+        else f"{tg.bandwidth / 1e9:.1f} GB/s"
+    )
+    out = [f"time at {tg.tflops:.3g} TFLOP/s and {bw} ({tg.kind}):"]
     for name, seconds in plan.step_phases():
         phase = next(p for p in plan.devices[0].phases if p.name == name)
-        out.append(f"  {name:<26} {flops_text(phase.flops):>14}  {seconds * 1e3:9.1f} ms a step")
+        out.append(
+            f"  {name:<26} {flops_text(phase.flops):>14}  {seconds_text(seconds):>12} a step"
+        )
     out.append(
-        f"  step: {plan.step_seconds * 1e3:.1f} ms, {plan.tokens_per_s:,.0f} tokens/s at best; "
+        f"  step: {seconds_text(plan.step_seconds)}, {rate_text(plan.tokens_per_s)} tokens/s at best; "
         f"bounded by {plan.bound}"
     )
     return out
