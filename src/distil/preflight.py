@@ -155,6 +155,7 @@ def _task_named(cfg: DistilConfig) -> list[str]:
 def _teacher_needed(cfg: DistilConfig) -> str | None:
     t = cfg.teacher
     needs = (cfg.loss.name != "sft" or cfg.train.seq_kd) and not t.cache and not cfg.teachers.models
+    needs = needs and not t.from_student
     why = "train.seq_kd=true" if cfg.loss.name == "sft" else f"loss.name = {cfg.loss.name!r}"
     if needs and t.url and not t.tokenizer:  # resolve() copies teacher.path into it
         return (

@@ -384,6 +384,32 @@ def _several_teachers(cfg: DistilConfig):
 
 
 @check
+def _self_distillation(cfg: DistilConfig):
+    t = cfg.teacher
+    if t.from_student is None:
+        return None
+    keys = ("teacher.from_student",)
+    if t.path or t.cache or t.url or cfg.teachers.models:
+        return keys, (
+            f"teacher.from_student = {t.from_student!r}: the student is the teacher, so "
+            "teacher.path, cache, url and teachers.models stay null. Fix: drop them, or "
+            "teacher.from_student=null"
+        )
+    if t.from_student == "current" and not (t.context or t.system):
+        return keys, (
+            "teacher.from_student = 'current' without teacher.context or teacher.system: the "
+            "teacher would be the student on the same prompt, so every divergence is 0. Fix: "
+            "give the teacher privileged context, or teacher.from_student=initial"
+        )
+    if cfg.train.seq_kd or cfg.loss.name == "sft":
+        return keys, (
+            "teacher.from_student with train.seq_kd or loss.name='sft': the student-teacher "
+            "only scores for now. Fix: a distillation loss with train.seq_kd=false"
+        )
+    return None
+
+
+@check
 def _privileged_context(cfg: DistilConfig):
     """teacher.context / teacher.system: a live teacher scores the completion for now."""
     t = cfg.teacher

@@ -129,6 +129,12 @@ class TeacherConfig(Section):
         description="text only the teacher sees before the prompt (a system message for chat "
         "prompts): context distillation",
     )
+    from_student: Literal["current", "initial"] | None = Field(
+        None,
+        description="self-distillation: the teacher is the student itself, its current weights "
+        "(no second copy; needs teacher.context or teacher.system) or a frozen copy of its "
+        "starting weights; teacher.path stays null",
+    )
 
 
 class VLLMConfig(Section):

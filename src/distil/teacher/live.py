@@ -41,15 +41,20 @@ class LiveTeacher:
         packing: bool = False,
         pack_length: int | None = None,
         chunk_rows: int | None = None,
+        follows_student: bool = False,
     ):
-        self.model = model.eval()
+        # follows_student: the model is the student being trained (self-distillation on its
+        # current weights): left trainable, switched to eval mode only while scoring
+        self.follows_student = follows_student
+        self.model = model if follows_student else model.eval()
         self.packing, self.pack_length = packing, pack_length
         self.chunk_rows = chunk_rows  # positions per head + log-softmax chunk (None: auto)
         self.temperature = temperature
         self.top_k = top_k
         self.vocab_size = vocab_size  # keep only the first V logits (padded embedding rows)
-        for p in self.model.parameters():
-            p.requires_grad_(False)
+        if not follows_student:
+            for p in self.model.parameters():
+                p.requires_grad_(False)
 
     @property
     def device(self) -> torch.device:
@@ -82,7 +87,12 @@ class LiveTeacher:
     @torch.no_grad()
     def score(self, batch: Batch) -> TeacherTargets:
         """Full log-probs (in the teacher's dtype) or top-k + rest at the scored positions."""
-        x_B_T_X, head = self.forward(batch)
+        training = self.model.training
+        self.model.eval()  # no dropout in the teacher pass (the student's own mode restored)
+        try:
+            x_B_T_X, head = self.forward(batch)
+        finally:
+            self.model.train(training)
         weight, bias = (None, None) if head is None else _head_params(head, self.vocab_size)
         V = x_B_T_X.shape[-1] if weight is None else weight.shape[0]
         if weight is None and self.vocab_size is not None:

@@ -102,6 +102,7 @@ def live_scorer(cfg: DistilConfig, teacher_model, top_k: int | None, vocab_size:
     """A LiveTeacher for `teacher_model` with the config's temperature and packing."""
     return scorer_class("live")(
         teacher_model,
+        follows_student=cfg.teacher.from_student == "current",
         temperature=cfg.loss.temperature,
         top_k=top_k,
         vocab_size=vocab_size,

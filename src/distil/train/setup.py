@@ -281,6 +281,16 @@ def build_buffer(
     )
 
 
+def self_teacher(cfg: DistilConfig, student):
+    """teacher.from_student: the student module itself (its current weights, scored without
+    gradient) or a frozen copy of its starting weights."""
+    if cfg.teacher.from_student == "current":
+        return student
+    import copy
+
+    return copy.deepcopy(student)
+
+
 def _collate_fn(cfg: DistilConfig, examples, tok, cross):
     """The micro-batch collation: padding (+ alignment across tokenizers), and with
     teacher.context/system the teacher's privileged prompt (data/context.py; kept whole)."""
@@ -323,6 +333,8 @@ def build(cfg: DistilConfig) -> Components:
     teacher_model, teacher_tok = None, None
     if loads_teacher_model(cfg):
         teacher_model, teacher_tok = load_teacher(cfg, accelerator)
+    elif cfg.teacher.from_student:  # self-distillation: no second load
+        teacher_model, teacher_tok = self_teacher(cfg, model), tok
     if cfg.teachers.models:
         teacher, teacher_tok, cross, vocab_size = several_teachers(
             cfg, accelerator, model, tok, examples
