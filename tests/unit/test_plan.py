@@ -187,3 +187,21 @@ def test_moe_layers_are_traced_on_meta():
     s = model_shape(str(MODEL_CONFIGS / "qwen3-30b-a3b"))
     assert s.params == 30_532_122_624 and s.experts == 128 and s.act_traced
     assert s.active_params < s.params // 5  # 8 of 128 experts a token
+
+
+def test_a_config_json_file_or_a_hub_id_is_enough(monkeypatch):
+    from transformers import AutoConfig
+
+    by_file = make_plan(cfg(student={"path": str(MODEL_CONFIGS / "qwen3-0.6b" / "config.json")}),
+                        H100)  # fmt: skip
+    assert by_file.student.params == Q06_PARAMS
+    asked = []
+    real = AutoConfig.from_pretrained
+
+    def from_pretrained(name, **kwargs):  # the hub id's config.json, and nothing else
+        asked.append(name)
+        return real(Q06)
+
+    monkeypatch.setattr(AutoConfig, "from_pretrained", from_pretrained)
+    by_hub = make_plan(cfg(student={"path": "Qwen/Qwen3-0.6B-not-cached"}), H100)
+    assert asked == ["Qwen/Qwen3-0.6B-not-cached"] and by_hub.student.params == Q06_PARAMS
