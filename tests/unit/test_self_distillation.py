@@ -59,7 +59,33 @@ def test_no_gradient_reaches_the_student_through_the_teacher_pass(raw):
 
 
 def test_mistakes_are_named(raw):
-    with pytest.raises(ConfigError, match="every divergence is 0"):
+    with pytest.raises(ConfigError, match=r"every divergence \(and gradient\) is 0"):
         config_with(raw, teacher={"path": None, "context": None, "from_student": "current"})
     with pytest.raises(ConfigError, match=r"teacher\.path, cache, url and teachers\.models"):
         config_with(raw, teacher={"from_student": "initial"})
+
+
+def test_an_ema_teacher_follows_the_student_and_resumes_bit_exactly(raw, tmp_path, monkeypatch):
+    from distil.testing import train_killed_after_checkpoint
+
+    ema = {"path": None, "from_student": "ema", "ema_decay": 0.5}
+    c = build(config_with(raw, teacher=ema))
+    start = {n: p.detach().clone() for n, p in c.unwrapped.named_parameters()}
+    with torch.no_grad():
+        for p in c.unwrapped.parameters():
+            p.add_(1.0)  # stands for an optimizer step
+    c.teacher.after_step(c.unwrapped)
+    for n, p in c.teacher.model.named_parameters():  # 0.5 * start + 0.5 * (start + 1)
+        torch.testing.assert_close(p, start[n] + 0.5, rtol=0, atol=1e-6)
+    assert c.teacher.model is not c.unwrapped
+
+    raw = {**raw, "teacher": {**raw["teacher"], **ema}}
+    raw["train"] = {**raw["train"], "max_steps": 4, "save_every": 2}
+    whole, w_whole = run(raw, tmp_path / "whole")
+    cut = config_with(raw, train={"output_dir": str(tmp_path / "cut")})
+    train_killed_after_checkpoint(monkeypatch, cut, step=2)
+    assert (tmp_path / "cut" / "checkpoints" / "step-00000002" / "ema_teacher.safetensors").exists()
+    assert [m["loss"] for m in read_metrics(tmp_path / "cut")] == whole
+    w_cut = load_file(tmp_path / "cut" / "final" / "model.safetensors")
+    for k in w_whole:
+        assert torch.equal(w_cut[k], w_whole[k])

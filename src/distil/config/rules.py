@@ -395,11 +395,12 @@ def _self_distillation(cfg: DistilConfig):
             "teacher.path, cache, url and teachers.models stay null. Fix: drop them, or "
             "teacher.from_student=null"
         )
-    if t.from_student == "current" and not (t.context or t.system):
+    if t.from_student in ("current", "ema") and not (t.context or t.system):
         return keys, (
-            "teacher.from_student = 'current' without teacher.context or teacher.system: the "
-            "teacher would be the student on the same prompt, so every divergence is 0. Fix: "
-            "give the teacher privileged context, or teacher.from_student=initial"
+            f"teacher.from_student = {t.from_student!r} without teacher.context or "
+            "teacher.system: the teacher would start as the student on the same prompt, so "
+            "every divergence (and gradient) is 0 and it never moves. Fix: give the teacher "
+            "privileged context, or teacher.from_student=initial"
         )
     if cfg.train.seq_kd or cfg.loss.name == "sft":
         return keys, (

@@ -129,11 +129,14 @@ class TeacherConfig(Section):
         description="text only the teacher sees before the prompt (a system message for chat "
         "prompts): context distillation",
     )
-    from_student: Literal["current", "initial"] | None = Field(
+    from_student: Literal["current", "initial", "ema"] | None = Field(
         None,
         description="self-distillation: the teacher is the student itself, its current weights "
-        "(no second copy; needs teacher.context or teacher.system) or a frozen copy of its "
-        "starting weights; teacher.path stays null",
+        "(no second copy; needs teacher.context or teacher.system), a frozen copy of its "
+        "starting weights, or an exponential moving average of it; teacher.path stays null",
+    )
+    ema_decay: float = Field(
+        0.99, gt=0, lt=1, description="teacher.from_student=ema: ema <- d * ema + (1-d) * student"
     )
 
 

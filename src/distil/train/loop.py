@@ -66,6 +66,8 @@ def train(cfg: DistilConfig) -> dict[str, Any]:
 def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
     acc, out = c.accelerator, Path(cfg.train.output_dir)
     step, state, last_good = resume(c, cfg, out)
+    if state and hasattr(c.teacher, "load_checkpoint"):
+        c.teacher.load_checkpoint(last_good)  # an EMA teacher: the average at that step
     if state and isinstance(c.buffer, AsyncWindows):
         c.buffer.load_sampler(last_good)  # the window in flight is sampled again
     if acc.is_main_process:
@@ -100,6 +102,8 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
             cost.add_window(window, acc)
             t0 = time.perf_counter()
             grad_norm, finite = _update(c, cfg, sums)
+            if finite and hasattr(c.teacher, "after_step"):
+                c.teacher.after_step(c.unwrapped)  # an EMA teacher follows the student
             step += 1
             t_train += time.perf_counter() - t0
             t_step = time.perf_counter() - t_start - t_shown
@@ -168,8 +172,11 @@ def _log(acc, cfg: DistilConfig, log: MetricsLog, progress, metrics: dict, last:
 
 def _sampler_tensors(c: Components) -> dict | None:
     """generation.async: the weights that sample the window in flight (a resume samples it
-    again); nothing otherwise."""
-    return c.buffer.checkpoint_tensors() if isinstance(c.buffer, AsyncWindows) else None
+    again); an EMA teacher: its average; nothing otherwise."""
+    tensors = c.buffer.checkpoint_tensors() if isinstance(c.buffer, AsyncWindows) else {}
+    if hasattr(c.teacher, "checkpoint_tensors"):  # an EMA teacher's average
+        tensors = {**tensors, **c.teacher.checkpoint_tensors()}
+    return tensors or None
 
 
 def _rank_flags(acc, signum: int, time_due: bool, local_ok: torch.Tensor) -> dict[str, Any]:

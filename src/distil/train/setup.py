@@ -286,6 +286,12 @@ def self_teacher(cfg: DistilConfig, student):
     gradient) or a frozen copy of its starting weights."""
     if cfg.teacher.from_student == "current":
         return student
+    if cfg.teacher.from_student == "ema" and fsdp_requested():
+        raise ConfigError(
+            "teacher.from_student=ema under FSDP: the average is a whole copy on every rank "
+            "while the student's parameters are shards. Fix: teacher.from_student=initial or "
+            "current, or DDP"
+        )
     import copy
 
     return copy.deepcopy(student)
@@ -343,6 +349,10 @@ def build(cfg: DistilConfig) -> Components:
         teacher, teacher_tok, cross, vocab_size = build_scorer(
             cfg, model, tok, teacher_model, teacher_tok, rows=rows
         )
+        if cfg.teacher.from_student == "ema":
+            from distil.teacher.ema import EmaTeacher
+
+            teacher = EmaTeacher(teacher, model, cfg.teacher.ema_decay)
     optimizer = build_optimizer(model, cfg.train, device=accelerator.device)
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
