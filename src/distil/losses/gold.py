@@ -32,7 +32,7 @@ from distil.losses.chunked import StudentHidden
 from distil.losses.divergences import divergence_rows, log1mexp
 from distil.losses.registry import register
 from distil.losses.topk import REST_LOGPROB_FLOOR, safe_logsumexp
-from distil.losses.uld import Merged, merged_group_loss, sorted_l1
+from distil.losses.uld import Merged, merged_group_loss
 from distil.types import AlignmentGroups, LossOutput, TeacherTargets
 
 
@@ -46,24 +46,75 @@ def log_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def matched_buckets(merged: Merged, ids_n_P: torch.Tensor, valid_n_P: torch.Tensor):
-    """(buckets_n_C, unmatched_n_V): log [exp m(ids), rest] (C = P+1) and m off the table.
+    """(buckets_n_C, unmatched_last_n_V): log [exp m(ids), rest] (C = P+1), and the last row's
+    log-probs off the table (-inf on it; m off the table is prefix_n + these).
 
-    Each row has its own table (ids_n_P, -1 padded where valid_n_P is False; padded buckets are
-    -inf on both sides and add nothing). rest = 1 - sum_matched e^m = (1 - e^prefix) +
+    Each row has its own table (ids_n_P, padded with any id where valid_n_P is False: padded
+    buckets are -inf on both sides and add nothing). rest = 1 - sum_matched e^m = (1 - e^prefix) +
     e^prefix · sum_unmatched P_last (the last row sums to 1): both terms keep full precision
     when the matched mass is close to 1, and an empty rest is floored like topk.py's, so it adds
-    exactly 0 when empty on both sides.
+    exactly 0 when empty on both sides. One bool (n, V + 1) marks the table (padded entries
+    point at the extra column) and one (n, V) row holds the masked log-probs.
     """
-    ids = ids_n_P.clamp_min(0)
+    V = merged.last_n_V.shape[1]
+    ids = ids_n_P
     matched_n_P = merged.prefix_n[:, None] + merged.last_n_V.gather(1, ids)
     matched_n_P = torch.where(valid_n_P, matched_n_P, float("-inf"))
-    on_table = torch.zeros_like(merged.last_n_V, dtype=torch.int32)
-    on_table = on_table.scatter_add(1, ids, valid_n_P.int()) > 0
-    unmatched_last = merged.last_n_V.masked_fill(on_table, float("-inf"))
+    on_table = merged.last_n_V.new_zeros((len(ids), V + 1), dtype=torch.bool)
+    on_table.scatter_(1, torch.where(valid_n_P, ids, V), True)
+    unmatched_last = merged.last_n_V.masked_fill(on_table[:, :V], float("-inf"))
+    del on_table
     rest_n = log_add(log1mexp(merged.prefix_n), merged.prefix_n + safe_logsumexp(unmatched_last))
     rest_n = rest_n.clamp_min(REST_LOGPROB_FLOOR)
     buckets = torch.cat([matched_n_P, rest_n[:, None]], dim=1)
-    return buckets, merged.prefix_n[:, None] + unmatched_last
+    return buckets, unmatched_last
+
+
+SORT_ROWS = 16  # rows sorted at a time: their int64 sort indices are all that exists at once
+
+
+class _SortedL1(torch.autograd.Function):
+    """`uld.sorted_l1(p, q)` (the shorter row zero-padded), q without gradient. Rows are sorted
+    SORT_ROWS at a time; saved for backward: the sort order as int32 and the signs as int8 (5
+    bytes an entry), where autograd's sort, sub and abs keep int64 indices and fp32 rows (16
+    bytes an entry and more): d/dp_i = sign(p_(r) - q_(r)) at i's rank r, and 1 past q's width
+    (as `sorted_l1`)."""
+
+    @staticmethod
+    def forward(ctx, p_N_A: torch.Tensor, q_N_B: torch.Tensor) -> torch.Tensor:
+        N, A = p_N_A.shape
+        n = min(A, q_N_B.shape[1])
+        order = torch.empty((N, A), dtype=torch.int32, device=p_N_A.device)
+        sign = torch.ones((N, A), dtype=torch.int8, device=p_N_A.device)
+        out = p_N_A.new_empty(N)
+        for s in range(0, N, SORT_ROWS):
+            rows = slice(s, s + SORT_ROWS)
+            p_sorted, idx = p_N_A[rows].sort(dim=-1, descending=True)
+            order[rows] = idx
+            del idx
+            q_sorted = q_N_B[rows].sort(dim=-1, descending=True).values
+            tails = p_sorted[:, n:].sum(-1) + q_sorted[:, n:].sum(-1)
+            diff = p_sorted[:, :n].sub_(q_sorted[:, :n])
+            sign[rows, :n] = diff.sign()
+            out[rows] = diff.abs_().sum(-1) + tails
+        ctx.save_for_backward(order, sign)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_N: torch.Tensor):
+        order, sign = ctx.saved_tensors
+        grad_sorted = sign.to(grad_N.dtype).mul_(grad_N[:, None])
+        grad_p = torch.empty_like(grad_sorted).scatter_(1, order.long(), grad_sorted)
+        return grad_p, None
+
+
+def unmatched_l1(s_prefix_n, s_last_n_V, t_prefix_n, t_last_n_V) -> torch.Tensor:
+    """Sorted L1 between e^(prefix + last) of each side over its candidates off the table
+    (-inf entries are 0 and sort last), as `uld.sorted_l1`; the teacher's side without grad."""
+    p = (s_prefix_n[:, None] + s_last_n_V).exp()
+    with torch.no_grad():
+        q = (t_prefix_n[:, None] + t_last_n_V).exp_()
+    return _SortedL1.apply(p, q)
 
 
 def _gold_groups(
@@ -75,9 +126,10 @@ def _gold_groups(
     s_C, s_un = matched_buckets(student, pairs.a_T_P[table_n], valid)
     t_C, t_un = matched_buckets(teacher, pairs.b_T_P[table_n], valid)
     matched_n = divergence_rows("jsd", s_C, t_C, beta)
-    unmatched_n = sorted_l1(s_un.exp(), t_un.exp())
+    unmatched_n = unmatched_l1(student.prefix_n, s_un, teacher.prefix_n, t_un)
+    del s_un, t_un
     with torch.no_grad():  # share of the teacher's merged mass on the table (prefix cancels)
-        t_last = teacher.last_n_V.gather(1, pairs.b_T_P[table_n].clamp_min(0))
+        t_last = teacher.last_n_V.gather(1, pairs.b_T_P[table_n])
         t_last = torch.where(valid, t_last, float("-inf"))
         mass_n = safe_logsumexp(t_last).exp().clamp(0.0, 1.0).to(matched_n.dtype)
     w_m, w_u = (mass_n, 1.0 - mass_n) if weights is None else weights
@@ -130,8 +182,12 @@ def gold(
     """
     check_inputs("gold", targets, alignment, temperature, targets_temperature, beta)
     weights = _weights(matched_weight, unmatched_weight)
+    if chunk_size is not None:  # about twice aligned_kl's full-width temporaries per row
+        chunk_size = max(1, chunk_size * 2 // 3)  # (matched buckets of ~|V| pairs, the sorts)
+    pairs = pad_pairs(alignment.match_tables)  # -1 padded; padded entries are masked anyway
+    pairs = pairs._replace(a_T_P=pairs.a_T_P.clamp_min(0), b_T_P=pairs.b_T_P.clamp_min(0))
     return merged_group_loss(
-        partial(_gold_groups, pad_pairs(alignment.match_tables), float(beta), weights),
+        partial(_gold_groups, pairs, float(beta), weights),
         student,
         targets,
         mask_B_T,
