@@ -313,11 +313,22 @@ def _collate_fn(cfg: DistilConfig, examples, tok, cross):
     return ContextCollate(fn, context_ids=ids)
 
 
+def _print_notices(cfg: DistilConfig, accelerator) -> None:
+    """What the run was asked for but probably did not mean, said once at its start."""
+    from distil.preflight import cpu_precision_note
+
+    for notice in precision_notices(cfg):
+        print(f"distil: warning: {notice}", file=sys.stderr, flush=True)
+    notes = [cpu_precision_note(cfg, cuda=accelerator.device.type == "cuda"), warmup_notice(cfg)]
+    for note in filter(None, notes):
+        print(f"note: {note}", file=sys.stderr)
+
+
 def build(cfg: DistilConfig) -> Components:
     """Everything the loop needs, prepared with accelerate, before any resume."""
     from accelerate.utils import set_seed
 
-    from distil.preflight import check, cpu_precision_note
+    from distil.preflight import check
     from distil.tasks.prompts import config_examples
 
     check(cfg, "train")  # names, paths, extras: before any weights load
@@ -325,11 +336,7 @@ def build(cfg: DistilConfig) -> Components:
     planned_peak = memory_plan(cfg, accelerator)  # before any weights load, too
     enable_tf32(accelerator.device)  # the matmuls autocast leaves in fp32 (and fp32 runs)
     if accelerator.is_main_process:
-        for notice in precision_notices(cfg):
-            print(f"distil: warning: {notice}", file=sys.stderr, flush=True)
-    notes = [cpu_precision_note(cfg, cuda=accelerator.device.type == "cuda"), warmup_notice(cfg)]
-    for note in filter(None, notes if accelerator.is_main_process else []):
-        print(f"note: {note}", file=sys.stderr)
+        _print_notices(cfg, accelerator)
     set_seed(cfg.train.seed, device_specific=True)
     loss_fn = get_loss(cfg.loss.name)
     examples = config_examples(cfg.data)
