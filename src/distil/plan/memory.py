@@ -29,7 +29,8 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # losses get JSD's count); several chunks (checkpointed) add the recompute's 2 in backward.
 LOSS_CHUNK_COPIES = {"jsd": 12, "forward_kl": 9, "reverse_kl": 9, "sft": 4, "uld": 4}
 LOSS_CHUNK_DEFAULT, RECOMPUTE_COPIES = 12, 2
-# teacher scoring chunk: the fp32 logits / temperature and their log-softmax
+# teacher scoring chunk (the head applied to the chunk's loss rows): the fp32 logits and their
+# log-softmax
 TEACHER_CHUNK_COPIES = 2
 # generation: the last position's logits, the warped copy and the probabilities (fp32)
 GEN_LOGITS_COPIES = 3

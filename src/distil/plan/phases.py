@@ -160,10 +160,12 @@ def teacher_scoring(cfg: DistilConfig, z: Sizes, s: ModelShape, t: ModelShape | 
         p.add("teacher weights", m.weights(t.params, z.teacher_bytes, shards),
               f"{t.params:,} params x {z.teacher_bytes} B")  # fmt: skip
         p.add("teacher forward", m.inference_forward(t, z.batch * z.seq, z.teacher_bytes))
-        p.add("teacher logits (B, T, V)", rows_bt * t.vocab * z.teacher_bytes)
-        rows = min(z.teacher_rows, rows_bt)
+        # the head is bypassed: final hidden states, then the head on the loss rows only
+        p.add("teacher hidden states", rows_bt * t.hidden * z.teacher_bytes)
+        rows = min(z.teacher_rows, z.loss_rows)
         p.add("scoring chunk (fp32)", m.logits_chunk(rows, t.vocab, m.TEACHER_CHUNK_COPIES),
-              f"{rows} positions (auto chunk) x {t.vocab:,} x 4 B x {m.TEACHER_CHUNK_COPIES}")  # fmt: skip
+              f"{rows} loss positions (auto chunk) x {t.vocab:,} x 4 B x "
+              f"{m.TEACHER_CHUNK_COPIES}")  # fmt: skip
         p.flops = 2 * t.active_params * z.batch * z.seq
         p.bytes_moved = t.active_params * z.teacher_bytes
     for term in targets_terms(z, t, rows_bt):
