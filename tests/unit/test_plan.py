@@ -205,3 +205,14 @@ def test_a_config_json_file_or_a_hub_id_is_enough(monkeypatch):
     monkeypatch.setattr(AutoConfig, "from_pretrained", from_pretrained)
     by_hub = make_plan(cfg(student={"path": "Qwen/Qwen3-0.6B-not-cached"}), H100)
     assert asked == ["Qwen/Qwen3-0.6B-not-cached"] and by_hub.student.params == Q06_PARAMS
+
+
+def test_self_distillation_plans_the_students_copy_or_none():
+    copy = make_plan(cfg(teacher={"path": None, "from_student": "initial", "system": "hint"}),
+                     H100)  # fmt: skip
+    assert copy.teacher.params == Q06_PARAMS
+    assert term(copy, "teacher scoring", "teacher weights") == Q06_PARAMS * 2  # student.dtype
+    same = make_plan(cfg(teacher={"path": None, "from_student": "current", "system": "hint"}),
+                     H100)  # fmt: skip
+    names = [t.name for p in same.devices[0].phases for t in p.terms]
+    assert "teacher weights" not in names and "scoring chunk (fp32)" in names

@@ -98,6 +98,8 @@ def shapes(cfg: DistilConfig) -> tuple[ModelShape, ModelShape | None]:
     s = model_shape(cfg.student.path, key="student.path",
                     trust_remote_code=cfg.student.trust_remote_code)  # fmt: skip
     t = None
+    if cfg.teacher.from_student:  # self-distillation: the student's own shape
+        return s, s
     if cfg.teacher.path and not cfg.teacher.url:
         t = model_shape(cfg.teacher.path, key="teacher.path",
                         trust_remote_code=cfg.teacher.trust_remote_code)  # fmt: skip
@@ -120,7 +122,7 @@ def make_plan(cfg: DistilConfig, target: Target) -> Plan:
     if not apart and z.teacher_kind == "live" and t is not None:
         for p in main:  # the teacher stays on the student's device through every phase
             if p.name not in ("teacher scoring", "student fwd/bwd + loss", SEQ_KD):
-                p.add("teacher weights", ph.m.weights(t.params, z.teacher_bytes, _t_shards(cfg, z)))
+                p.add("teacher weights", ph.teacher_weights(cfg, z, t))
     rank = "cpu" if not target.cuda else "cuda:0" + (" (each rank)" if target.gpus > 1 else "")
     devices = [DevicePlan(rank, target.usable, main)]
     if apart:
@@ -135,10 +137,6 @@ def make_plan(cfg: DistilConfig, target: Target) -> Plan:
                 p.flops / (target.tflops * 1e12 or 1), p.bytes_moved / (target.bandwidth or 1)
             )
     return plan
-
-
-def _t_shards(cfg: DistilConfig, z: Sizes) -> int:
-    return z.shards if cfg.teacher.placement == "shard" else 1
 
 
 def _teacher_apart(cfg: DistilConfig) -> bool:
@@ -156,6 +154,11 @@ def _notes(
                 f"{name} ({shape.model_type}): its decoder layer does not run on the meta device; "
                 "activations use a Llama-style count (with the active experts' width for MoE)"
             )
+    if cfg.teachers.models:
+        out.append(
+            f"teachers.models ({len(cfg.teachers.models)} teachers): their weights and scoring "
+            "are not in this plan yet; it counts the student only"
+        )
     if z.teacher_kind == "remote":
         out.append("teacher.url: the teacher's memory is the server's, not planned here")
     if cfg.loss.compile is True or (cfg.loss.compile == "auto" and target.cuda):

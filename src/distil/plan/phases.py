@@ -70,6 +70,15 @@ def resident(cfg: DistilConfig, z: Sizes, s: ModelShape, target: Target, *, grad
     return out.terms
 
 
+def teacher_weights(cfg: DistilConfig, z: Sizes, t: ModelShape) -> int:
+    """A live teacher's weights on its device: none for `teacher.from_student=current` (the
+    student itself), a whole copy for `initial`/`ema`, a shard under `placement=shard`."""
+    if cfg.teacher.from_student == "current":
+        return 0
+    shards = z.shards if cfg.teacher.placement == "shard" else 1
+    return m.weights(t.params, z.teacher_bytes, shards)
+
+
 def gradients(z: Sizes, s: ModelShape) -> tuple[str, int, str]:
     grad_bytes = 4 if z.lora else z.student_bytes
     value = m.weights(z.trainable, grad_bytes, z.shards)
@@ -118,8 +127,7 @@ def teacher_generation(cfg: DistilConfig, z: Sizes, s: ModelShape, t: ModelShape
     p = Phase("teacher generation (seq-KD)")
     if student_here:
         p.terms = resident(cfg, z, s, target, grads=False)
-    shards = z.shards if cfg.teacher.placement == "shard" else 1
-    p.add("teacher weights", m.weights(t.params, z.teacher_bytes, shards))
+    p.add("teacher weights", teacher_weights(cfg, z, t))
     tokens = z.prompt + g.max_new_tokens
     p.add("teacher KV cache", m.kv_cache(t, z.seq_kd_rows, tokens, z.teacher_bytes),
           f"{z.seq_kd_rows} rows x {tokens} tokens")  # fmt: skip
@@ -156,8 +164,7 @@ def teacher_scoring(cfg: DistilConfig, z: Sizes, s: ModelShape, t: ModelShape | 
     p = Phase("teacher scoring", base)
     rows_bt = z.batch * (z.seq - 1)
     if z.teacher_kind == "live" and t is not None and model_here:
-        shards = z.shards if cfg.teacher.placement == "shard" else 1
-        p.add("teacher weights", m.weights(t.params, z.teacher_bytes, shards),
+        p.add("teacher weights", teacher_weights(cfg, z, t),
               f"{t.params:,} params x {z.teacher_bytes} B")  # fmt: skip
         p.add("teacher forward", m.inference_forward(t, z.batch * z.seq, z.teacher_bytes))
         # the head is bypassed: final hidden states, then the head on the loss rows only
@@ -182,8 +189,7 @@ def student_step(cfg: DistilConfig, z: Sizes, s: ModelShape, t: ModelShape | Non
     """One micro-batch's forward, loss and backward."""
     p = Phase("student fwd/bwd + loss", resident(cfg, z, s, target, grads=False))
     if teacher_here and z.teacher_kind == "live" and t is not None:
-        shards = z.shards if cfg.teacher.placement == "shard" else 1
-        p.add("teacher weights", m.weights(t.params, z.teacher_bytes, shards))
+        p.add("teacher weights", teacher_weights(cfg, z, t))
     acts = m.activations(s, z.tokens, z.act_bytes, checkpointing=cfg.student.gradient_checkpointing)
     how = "gradient checkpointing" if cfg.student.gradient_checkpointing else "all layers kept"
     p.add("activations", acts, f"{z.tokens} tokens x {s.act_per_token_layer:,.0f} elements a "

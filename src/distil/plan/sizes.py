@@ -57,7 +57,7 @@ def teacher_kind(cfg: DistilConfig) -> str:
         return "cache"
     if cfg.teacher.url:
         return "remote"
-    return "live" if cfg.teacher.path else "none"
+    return "live" if cfg.teacher.path or cfg.teacher.from_student else "none"
 
 
 def sizes(
@@ -81,6 +81,8 @@ def sizes(
     trainable = student.lora_params(lora.r, lora.target_modules) if lora.enabled else student.params
     kind = teacher_kind(cfg)
     t_dtype = resolve_dtype(cfg.teacher.dtype, teacher, target) if teacher else "float32"
+    if cfg.teacher.from_student:  # a copy of the student as loaded (before bf16_weights casts)
+        t_dtype = resolve_dtype(cfg.student.dtype, student, target)
     chunk = cfg.loss.chunk_size
     if chunk == "auto":
         chunk = auto_chunk_size(student.vocab)
