@@ -19,6 +19,16 @@ def xtok_teacher(tmp_path_factory, unigram_tokenizer):
     )
 
 
+def cross_config(make_train_config, teacher) -> dict:
+    """One aligned_kl step, off-policy, from `teacher`'s top-8 (a cache needs top-k)."""
+    return make_train_config(
+        teacher={"path": str(teacher), "top_k": 8},
+        loss={"name": "aligned_kl", "beta": 0.5},
+        train={"lambda": 0.0, "max_steps": 1, "per_device_batch_size": 4, "grad_accum_steps": 1},
+        generation={"num_generations": 1},
+    )
+
+
 @pytest.fixture
 def no_network(monkeypatch):
     """Every attempt to open a connection is recorded and refused."""
@@ -36,12 +46,7 @@ def no_network(monkeypatch):
 def test_a_cross_cache_with_a_hub_teacher_path_never_contacts_the_hub(
     tmp_path, make_train_config, xtok_teacher, no_network, capsys
 ):
-    raw = make_train_config(
-        teacher={"path": str(xtok_teacher), "top_k": 8},
-        loss={"name": "aligned_kl", "beta": 0.5},
-        train={"lambda": 0.0, "max_steps": 1, "per_device_batch_size": 4, "grad_accum_steps": 1},
-        generation={"num_generations": 1},
-    )
+    raw = cross_config(make_train_config, xtok_teacher)
     out = tmp_path / "cache"
     cache_teacher(config_with(raw, train={"max_steps": 1}), out, shard_rows=64)
     run = tmp_path / "run"
@@ -62,12 +67,7 @@ def test_a_cross_cache_with_a_hub_teacher_path_never_contacts_the_hub(
 def test_a_local_teacher_tokenizer_that_differs_from_the_cache_is_noted(
     tmp_path, make_train_config, xtok_teacher, pair_dirs, capsys
 ):
-    raw = make_train_config(
-        teacher={"path": str(xtok_teacher), "top_k": 8},
-        loss={"name": "aligned_kl", "beta": 0.5},
-        train={"lambda": 0.0, "max_steps": 1, "per_device_batch_size": 4, "grad_accum_steps": 1},
-        generation={"num_generations": 1},
-    )
+    raw = cross_config(make_train_config, xtok_teacher)
     out = tmp_path / "cache"
     cache_teacher(config_with(raw), out, shard_rows=64)
     other = pair_dirs[0]  # the bpe teacher: another vocabulary than the cache's

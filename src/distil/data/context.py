@@ -25,6 +25,7 @@ import torch
 
 from distil.data.datasets import source_row
 from distil.errors import DataError
+from distil.models.tokenizers import right_pad
 from distil.types import Batch, Example, Messages, Sample
 
 
@@ -103,12 +104,7 @@ def with_context_inputs(batch: Batch, teacher_prompts: Sequence[list[int]], pad_
     for s, prompt in zip(batch.samples, teacher_prompts, strict=True):
         rows.append(list(prompt) + list(s.completion_ids))
         shifts.append(len(prompt) - len(s.prompt_ids))
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        attn[i, : len(r)] = 1
+    ids, attn = right_pad(rows, pad_id)
     return replace(
         batch,
         context_input_ids_B_L=ids,

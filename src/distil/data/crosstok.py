@@ -30,7 +30,12 @@ from distil.align import (
 )
 from distil.align.text_ends import rows_text_ends
 from distil.data.collate import collate
-from distil.models.tokenizers import completion_end_id, render_prompt, stop_token_ids
+from distil.models.tokenizers import (
+    completion_end_id,
+    render_prompt,
+    right_pad,
+    stop_token_ids,
+)
 from distil.types import Batch, Sample
 
 
@@ -212,14 +217,3 @@ class CrossTokenizer:
             teacher_attention_mask_B_L=t_mask,
             alignment=alignment,
         )
-
-
-def right_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad id lists into (ids_B_L, attention_mask_B_L)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
-    return ids, mask

@@ -110,6 +110,17 @@ def completion_end_id(tok, chat: bool) -> int:
     return end if end is not None else stop_token_ids(tok)[0]
 
 
+def right_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad id lists into (ids_B_L, attention_mask_B_L)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad id lists into (ids_B_P, attention_mask_B_P)."""
     width = max(len(r) for r in rows)

@@ -16,9 +16,9 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from distil.data.crosstok import right_pad
 from distil.data.packing import head_bypassed, model_forward
 from distil.losses.chunked import auto_chunk_size
+from distil.models.tokenizers import right_pad
 
 MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps its log-probs the same way
 
