@@ -210,7 +210,7 @@ def align_variants(s_name: str, t_name: str, rows: list[Row], s_vb, t_vb) -> dic
         align_completion,
         build_alignment,
     )
-    from distil.data.crosstok import right_pad
+    from distil.models.tokenizers import right_pad
 
     s_tok, t_tok = load_tokenizer(s_name), load_tokenizer(t_name)
     s_rule, t_rule = naive_piece_rule(family(s_name)), naive_piece_rule(family(t_name))
