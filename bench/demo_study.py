@@ -60,7 +60,7 @@ def setup(root: Path, teacher_steps: int, start_steps: int, threads: int) -> Non
     p = _paths(root)
     teacher = p["models"] / "teacher"
     if not (teacher / "config.json").exists():
-        init = _init(run, "bpe", "teacher_init", run.preset.teacher, 0)
+        init = _init(run, "bpe", p["models"] / "teacher_init", run.preset.teacher, 0)
         train_run(
             root,
             "teacher",
@@ -78,7 +78,7 @@ def setup(root: Path, teacher_steps: int, start_steps: int, threads: int) -> Non
         start = p["models"] / f"student_{tok}_start"
         if (start / "config.json").exists():
             continue
-        init = _init(run, tok, f"student_{tok}_init", run.preset.student, seed)
+        init = _init(run, tok, p["models"] / f"student_{tok}_init", run.preset.student, seed)
         name = f"student_{tok}_start"
         train_run(
             root,

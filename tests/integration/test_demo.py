@@ -72,8 +72,13 @@ def first(tmp_path_factory):
 def test_demo_pipeline_writes_models_metrics_table_and_plot(first):
     out, _, run = first
     lines = table_lines(run.stdout)
-    assert lines[0] == "| Model | Accuracy | Gap Recovered | Steps | Student Cost (TFLOP) |"
-    assert [x.split(" | ")[0].lstrip("| ") for x in lines[2:]] == ROWS
+    assert lines[0] == (
+        "| Model | Accuracy | Gap Recovered | Steps | Student Cost (TFLOP) | Compute to Match |"
+    )
+    assert [x.split(" | ")[0].lstrip("| ") for x in lines[2 : 2 + len(ROWS)]] == ROWS
+    # then the paired leads: one seed, so no interval
+    assert lines[2 + len(ROWS)].startswith("| Distilled | Control |")
+    assert "one seed: no interval" in run.stdout
     assert "`distil demo --preset smoke" in run.stdout and "2 threads" in run.stdout
     results = json.loads((out / "results.json").read_text())
     assert [r["model"] for r in results["rows"]] == ROWS
@@ -121,7 +126,7 @@ def test_the_same_command_prints_the_same_table(first, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "using the cached teacher" not in again.stderr
     assert table_lines(again.stdout) == table_lines(run.stdout)
-    assert len(table_lines(run.stdout)) == len(ROWS) + 2
+    assert len(table_lines(run.stdout)) == len(ROWS) + 2 + 5  # the table, the paired leads
     # the smoke models score 0%: the training trajectories are the sharper check
     for name in RUNS:
         a, b = (d / "runs" / name / "metrics.jsonl" for d in (first[0], tmp_path / "demo"))

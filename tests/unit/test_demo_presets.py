@@ -100,6 +100,23 @@ def test_cli_rejects_an_unknown_preset_and_a_bad_scale(capsys):
     assert "expected a positive number" in capsys.readouterr().err
 
 
+def test_seeds_flag_reaches_the_demo_and_its_command(monkeypatch, capsys):
+    import distil.demo
+
+    seen = {}
+    monkeypatch.setattr(distil.demo, "run_demo", lambda out, **kw: seen.update(kw))
+    assert main(["demo", "--preset", "smoke", "--seeds", "3", "--out", "x"]) == 0
+    assert seen["seeds"] == 3 and seen["command"].endswith(" --seeds 3")
+    assert main(["demo", "--preset", "smoke", "--out", "x"]) == 0
+    assert seen["seeds"] == 1 and "--seeds" not in seen["command"]  # today's command
+    with pytest.raises(SystemExit):
+        main(["demo", "--seeds", "0"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "--seeds N" in capsys.readouterr().out
+
+
 def test_demo_help_documents_the_scale_flag(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
@@ -129,10 +146,12 @@ def test_table_columns_gap_steps_and_cost(tmp_path):
         results.append(SimpleNamespace(name=row.label, summary=summary))
     md, out = table(run, results)
     lines = md.splitlines()
-    assert lines[0] == "| Model | Accuracy | Gap Recovered | Steps | Student Cost (TFLOP) |"
-    assert lines[2] == "| teacher (bpe) | 80.0% (80/100) |  | 10 | 2 |"
-    # a run from its start: (0.5 - 0.2) / (0.8 - 0.2) = 50% of the gap
-    assert lines[4] == f"| {rows(run)[2].label} | 50.0% (50/100) | 50% | 12 | 6 |"
+    head = "| Model | Accuracy | Gap Recovered | Steps | Student Cost (TFLOP) | Compute to Match |"
+    assert lines[0] == head
+    assert lines[2] == "| teacher (bpe) | 80.0% (80/100) |  | 10 | 2 |  |"
+    # a run from its start: (0.5 - 0.2) / (0.8 - 0.2) = 50% of the gap (no evaluations in its
+    # metrics: no compute to match)
+    assert lines[4] == f"| {rows(run)[2].label} | 50.0% (50/100) | 50% | 12 | 6 |  |"
     assert out[2]["gap_recovered"] == pytest.approx(0.5) and out[2]["steps"] == 12
     assert out[1]["gap_recovered"] is None  # a start row
 

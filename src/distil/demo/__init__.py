@@ -19,9 +19,14 @@ the same machine and thread count prints the same table. Every training stage is
 config in distil/demo/configs/ run through `distil train`'s code path; the demo only fills
 paths and budgets, and prints the equivalent commands.
 
+`--seeds N` runs steps 4-5 on N seeds (data order, sampling, the starts' init; the teacher is
+trained once) and reports mean ± sd and paired differences with 95% intervals (stats.py); the
+table also gives each distilled student's compute to match its continued-SFT control.
+
 Modules: presets.py (configs/demo.yaml), run.py (the run's state), stages.py, report.py,
-cli.py (`distil demo` arguments). Imports point one way: cli -> here -> stages -> report ->
-run -> presets.
+summary.py (rows over seeds, paired differences, compute to match), stats.py, plot.py, cli.py
+(`distil demo` arguments). Imports point one way: cli -> here -> stages -> report -> summary
+-> run -> presets.
 """
 
 from __future__ import annotations
@@ -38,11 +43,15 @@ def run_demo(
     cache_dir: str | Path | None = None,
     distill_scale: float = 1.0,
     command: str = "",
+    seeds: int = 1,
 ) -> dict[str, Any]:
     """Run every stage; returns the results (also written to out/results.{md,json}).
 
     `distill_scale` multiplies the step budgets of the distillation runs (and so the compute
-    of the controls that follow them); `command` is printed with the table.
+    of the controls that follow them); `command` is printed with the table. `seeds`: the
+    students' starts, distillation runs and controls on seeds 0..seeds-1 (the data, tokenizers
+    and teacher are shared); the table gives mean ± sd and each distilled student's paired
+    difference to each control with its 95% interval.
     """
     import torch
 
@@ -61,11 +70,14 @@ def run_demo(
         Path(cache_dir) if cache_dir else default_cache_dir(),
         distill_scale=distill_scale,
         command=command,
+        n_seeds=seeds,
     )
     run.out.mkdir(parents=True, exist_ok=True)
     stages.make_data(run)
     stages.make_tokenizers(run)
     stages.train_teacher(run)
-    stages.start_students(run)
-    stages.run_all(run)
-    return stages.report(run)
+    seeded = [run.for_seed(k) for k in range(seeds)]
+    for r in seeded:
+        stages.start_students(r)
+        stages.run_all(r)
+    return stages.report(seeded)

@@ -32,6 +32,16 @@ def add_demo(sub, positive_int) -> None:
         "the distillation's student compute); e.g. 3 to check that longer distillation does "
         "not collapse (default 1)",
     )
+    p.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="run the students' starts, distillation runs and controls on seeds 0..N-1 (data "
+        "order, sampling, init; one teacher) and print mean ± sd per row and each distilled "
+        "student's paired lead over each control with its 95%% interval (default 1; seed 0 is "
+        "the single-seed demo; N times the students' time)",
+    )
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     p.add_argument(
@@ -66,6 +76,8 @@ def run(args) -> int:
     command = f"distil demo --preset {preset} --out {args.out} --threads {args.threads}"
     if args.distill_scale != 1:
         command += f" --distill-scale {args.distill_scale:g}"
+    if args.seeds != 1:
+        command += f" --seeds {args.seeds}"
     run_demo(
         args.out,
         preset=preset,
@@ -73,5 +85,6 @@ def run(args) -> int:
         cache_dir=args.cache_dir,
         distill_scale=args.distill_scale,
         command=command,
+        seeds=args.seeds,
     )
     return 0

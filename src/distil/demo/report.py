@@ -13,6 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from distil.demo.run import TEACHER_SUMMARY, DemoRun, last_metrics
+from distil.demo.summary import (
+    MATCH_NOTE,
+    aggregate,
+    leads_table,
+    matches,
+    paired_leads,
+    ratio_text,
+    run_label,
+    seeds_table,
+    start_label,
+)
 from distil.progress import console
 
 TEACHER = "teacher (bpe)"
@@ -34,23 +45,34 @@ class Row:
 
 
 def rows(run: DemoRun) -> list[Row]:
-    """The table's rows: the teacher, then per student its start and its runs, in the order
-    of configs/demo.yaml."""
-    out = [Row(TEACHER, "models/teacher", "models/teacher")]
+    """The table's rows for the run's seed: the teacher, then per student its start and its
+    runs, in the order of configs/demo.yaml (paths relative to --out)."""
+    p = run.paths
+
+    def rel(path: Path) -> str:
+        return str(path.relative_to(run.out))
+
+    teacher = rel(p["teacher"])
+    out = [Row(TEACHER, teacher, teacher)]
     for name in run.manifest.students:
-        start = f"{name} student: start (SFT on labelled set)"
-        out.append(Row(start, f"models/student_{name}_start", f"runs/student_{name}_start"))
+        start = start_label(name)
+        models, runs = p["models"] / f"student_{name}_start", p["runs"] / f"student_{name}_start"
+        out.append(Row(start, rel(models), rel(runs)))
         for r in run.manifest.runs:
             if r.student == name:
-                label = f"{name} student: {r.label}"
-                out.append(Row(label, f"runs/{r.key}/final", f"runs/{r.key}", start, True))
+                d = p["runs"] / r.key
+                out.append(Row(run_label(r), rel(d / "final"), rel(d), start, True))
     return out
 
 
-def evaluate_all(run: DemoRun) -> list:
+def evaluate_all(runs: list[DemoRun]) -> list[list]:
+    """Every row of every seed through the checker (the shared teacher once): per seed, the
+    results in row order."""
     from distil.config import EvalConfig
     from distil.eval.runner import evaluate_model, load_problems
     from distil.tasks.countdown import Countdown
+
+    run = runs[0]
 
     task = Countdown(
         EvalConfig(
@@ -62,13 +84,20 @@ def evaluate_all(run: DemoRun) -> list:
         )
     )
     problems = load_problems(task)
-    results = []
-    for row in rows(run):
-        results.append(
-            evaluate_model(str(run.out / row.model), task, name=row.label, problems=problems)
-        )
-        console.print(f"{row.label}: {100 * results[-1].summary['accuracy']:.1f}%")
-    return results
+    done: dict[str, Any] = {}
+    out = []
+    for seeded in runs:
+        results = []
+        for row in rows(seeded):
+            if row.model not in done:
+                model = str(run.out / row.model)
+                done[row.model] = evaluate_model(model, task, name=row.label, problems=problems)
+                console.print(
+                    f"{seeded.tag}{row.label}: {100 * done[row.model].summary['accuracy']:.1f}%"
+                )
+            results.append(done[row.model])
+        out.append(results)
+    return out
 
 
 def training_summary(run: DemoRun, row: Row) -> dict[str, Any]:
@@ -81,9 +110,12 @@ def training_summary(run: DemoRun, row: Row) -> dict[str, Any]:
 
 
 def table(run: DemoRun, results: list) -> tuple[str, list[dict[str, Any]]]:
-    """The Markdown table and the same rows as dicts (with the checker's categories)."""
+    """One seed's Markdown table and the same rows as dicts (with the checker's categories
+    and, for a distilled student, its compute to match its continued-SFT control)."""
     acc = {r.name: r.summary["accuracy"] for r in results}
+    match = matches(run, acc)
     head = ["Model", "Accuracy", "Gap Recovered", "Steps", "Student Cost (TFLOP)"]
+    head.append("Compute to Match")
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     out = []
     for row, r in zip(rows(run), results, strict=True):
@@ -100,6 +132,7 @@ def table(run: DemoRun, results: list) -> tuple[str, list[dict[str, Any]]]:
             "" if gap is None else f"{100 * gap:.0f}%",
             str(summary["step"]),
             "" if flops is None else f"{flops / 1e12:.3g}",
+            ratio_text(match[row.label]) if row.label in match else "",
         ]
         lines.append("| " + " | ".join(cells) + " |")
         out.append(
@@ -111,6 +144,7 @@ def table(run: DemoRun, results: list) -> tuple[str, list[dict[str, Any]]]:
                 "steps": summary["step"],
                 "student_flops": flops,
                 "teacher_flops": summary.get("cost/teacher_flops"),
+                **({"compute_to_match": match[row.label]} if row.label in match else {}),
             }
         )
     return "\n".join(lines), out
@@ -137,17 +171,45 @@ def machine() -> str:
 
 def header(run: DemoRun) -> str:
     scale = "" if run.distill_scale == 1 else f", distillation budgets x{run.distill_scale:g}"
+    seeds = (
+        ""
+        if run.n_seeds == 1
+        else f"; {run.n_seeds} seeds (data order, sampling, the starts' init; one teacher), "
+        "accuracy as mean ± sd (each seed's)"
+    )
     return (
         f"`{run.command or 'distil demo'}` (preset {run.preset_name}{scale}), "
         f"{date.today().isoformat()}, {machine()}, {run.threads} threads; "
-        f"{run.preset.n_test} held-out problems, greedy decoding, strict checker; {COST_NOTE}\n"
+        f"{run.preset.n_test} held-out problems, greedy decoding, strict checker{seeds}; "
+        f"{COST_NOTE}; {MATCH_NOTE}\n"
     )
 
 
-def write_outputs(run: DemoRun, results: list) -> dict[str, Any]:
-    md, table_rows = table(run, results)
+LEADS_HEAD = (
+    "Paired lead of each distilled student over each of its equal-cost controls (same seed; "
+    "accuracy points on the held-out problems; 95% interval: Student's t with N-1 dof)"
+)
+
+
+def write_outputs(runs: list[DemoRun], results: list[list]) -> dict[str, Any]:
+    run = runs[0]
+    per_seed = []
+    for seeded, seed_results in zip(runs, results, strict=True):
+        md, table_rows = table(seeded, seed_results)
+        per_seed.append(table_rows)
+    agg = aggregate(per_seed)
+    if len(runs) > 1:
+        md = seeds_table(agg)
+    leads = paired_leads(run, per_seed)
     head = header(run)
-    (run.out / "results.md").write_text(head + "\n" + md + "\n\n" + categories(results) + "\n")
+    text = f"{md}\n\n{LEADS_HEAD}:\n\n{leads_table(leads)}"
+    verdicts = [
+        (f"{seeded.tag}{r.name}", r.summary)
+        for seeded, seed_results in zip(runs, results, strict=True)
+        for r in seed_results
+        if seeded.seed == 0 or r.name != TEACHER
+    ]
+    (run.out / "results.md").write_text(f"{head}\n{text}\n\n{categories(verdicts)}\n")
     payload = {
         "preset": run.preset_name,
         "distill_scale": run.distill_scale,
@@ -155,28 +217,29 @@ def write_outputs(run: DemoRun, results: list) -> dict[str, Any]:
         "date": date.today().isoformat(),
         "machine": machine(),
         "threads": run.threads,
-        "rows": table_rows,
+        "seeds": len(runs),
+        "rows": per_seed[0] if len(runs) == 1 else agg,
+        "paired_leads": leads,
         "stages": [s.__dict__ for s in run.stages],
         "commands": run.commands,
     }
     (run.out / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
     from distil.demo.plot import plot_curves
 
-    plot = plot_curves(run, rows(run), {r.name: r.summary["accuracy"] for r in results})
-    print(f"\n{head}\n{md}\n", flush=True)  # stdout, unwrapped: the table is the result
+    plot = plot_curves(runs, [{r.name: r.summary["accuracy"] for r in x} for x in results])
+    print(f"\n{head}\n{text}\n", flush=True)  # stdout, unwrapped: the table is the result
     _print_summary(run, plot)
     return payload
 
 
-def categories(results: list) -> str:
-    """The checker's verdicts per model (why the wrong answers were wrong)."""
+def categories(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """The checker's verdicts per model (why the wrong answers were wrong): (name, summary)."""
     from distil.tasks.countdown import COLUMNS
 
     head = ["Model", "Correct", *(c for c, _ in COLUMNS)]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for r in results:
-        s = r.summary
-        cells = [r.name, f"{s['correct']}/{s['total']}", *(str(s[k]) for _, k in COLUMNS)]
+    for name, s in results:
+        cells = [name, f"{s['correct']}/{s['total']}", *(str(s[k]) for _, k in COLUMNS)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ class DemoRun:
     cache_dir: Path
     distill_scale: float = 1.0
     command: str = ""
+    seed: int = 0  # this run's seed (data order, sampling, the starts' init); see for_seed
+    n_seeds: int = 1
     stages: list[Stage] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     t0: float = field(default_factory=time.perf_counter)
@@ -53,14 +55,32 @@ class DemoRun:
         """`with run.timed(name) as stage:` records the stage and its seconds."""
         return _Timed(self, name)
 
+    def for_seed(self, seed: int) -> DemoRun:
+        """The same demo for one seed (stages and commands recorded in the shared lists)."""
+        return replace(self, seed=seed)
+
+    @property
+    def seed_dir(self) -> Path:
+        """Where a seed's students and runs go: --out itself for one seed (the layout of a
+        single-seed demo), --out/seed<k> for several."""
+        return self.out if self.n_seeds == 1 else self.out / f"seed{self.seed}"
+
+    @property
+    def tag(self) -> str:
+        """'seed k: ' before a stage's name when there are several seeds."""
+        return "" if self.n_seeds == 1 else f"seed {self.seed}: "
+
     @property
     def paths(self) -> dict[str, Path]:
-        d = self.out
+        """data, tokenizers and the teacher are shared by the seeds; models and runs per seed."""
+        d, s = self.out, self.seed_dir
         return {
             "data": d / "data",
             "tokenizers": d / "tokenizers",
-            "models": d / "models",
-            "runs": d / "runs",
+            "teacher": d / "models" / "teacher",
+            "teacher_run": d / "runs" / "teacher",
+            "models": s / "models",
+            "runs": s / "runs",
         }
 
 

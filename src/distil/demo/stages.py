@@ -16,6 +16,9 @@ from distil.demo.run import TEACHER_SUMMARY, DemoRun, copy_tree, last_metrics, s
 from distil.progress import console
 
 SEED = 0
+# seed k of `--seeds N`: a student's init seed is its demo.yaml seed + SEED_STRIDE * k (seed 0:
+# today's single-seed demo), and train.seed (data order, sampling) is k
+SEED_STRIDE = 100
 # config keys holding paths that the demo moves under its --out directory
 PATH_KEYS = ("data.train", "student.path", "teacher.path", "train.output_dir", "eval.data")
 
@@ -28,8 +31,20 @@ def moved_paths(run: DemoRun, config: str) -> dict[str, Any]:
         section, name = key.split(".")
         value = (raw.get(section) or {}).get(name)
         if isinstance(value, str) and value.startswith(DEMO_ROOT + "/"):
-            out[key] = run.out / value[len(DEMO_ROOT) + 1 :]
+            out[key] = demo_path(run, value[len(DEMO_ROOT) + 1 :])
     return out
+
+
+def demo_path(run: DemoRun, rel: str) -> Path:
+    """A config's path under `runs/demo/` (given without that root) in this run: data,
+    tokenizers and the teacher shared by the seeds, the students' models and runs in the
+    seed's directory."""
+    head, _, rest = rel.partition("/")
+    first, _, tail = rest.partition("/")
+    if head in ("models", "runs") and first == "teacher":
+        base = run.paths["teacher" if head == "models" else "teacher_run"]
+        return base / tail if tail else base
+    return run.paths[head] / rest if head in run.paths else run.seed_dir / rel
 
 
 def _config(name: str) -> dict[str, Any]:
@@ -146,12 +161,11 @@ def make_tokenizers(run: DemoRun) -> None:
 
 
 def _init(
-    run: DemoRun, tokenizer: str, name: str, size: tuple[int, int, int, int], seed: int
+    run: DemoRun, tokenizer: str, path: Path, size: tuple[int, int, int, int], seed: int
 ) -> Path:
     from distil.models.scratch import init_model
 
     hidden, layers, heads, inter = size
-    path = run.paths["models"] / name
     n = init_model(
         run.paths["tokenizers"] / tokenizer,
         path,
@@ -166,7 +180,7 @@ def _init(
         f"--hidden-size {hidden} --layers {layers} --heads {heads} "
         f"--intermediate-size {inter} --seed {seed} --out {path}"
     )
-    console.print(f"{name}: {n / 1e6:.2f}M parameters")
+    console.print(f"{path.name}: {n / 1e6:.2f}M parameters")
     return path
 
 
@@ -185,29 +199,30 @@ def _teacher_cache_key(run: DemoRun) -> str:
 
 def train_teacher(run: DemoRun) -> None:
     p = run.preset
-    models, runs = run.paths["models"], run.paths["runs"]
+    teacher, teacher_run = run.paths["teacher"], run.paths["teacher_run"]
     steps = p.steps["teacher"]
     cached = run.cache_dir / f"teacher-{_teacher_cache_key(run)}-{steps}steps"
     with run.timed(f"teacher ({steps} steps)") as stage:
         if (cached / TEACHER_SUMMARY).exists():
-            copy_tree(cached, models / "teacher")
+            copy_tree(cached, teacher)
             stage.note = f"cached: {cached}"
             console.print(f"using the cached teacher {cached} (delete it to retrain)")
             return
-        init = _init(run, "bpe", "teacher_init", p.teacher, SEED)
+        init = _init(run, "bpe", teacher.parent / "teacher_init", p.teacher, SEED)
         train_stage(
             run,
             "teacher",
             {
                 "data.train": run.paths["data"] / "train.jsonl",
                 "student.path": init,
+                "train.output_dir": teacher_run,
                 "train.max_steps": steps,
             },
         )
-        final = runs / "teacher" / "final"
-        summary = last_metrics(runs / "teacher")
+        final = teacher_run / "final"
+        summary = last_metrics(teacher_run)
         (final / TEACHER_SUMMARY).write_text(json.dumps(summary) + "\n")
-        copy_tree(final, models / "teacher")
+        copy_tree(final, teacher)
         run.cache_dir.mkdir(parents=True, exist_ok=True)
         copy_tree(final, cached)
         stage.note = f"trained; cached as {cached}"
@@ -217,9 +232,16 @@ def start_students(run: DemoRun) -> None:
     p = run.preset
     steps = p.steps["start"]
     for name, student in run.manifest.students.items():
-        label = f"{name} student: supervised start on {p.n_labelled} labelled problems"
+        label = f"{run.tag}{name} student: supervised start on {p.n_labelled} labelled problems"
         with run.timed(f"{label} ({steps} steps)"):
-            init = _init(run, student.tokenizer, f"student_{name}_init", p.student, student.seed)
+            seed = student.seed + SEED_STRIDE * run.seed
+            init = _init(
+                run,
+                student.tokenizer,
+                run.paths["models"] / f"student_{name}_init",
+                p.student,
+                seed,
+            )
             train_stage(
                 run,
                 "student_start",
@@ -227,6 +249,7 @@ def start_students(run: DemoRun) -> None:
                     "student.path": init,
                     "train.output_dir": run.paths["runs"] / f"student_{name}_start",
                     "train.max_steps": steps,
+                    **_seed(run),
                 },
             )
             copy_tree(
@@ -242,7 +265,7 @@ def run_all(run: DemoRun) -> None:
     """Every run of configs/demo.yaml, in order (a control after the run it matches)."""
     for r in run.manifest.runs:
         budget = _budget(run, r)
-        with run.timed(f"{r.student} student: {r.label} ({_describe(budget)})"):
+        with run.timed(f"{run.tag}{r.student} student: {r.label} ({_describe(budget)})"):
             train_stage(run, r.config, {**_run_overrides(run, r), **budget})
 
 
@@ -268,16 +291,24 @@ def _run_overrides(run: DemoRun, r: Run) -> dict[str, Any]:
     }
     if p.eval_every is not None:
         out["train.eval_every"] = p.eval_every
-    return {**out, **r.overrides}
+    return {**out, **_seed(run), **r.overrides}
+
+
+def _seed(run: DemoRun) -> dict[str, Any]:
+    """train.seed (data order, sampling, the lambda draws) of a seed of several; nothing for a
+    single-seed demo (the configs' own seed, 0)."""
+    return {"train.seed": run.seed} if run.n_seeds > 1 else {}
 
 
 # ----------------------------------------------------------------------------- report
 
 
-def report(run: DemoRun) -> dict[str, Any]:
+def report(runs: list[DemoRun]) -> dict[str, Any]:
+    """Evaluate every model of every seed; write and print the table."""
     from distil.demo.report import evaluate_all, write_outputs
 
-    with run.timed("evaluation of every model") as stage:
-        results = evaluate_all(run)
-        stage.note = f"{len(results)} models x {run.preset.n_test} test problems"
-    return write_outputs(run, results)
+    with runs[0].timed("evaluation of every model") as stage:
+        results = evaluate_all(runs)
+        n = len({r.name for seed in results for r in seed})
+        stage.note = f"{n} rows x {len(runs)} seeds x {runs[0].preset.n_test} test problems"
+    return write_outputs(runs, results)
