@@ -38,7 +38,7 @@ RUNS = [
 ]
 
 
-def run_demo(out, cache, cwd, *extra, env=None):
+def run_demo(out, cache, cwd, *extra, env=None, timeout=1200):
     env = {**(env or os.environ), "OMP_NUM_THREADS": "2"}
     args = ["--preset", "smoke", "--out", out, "--cache-dir", cache, "--threads", "2", *extra]
     return subprocess.run(
@@ -47,7 +47,7 @@ def run_demo(out, cache, cwd, *extra, env=None):
         env=env,
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=timeout,
     )
 
 

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow
 def seeds2(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo_seeds")
     out = root / "demo"
-    run = run_demo(out, root / "cache", root, "--seeds", "2")
+    # twice the students' stages of a smoke demo: over 20 minutes when the VM is shared
+    run = run_demo(out, root / "cache", root, "--seeds", "2", timeout=3600)
     assert run.returncode == 0, run.stderr[-3000:]
     return out, run
 
