@@ -8,8 +8,16 @@
    decoded and the exact targets, for k = 16, 64, 256 on a synthetic 128k-vocabulary logits
    tensor, for each encoding trick.
 
+3. Teacher cost at the users' ratio (`--part ratio`): a teacher 8x or more the student's
+   parameters; the same off-policy steps with the live teacher, from the cache, through `distil
+   serve-teacher` on this machine (`teacher.url`), and the student's bare step (loss `sft`: the
+   same forward, a cross-entropy loss, backward and AdamW step through the same loop, no
+   teacher) as the floor. Seconds per step are each run's fastest `time/step` after warm-up
+   (the machine is shared); prints cached/live, remote/live and cached/bare.
+
     python bench/cache.py                 # demo sizes, 1024 rows x 3 epochs
     python bench/cache.py --preset tiny --rows 256
+    python bench/cache.py --part ratio    # 8:1 and more, a few minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -49,7 +57,82 @@ def train_config(root: Path, dirs, preset, rows: int, epochs: int, k: int, **tea
     }
 
 
-def timed_train(raw: dict) -> tuple[float, list[float], dict[str, float]]:
+# (hidden, layers, heads, intermediate) of a student and a teacher >= 8x its parameters
+RATIO = {"student": (96, 2, 4, 256), "teacher": (256, 4, 4, 704), "batch": 16}
+
+
+def ratio_part(args) -> dict:
+    """Seconds per off-policy step: live, cached, remote (serve-teacher), bare student."""
+    from distil.config import build_config
+    from distil.models.load import load_model
+    from distil.models.scratch import count_parameters
+    from distil.serve.process import teacher_server
+    from distil.teacher.writer import cache_teacher
+
+    preset = {**RATIO, "new": 16}
+    root = Path(tempfile.mkdtemp(prefix="distil-bench-ratio-"))
+    dirs = build(root, preset)
+    params = {n: count_parameters(load_model(str(dirs[n]))) for n in ("teacher", "student")}
+    src = (root / "data" / "train.jsonl").read_text().splitlines()
+    (root / "data" / "rows.jsonl").write_text("\n".join(src[: args.rows]) + "\n")
+    steps = args.ratio_steps
+    live = train_config(root, dirs, preset, steps * preset["batch"], 1, args.k)
+    # within the tiny teacher's 512 positions (serve-teacher's max_model_len)
+    live["data"].update({"max_prompt_tokens": 192, "max_completion_tokens": 128})
+    cache_teacher(build_config(live), root / "cache", shard_rows=args.shard_rows)
+    cached = json.loads(json.dumps(live))
+    cached["teacher"] = {"path": None, "cache": str(root / "cache"), "top_k": args.k}
+    bare = json.loads(json.dumps(live))
+    bare["teacher"] = {"path": None}
+    bare["loss"] = {"name": "sft"}
+    runs = {"live": live, "cached": cached, "bare": bare}
+    for name, raw in runs.items():
+        raw["train"]["output_dir"] = str(root / name)
+    per_step: dict[str, list[float]] = {}
+    env = {"OMP_NUM_THREADS": str(args.threads)}
+    with teacher_server(dirs["teacher"], "--max-logprobs", str(args.k), env=env) as (url, _):
+        remote = json.loads(json.dumps(runs["live"]))
+        remote["teacher"].update({"url": url, "path": str(dirs["teacher"])})
+        remote["train"]["output_dir"] = str(root / "remote")
+        runs["remote"] = remote
+        for _ in range(args.repeats):  # alternated; each side's fastest step, best run kept
+            for name, raw in runs.items():
+                per_step.setdefault(name, []).append(median_step(raw))
+    best = {name: min(v) for name, v in per_step.items()}
+    ratio = params["teacher"] / params["student"]
+    print(
+        f"\nteacher cost at {ratio:.1f}:1 (teacher {params['teacher'] / 1e6:.2f}M, student "
+        f"{params['student'] / 1e6:.2f}M parameters; batch {preset['batch']}, k={args.k}, "
+        f"{steps} steps a run, fastest time/step after the first 2, best of {args.repeats}, "
+        f"{torch.get_num_threads()} threads):"
+    )
+    for name in ("live", "remote", "cached", "bare"):
+        print(
+            f"  {name:<7} {1000 * best[name]:8.1f} ms/step  (runs: "
+            + ", ".join(f"{1000 * x:.1f}" for x in per_step[name])
+            + ")"
+        )
+    out = {
+        "cached_vs_live": best["cached"] / best["live"],
+        "remote_vs_live": best["remote"] / best["live"],
+        "cached_vs_bare": best["cached"] / best["bare"],
+        "param_ratio": ratio,
+    }
+    print(
+        f"  cached/live {out['cached_vs_live']:.2f}  remote/live {out['remote_vs_live']:.2f}  "
+        f"cached/bare {out['cached_vs_bare']:.2f} (target <= 1.15)"
+    )
+    return out
+
+
+def median_step(raw: dict) -> float:
+    """The fastest `time/step` of one run after its first 2 (warm-up): on a shared machine
+    other processes only ever add time, so the minimum is the closest to the step's cost."""
+    _, _, _, steps = timed_train(raw, per_step=True)
+    return min(steps[2:])
+
+
+def timed_train(raw: dict, per_step: bool = False) -> tuple[float, list[float], dict[str, float]]:
     """(wall seconds, per-step losses, seconds per phase summed over steps) of one run; the
     phases also hold "cpu", the process's CPU seconds (on a shared machine, waits for a core
     inflate the wall time, not this)."""
@@ -67,6 +150,8 @@ def timed_train(raw: dict) -> tuple[float, list[float], dict[str, float]]:
     metrics = [json.loads(line) for line in lines]
     phases = {k: sum(m[f"time/{k}"] for m in metrics) for k in ("teacher", "train")}
     phases["cpu"] = cpu
+    if per_step:
+        return seconds, [m["loss"] for m in metrics], phases, [m["time/step"] for m in metrics]
     return seconds, [m["loss"] for m in metrics], phases
 
 
@@ -317,9 +402,15 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="runs of each side, alternated")
     p.add_argument("--skip-training", action="store_true")
     p.add_argument("--profile", action="store_true", help="phase breakdown of the cached run")
+    p.add_argument("--part", choices=["all", "ratio"], default="all")
+    p.add_argument("--ratio-steps", type=int, default=12, help="steps of each --part ratio run")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     np.random.seed(0)
+    if args.part == "ratio":
+        r = ratio_part(args)
+        print("RESULT " + " ".join(f"{k}={v:.2f}" for k, v in r.items()))
+        return
     fmt_out = format_part(args)
     if args.skip_training:
         print(f"RESULT {_format_result(fmt_out)}")
