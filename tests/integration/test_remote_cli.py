@@ -26,6 +26,9 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 # Server RSS growth allowed over the soak, after a warm-up (allocator caches, lru of decoded
 # tokens). Measured: see docs/scaling-out.md ("A teacher on its own server").
 SOAK_RSS_GROWTH_MIB = 64
+# the longest sequence (prompt + completion + 1) within the tiny teacher's 512 positions, which
+# serve-teacher sends as max_model_len and connect() checks
+FITS = {"max_prompt_tokens": 192}
 
 
 def test_server_killed_mid_run_retries_then_exits_2_with_the_message(
@@ -37,6 +40,7 @@ def test_server_killed_mid_run_retries_then_exits_2_with_the_message(
         raw = make_train_config(
             teacher={"top_k": 5, "url": url},
             train={"max_steps": 1000, "save_every_minutes": None},
+            data=FITS,
         )
         cfg = tmp_path / "cfg.yaml"
         cfg.write_text(yaml.safe_dump(raw))

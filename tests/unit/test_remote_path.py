@@ -24,7 +24,10 @@ def server(pair_dirs, tmp_path_factory):
 
 def test_a_null_path_takes_the_one_served_name(server, make_train_config, bpe_tokenizer, capsys):
     url, teacher = server
-    raw = make_train_config(teacher={"path": None, "url": url, "top_k": 5})
+    # max_prompt_tokens: the longest sequence fits the served max_model_len (512)
+    raw = make_train_config(
+        teacher={"path": None, "url": url, "top_k": 5}, data={"max_prompt_tokens": 192}
+    )
     raw["teacher"]["tokenizer"] = str(teacher)
     cfg = build_config(raw)
     assert command_problems(cfg, "train") == []

@@ -18,6 +18,9 @@ from distil.train import loop
 
 KEY_ENV, KEY = "DISTIL_TEST_TEACHER_KEY", "s3cret-key"
 FAST = RetryPolicy(tries=2, first_wait_s=0.05, total_s=5.0, timeout_s=60.0)
+# the longest sequence (prompt + completion + 1) within the tiny teacher's 512 positions, which
+# serve-teacher sends as max_model_len and connect() checks
+FITS = {"max_prompt_tokens": 192}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,7 @@ def test_steps_with_teacher_url_equal_the_live_top_k_teacher(
     tmp_path, make_train_config, server, keyed
 ):
     url, _ = server
-    raw = make_train_config(loss={"name": "jsd", "beta": 0.5}, train={"max_steps": 3})
+    raw = make_train_config(loss={"name": "jsd", "beta": 0.5}, train={"max_steps": 3}, data=FITS)
     live = _run(raw, tmp_path / "live", top_k=5)
     remote = _run(raw, tmp_path / "remote", top_k=5, url=url, api_key_env=KEY_ENV)
     full = _run(raw, tmp_path / "full", top_k=None)  # control: the comparison can tell
@@ -82,6 +85,7 @@ def test_cross_tokenizer_steps_with_teacher_url_equal_the_live_teacher(
         teacher={"path": str(teacher)},
         loss={"name": "sampled_chunk_reverse_kl"},
         train={"max_steps": 3},
+        data=FITS,
     )
     live = _run(raw, tmp_path / "live", top_k=None)
     remote = _run(raw, tmp_path / "remote", top_k=4, url=url)
