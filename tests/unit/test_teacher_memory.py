@@ -90,7 +90,9 @@ def test_live_teacher_scoring_stays_within_its_budget(top_k):
 
 
 def test_serve_teacher_scoring_stays_within_its_budget():
-    budget = CHUNKS * _chunk_bytes() + SLACK
+    # one more chunk-sized temporary than the live teacher: the realised token's rank compares
+    # every row with its token's log-prob (measured: 545 MiB after, 1,671 MiB before the fix)
+    budget = (CHUNKS + 1) * _chunk_bytes() + SLACK
     grown = _grown(SERVE)
     assert grown <= budget, f"grew {grown / 2**20:.0f} MiB, budget {budget / 2**20:.0f} MiB"
     assert budget < B * L * V * 4  # the (B, L, V) logits of the former forward
