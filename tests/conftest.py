@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from distil.testing import build_model_dir, save_tokenizer, tiny_llama, train_tokenizer
+from distil.testing import (
+    build_model_dir,
+    save_tokenizer,
+    tiny_llama,
+    train_config,
+    train_tokenizer,
+)
 
 torch.set_num_threads(int(os.environ.get("DISTIL_TEST_THREADS", "1")))
 
@@ -128,29 +134,4 @@ def pair_dirs(tmp_path_factory, bpe_tokenizer) -> tuple[Path, Path]:
 @pytest.fixture
 def make_train_config(tmp_path, countdown_dir, pair_dirs):
     """make_train_config(**sections) -> a small training config dict (sections override)."""
-    return lambda **sections: _train_config(tmp_path, countdown_dir, pair_dirs, **sections)
-
-
-def _train_config(tmp_path: Path, countdown_dir: Path, pair_dirs, **sections) -> dict:
-    teacher, student = pair_dirs
-    cfg = {
-        "data": {"train": str(countdown_dir / "train.jsonl"), "template": "countdown_plain"},
-        "student": {"path": str(student)},
-        "teacher": {"path": str(teacher)},
-        "generation": {"max_new_tokens": 12, "num_generations": 2},
-        "loss": {"name": "jsd", "beta": 0.5},
-        "train": {
-            "output_dir": str(tmp_path / "run"),
-            "max_steps": 3,
-            "per_device_batch_size": 4,
-            "grad_accum_steps": 2,
-            "lr": 1e-3,
-            "lambda": 0.5,
-            "seed": 0,
-        },
-        "eval": {"n": 8, "max_new_tokens": 12, "data": str(countdown_dir / "test.jsonl")},
-        "logging": {"progress": False, "print_example": False},
-    }
-    for section, values in sections.items():
-        cfg.setdefault(section, {}).update(values)
-    return cfg
+    return lambda **sections: train_config(tmp_path, countdown_dir, pair_dirs, **sections)

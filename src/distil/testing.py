@@ -181,6 +181,33 @@ def build_model_dir(
     return path
 
 
+def train_config(tmp_path: Path, countdown_dir: Path, pair_dirs, **sections) -> dict[str, Any]:
+    """A small training config dict: the tests' Countdown data, (teacher, student) = pair_dirs,
+    3 steps of jsd with lambda 0.5, output under tmp_path/run; `sections` override keys."""
+    teacher, student = pair_dirs
+    cfg = {
+        "data": {"train": str(countdown_dir / "train.jsonl"), "template": "countdown_plain"},
+        "student": {"path": str(student)},
+        "teacher": {"path": str(teacher)},
+        "generation": {"max_new_tokens": 12, "num_generations": 2},
+        "loss": {"name": "jsd", "beta": 0.5},
+        "train": {
+            "output_dir": str(tmp_path / "run"),
+            "max_steps": 3,
+            "per_device_batch_size": 4,
+            "grad_accum_steps": 2,
+            "lr": 1e-3,
+            "lambda": 0.5,
+            "seed": 0,
+        },
+        "eval": {"n": 8, "max_new_tokens": 12, "data": str(countdown_dir / "test.jsonl")},
+        "logging": {"progress": False, "print_example": False},
+    }
+    for section, values in sections.items():
+        cfg.setdefault(section, {}).update(values)
+    return cfg
+
+
 def config_with(raw: dict[str, Any], **sections: dict[str, Any]):
     """`build_config` of a copy of the config dict `raw`, each section updated with `sections`."""
     import copy

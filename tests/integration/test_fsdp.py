@@ -85,12 +85,12 @@ def assert_same_run(a_dir: Path, b_dir: Path, steps: int) -> None:
 def runs(tmp_path_factory, countdown_dir, pair_dirs):
     """Five launches shared by the tests below (each costs ~20 s of process start-up here):
     DDP; FSDP; FSDP with a sharded teacher; the same killed in step 3 and resumed."""
-    from conftest import _train_config
+    from distil.testing import train_config
 
     root = tmp_path_factory.mktemp("fsdp")
     # on-policy and off-policy slices (lambda 0.5): generation runs on the gathered student;
     # evaluations (steps 2 and 4) generate on rank 0 alone while the other rank waits
-    raw = _train_config(
+    raw = train_config(
         root,
         countdown_dir,
         pair_dirs,

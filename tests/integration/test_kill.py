@@ -29,7 +29,7 @@ sys.path.insert(0, sys.argv[1])
 from distil.train import checkpoint, loop
 delay, kill_at = float(sys.argv[2]), sys.argv[3]
 where, _, n = kill_at.partition(":")
-real_micro, real_write, real_fsync = loop.micro_step, checkpoint._write_text, checkpoint.fsync_dir
+real_micro, real_write, real_fsync = loop.micro_step, checkpoint.write_text, checkpoint.fsync_dir
 calls = [0]
 def micro(*a, **k):
     calls[0] += 1
@@ -46,7 +46,7 @@ def fsync_dir(path):
     real_fsync(path)
     if where == "rename" and path.name == f"step-{int(n):08d}.tmp":
         os.kill(os.getpid(), signal.SIGKILL)
-loop.micro_step, checkpoint._write_text, checkpoint.fsync_dir = micro, write, fsync_dir
+loop.micro_step, checkpoint.write_text, checkpoint.fsync_dir = micro, write, fsync_dir
 from distil.cli import main
 raise SystemExit(main(["train", sys.argv[4]]))
 """

@@ -82,10 +82,10 @@ def test_optimizer_state_round_trips_through_safetensors_and_json(tmp_path):
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory, countdown_dir, pair_dirs):
     """A 4-step run with checkpoints at steps 2 and 4 (the uninterrupted reference)."""
-    from conftest import _train_config
+    from distil.testing import train_config
 
     root = tmp_path_factory.mktemp("ref")
-    raw = _train_config(root, countdown_dir, pair_dirs, train={"max_steps": 4, "save_every": 2})
+    raw = train_config(root, countdown_dir, pair_dirs, train={"max_steps": 4, "save_every": 2})
     torch.manual_seed(0)
     loop.train(build_config(raw))
     return root / "run", raw

@@ -13,8 +13,8 @@ def test_train_prints_the_plan_and_logs_planned_and_measured_peaks(
 ):
     cfg = build_config(make_train_config(train={"max_steps": 2}))
     loop.train(cfg)
-    err = capsys.readouterr().err
-    assert "memory plan: peak" in err and "usable on cpu" in err
+    out = capsys.readouterr().out  # stdout: stderr is for notices and errors
+    assert "memory plan: peak" in out and "usable on cpu" in out
     metrics = read_metrics(tmp_path / "run")
     planned = [m["memory/planned_peak_bytes"] for m in metrics]
     assert len(set(planned)) == 1 and planned[0] > 0
@@ -31,6 +31,6 @@ def test_a_config_the_planner_cannot_read_still_trains(tmp_path, make_train_conf
 
     monkeypatch.setattr(distil.plan, "make_plan", fail)
     loop.train(build_config(make_train_config(train={"max_steps": 1})))
-    assert "memory plan: not made (no plan today)" in capsys.readouterr().err
+    assert "memory plan: not made (no plan today)" in capsys.readouterr().out
     (m,) = read_metrics(tmp_path / "run")
     assert "memory/planned_peak_bytes" not in m and m["memory/rss_peak_bytes"] > 0

@@ -411,16 +411,17 @@ def memory_plan(cfg: DistilConfig, accelerator) -> int | None:
     planned (a plan is advice: it never stops a run)."""
     from distil.plan import headline, make_plan
     from distil.plan.target import for_device
-    from distil.progress import console
 
+    # on stdout, with the run's other reports ("resumed from", "final model:"): stderr carries
+    # notices and a user's mistake as one paragraph (distil: error: ...)
     try:
         target = for_device(accelerator.device, accelerator.num_processes, fsdp_requested())
         plan = make_plan(cfg, target)
     except Exception as exc:  # an unknown architecture, remote code, a hub id offline
         if accelerator.is_main_process:
             reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            console.print(f"memory plan: not made ({reason})", markup=False, soft_wrap=True)
+            print(f"memory plan: not made ({reason})", flush=True)
         return None
     if accelerator.is_main_process:
-        console.print(headline(plan), markup=False, soft_wrap=True)
+        print(headline(plan), flush=True)
     return plan.devices[0].peak
