@@ -163,7 +163,7 @@ def model_forward(
     Every training forward goes through here so that the cache is always off: see the module
     docstring. `pack_length=None` packs into rows as long as the longest sequence (the padded
     width), so a packed row never costs more attention than a padded one. D is the vocabulary,
-    or the hidden size when the head is replaced (`train.step.hidden_states_as_logits`).
+    or the hidden size when the head is replaced (`head_bypassed`).
     """
     if not packing:
         return model(

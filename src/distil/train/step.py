@@ -8,23 +8,8 @@ gradient synchronisation is untouched.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
-import torch
-
-from distil.data.packing import model_forward
+from distil.data.packing import head_bypassed, model_forward
 from distil.types import Batch, LossOutput, TeacherTargets
-
-
-@contextmanager
-def hidden_states_as_logits(model: torch.nn.Module):
-    """Temporarily replace the output embedding with identity; yields the real head."""
-    head = model.get_output_embeddings()
-    model.set_output_embeddings(torch.nn.Identity())
-    try:
-        yield head
-    finally:
-        model.set_output_embeddings(head)
 
 
 def student_forward(
@@ -53,7 +38,7 @@ def student_forward(
         return logits[..., :vocab_size] if vocab_size is not None else logits
     from distil.losses.chunked import StudentHidden
 
-    with hidden_states_as_logits(unwrapped) as head:
+    with head_bypassed(unwrapped) as head:
         hidden = model_forward(model, **kwargs)[:, :-1]
     weight, bias = head.weight, getattr(head, "bias", None)
     if vocab_size is not None:
