@@ -60,6 +60,8 @@ def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
     same_tokenizer = cfg.loss.name != "sft" and not is_cross_tokenizer(cfg.loss.name)
     if same_tokenizer and len(toks) == 2 and not found:
         found += filter(None, [vocab_mismatch(cfg.loss.name, toks["student"], toks["teacher"])])
+    if cfg.teachers.models:
+        _teachers(cfg, toks.get("student"), found)
     return list(found), notes
 
 
@@ -129,12 +131,6 @@ def _names(cfg: DistilConfig) -> list[str]:
 
     found = _task_named(cfg)
     name = cfg.loss.name
-    if cfg.teachers.models and is_cross_tokenizer(name):
-        found.append(
-            f"loss.name = {name!r} with several teachers: they score same-tokenizer losses for "
-            "now (the student's tokenizer on every side). Fix: a same-tokenizer loss such as "
-            "jsd, or one teacher"
-        )
     if cfg.teacher.url and is_cross_tokenizer(name) and name != "sampled_chunk_reverse_kl":
         found.append(
             f"loss.name = {name!r} with teacher.url: this cross-tokenizer loss reads the "
@@ -333,3 +329,58 @@ def _tokenizers(cfg: DistilConfig, examples, found: _Problems, notes: list[str])
                 check_lengths, examples, tok, cfg.data, completions_used=uses_completions(cfg)
             )
     return toks
+
+
+def _teachers(cfg: DistilConfig, student_tok, found: _Problems) -> None:
+    """Each of several teachers as `teacher` alone is checked: a cache's settings, a url's
+    tokenizer and loss, a cross-tokenizer loss's full distribution, and, for a same-tokenizer
+    loss, a local teacher tokenizer of the student's vocabulary; a cross-tokenizer mixture
+    needs one teacher tokenizer."""
+    from distil.losses import is_cross_tokenizer
+    from distil.models.load import load_tokenizer, vocab_mismatch
+
+    name, cross = cfg.loss.name, is_cross_tokenizer(cfg.loss.name)
+    vocabs = {}
+    for teacher, t in cfg.teachers.models.items():
+        key = f"teachers.models.{teacher}"
+        if t.cache:
+            one = cfg.model_copy(update={"teacher": t})
+            from distil.teacher.cached import check_settings
+
+            found.attempt(check_settings, one)
+        if t.url and not t.tokenizer:
+            found.append(
+                f"{key}.url = {t.url!r} with {key}.path and .tokenizer null: distil sends the "
+                f"server token ids, so it needs the served model's tokenizer. Fix: set "
+                f"{key}.tokenizer"
+            )
+        if t.url and cross and name != "sampled_chunk_reverse_kl":
+            found.append(
+                f"loss.name = {name!r} with {key}.url: this cross-tokenizer loss reads the "
+                "teacher's full distribution, a server returns its top-k. Fix: "
+                "loss.name=sampled_chunk_reverse_kl, or a local teacher"
+            )
+        elif cross and t.top_k is not None and not t.url:
+            found.append(
+                f"{key}.top_k = {t.top_k} with loss.name = {name!r}: the cross-tokenizer losses "
+                f"need the teacher's full distribution. Fix: {key}.top_k=null"
+            )
+        if not t.tokenizer or t.cache or not Path(os.path.expanduser(t.tokenizer)).exists():
+            continue  # a hub id is not fetched; a cache's tokenizers are checked when it opens
+        tok = found.attempt(load_tokenizer, t.tokenizer, key=f"{key}.tokenizer")
+        if tok is None:
+            continue
+        vocabs[teacher] = tok.get_vocab()
+        mismatch = not cross and student_tok is not None and vocab_mismatch(name, student_tok, tok)
+        if mismatch:
+            found.append(f"{key}: {mismatch}")
+    if (
+        cross
+        and cfg.teachers.weights is not None
+        and len({str(sorted(v.items())) for v in vocabs.values()}) > 1
+    ):
+        found.append(
+            f"teachers.weights mixes {', '.join(vocabs)} with a cross-tokenizer loss, but their "
+            "tokenizers differ: a mixture adds distributions over one vocabulary. Fix: mix "
+            "teachers of one tokenizer, or route rows (teachers.column)"
+        )

@@ -133,10 +133,12 @@ def test_validate_names_the_mistakes(make_train_config, pair_dirs, second_teache
     with pytest.raises(ConfigError, match=r"exactly one of teachers\.column"):
         build_config(raw)
     raw["teachers"] |= {"column": None, "weights": {"a": 1.0}}
-    with pytest.raises(ConfigError, match="a same-tokenizer loss"):
-        from distil.preflight import check
-
-        check(config_with(raw, loss={"name": "aligned_kl"}), "train")
+    with pytest.raises(ConfigError, match="do not write completions"):
+        config_with(raw, train={"seq_kd": True})
+    with pytest.raises(ConfigError, match=r"teachers\.models\.b in a mixture .* top_k = 3"):
+        config_with(
+            raw, teachers={"models": {**raw["teachers"]["models"], "b": {"path": "x", "top_k": 3}}}
+        )
     with pytest.raises(ConfigError, match=r"teacher\.path/cache/url and teachers\.models"):
         build_config({**raw, "teacher": {"path": str(pair_dirs[0])}})
 

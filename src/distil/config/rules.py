@@ -359,26 +359,31 @@ def _several_teachers(cfg: DistilConfig):
     if r.weights is not None and (min(weights, default=0) < 0 or not sum(weights) > 0):
         return keys, f"teachers.weights = {r.weights}: weights are >= 0 with a positive sum"
     for name, t in cfg.teachers.models.items():
-        if not t.path or t.cache or t.url or t.placement != "replicate":
+        key = f"teachers.models.{name}"
+        if t.from_student:
             return keys, (
-                f"teachers.models.{name}: several teachers are live models for now (a path; no cache, "
-                "url or placement=shard). Fix: set teachers.models.{name}.path to a model"
+                f"{key}.from_student = {t.from_student!r}: self-distillation is for one teacher "
+                f"(teacher.from_student). Fix: {key}.from_student=null"
             )
-        if r.weights is not None and t.top_k is not None:
+        if not (t.path or t.cache or t.url) or t.placement != "replicate":
             return keys, (
-                f"teachers.models.{name}.top_k = {t.top_k} in a mixture: mixing needs each teacher's "
-                f"full distribution. Fix: teachers.models.{name}.top_k=null"
+                f"{key}: each teacher is a model (path), a cache or a url, placed whole on a "
+                f"device (no placement=shard with several teachers). Fix: set {key}.path, "
+                f"{key}.cache or {key}.url (placement=replicate)"
             )
-    if cfg.loss.name == "sft" or cfg.train.seq_kd:  # cross-tokenizer losses: preflight
+        if r.weights is not None and (t.top_k is not None or t.cache or t.url):
+            return keys, (
+                f"{key} in a mixture (teachers.weights) with "
+                f"{'a cache' if t.cache else 'a url' if t.url else f'top_k = {t.top_k}'}: mixing "
+                "adds each teacher's full distribution, and caches, servers and top-k give "
+                f"only their top-k (whose supports differ from teacher to teacher). Fix: {key} "
+                "a live model with top_k=null, or route rows (teachers.column)"
+            )
+    if cfg.loss.name == "sft" or cfg.train.seq_kd:
         return keys, (
             f"loss.name = {cfg.loss.name!r}{' with train.seq_kd' * cfg.train.seq_kd}: several "
-            "teachers score same-tokenizer losses for now (no cross-tokenizer losses, sft or "
-            "seq-KD). Fix: a same-tokenizer loss such as jsd, or one teacher"
-        )
-    if cfg.train.packing:
-        return keys, (
-            "train.packing=true with several teachers: a packed row would hold rows of "
-            "different teachers. Fix: train.packing=false"
+            "teachers score rows (distillation losses) and do not write completions (no sft "
+            "or seq-KD). Fix: a distillation loss such as jsd, or one teacher"
         )
     return None
 

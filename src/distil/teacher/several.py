@@ -2,26 +2,28 @@
 
 - Routed (`teachers.column`): each training row goes to one teacher, named by a data column
   (through `teachers.map` when given). Rows of different teachers share a micro-batch; each
-  teacher runs once per micro-batch on its own rows, and the targets are put back in row
-  order.
+  teacher runs once per micro-batch on its own rows (`RoutedTeacher.score_parts`), and the loss
+  of each teacher's rows is computed against that teacher's own targets (`train/step.py`), so
+  teachers may differ in form (full, top-k, cached, remote) and, with a cross-tokenizer loss,
+  in tokenizer: a cross-tokenizer micro-batch is collated per teacher (`RoutedCollate`), each
+  teacher's rows aligned with its own tokenizer.
 - Mixed (`teachers.weights`): every teacher scores every row and the targets are the mixture
   of their distributions, log M(v) = log sum_i w_i T_i(v) (weights normalized to sum to 1),
   which the configured divergence then compares with the student. A mixture of one teacher
-  with weight 1 is that teacher.
-
-Both work on full or top-k targets for routing (each row keeps its own teacher's form) and on
-full targets for a mixture (top-k supports differ between teachers).
+  with weight 1 is that teacher. It needs full distributions over one vocabulary (the
+  student's, or one teacher tokenizer shared by all with a cross-tokenizer loss).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 
+from distil.data.collate import collate
 from distil.errors import DataError
 from distil.types import Batch, Example, TeacherTargets
 
@@ -68,34 +70,115 @@ def _rows(batch: Batch, idx: torch.Tensor, picked: list[int]) -> Batch:
     return replace(batch, samples=[batch.samples[i] for i in picked], **tensors)
 
 
+@dataclass
+class RoutedBatch(Batch):
+    """A cross-tokenizer micro-batch of several teachers: the student's padded rows (`mask_B_T`
+    the union of the teachers' loss positions) and, per teacher with rows here, those rows
+    collated with that teacher's own tokenizer and alignment (`parts`, in row order)."""
+
+    parts: dict[str, Batch] | None = None
+
+    def to(self, device: torch.device | str) -> RoutedBatch:
+        moved = Batch.to(self, device)
+        parts = None if self.parts is None else {k: v.to(device) for k, v in self.parts.items()}
+        return replace(moved, parts=parts)
+
+
+class RoutedCollate:
+    """Collates a micro-batch for routed cross-tokenizer teachers: each teacher's rows through
+    its own `CrossTokenizer` (teachers sharing a tokenizer share one). Duck-types the
+    `CrossTokenizer` the buffer asks for (`collate`, `teacher_tok`)."""
+
+    def __init__(self, crosses: Sequence[Any], names: Sequence[str], route_of: Sequence[int]):
+        self.crosses, self.names, self.route_of = list(crosses), list(names), list(route_of)
+        self.teacher_tok = self.crosses[0].teacher_tok
+
+    def collate(self, samples, pad_id: int) -> RoutedBatch:
+        base = collate(samples, pad_id)
+        routes = [self.route_of[s.example_id] for s in samples]
+        mask = torch.zeros_like(base.mask_B_T)
+        parts = {}
+        for t, name in enumerate(self.names):
+            picked = [i for i, r in enumerate(routes) if r == t]
+            if not picked:
+                continue
+            sub = self.crosses[t].collate([samples[i] for i in picked], pad_id)
+            mask[torch.tensor(picked), : sub.mask_B_T.shape[1]] = sub.mask_B_T
+            parts[name] = sub
+        fields_ = {f.name: getattr(base, f.name) for f in fields(Batch)}
+        return RoutedBatch(**{**fields_, "mask_B_T": mask}, parts=parts)
+
+
+@dataclass
+class Part:
+    """One teacher's rows of a micro-batch: their indices, those rows as a batch (the batch
+    itself when they are all of it; collated in its own tokens for a cross-tokenizer teacher)
+    and the teacher's targets for them."""
+
+    name: str
+    rows: list[int]
+    batch: Batch
+    targets: TeacherTargets
+
+
 class RoutedTeacher:
     """Each row scored by its own teacher; `last_routes` records the teacher of every row of
-    the last micro-batch scored."""
+    the last micro-batch scored, `names` every teacher's name."""
 
     def __init__(self, teachers: Sequence[Any], names: Sequence[str], route_of: Sequence[int]):
         self.teachers, self.names, self.route_of = list(teachers), list(names), list(route_of)
         self.temperature = self.teachers[0].temperature
         self.last_routes: list[str] = []
 
-    def score(self, batch: Batch) -> TeacherTargets:
+    def score_parts(self, batch: Batch) -> list[Part]:
+        """Per teacher with rows in `batch`, in teacher order: its rows and its targets (each
+        teacher runs once, on its rows only; a teacher without rows does not run)."""
         routes = [self.route_of[s.example_id] for s in batch.samples]
         self.last_routes = [self.names[r] for r in routes]
-        out: dict[str, torch.Tensor] = {}
+        given = getattr(batch, "parts", None)  # a RoutedBatch: collated per teacher
+        out = []
         for t, teacher in enumerate(self.teachers):
             picked = [i for i, r in enumerate(routes) if r == t]
             if not picked:
-                continue  # this teacher has no row here: it does not run
-            idx = torch.tensor(picked)
-            part = teacher.score(_rows(batch, idx, picked))
-            for f in fields(part):
-                value = getattr(part, f.name)
+                continue
+            if given is not None:
+                sub = given[self.names[t]]
+            elif len(picked) == len(routes):
+                sub = batch
+            else:
+                sub = _rows(batch, torch.tensor(picked), picked)
+            out.append(Part(self.names[t], picked, sub, teacher.score(sub)))
+        return out
+
+    def score(self, batch: Batch) -> TeacherTargets:
+        """The parts' targets put back in row order (same-tokenizer teachers of one form)."""
+        parts = self.score_parts(batch)
+        if getattr(batch, "parts", None) is not None or len({_form(p.targets) for p in parts}) > 1:
+            raise ValueError(
+                "these teachers' targets differ in form or tokenizer: score_parts gives each "
+                "teacher's own (the training step computes each teacher's loss on its rows)"
+            )
+        out: dict[str, torch.Tensor] = {}
+        for part in parts:
+            idx = torch.tensor(part.rows)
+            for f in fields(part.targets):
+                value = getattr(part.targets, f.name)
                 if value is None:
                     continue
                 if f.name not in out:  # (B, ...) in the first part's dtype and device
-                    shape = (len(routes), *value.shape[1:])
+                    shape = (len(batch.samples), *value.shape[1:])
                     out[f.name] = value.new_zeros(shape)
                 out[f.name][idx.to(value.device)] = value
         return TeacherTargets(**out)
+
+
+def _form(targets: TeacherTargets) -> tuple:
+    """Which fields the targets hold and their trailing shape (what merging needs equal)."""
+    return tuple(
+        (f.name, tuple(v.shape[1:]))
+        for f in fields(targets)
+        if (v := getattr(targets, f.name)) is not None
+    )
 
 
 class MixedTeacher:

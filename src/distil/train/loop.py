@@ -36,7 +36,13 @@ from distil.train.resume import resume
 from distil.train.rundir import RunLock, record_config
 from distil.train.setup import Components, build
 from distil.train.signals import StopRequest
-from distil.train.step import micro_step
+from distil.train.step import (
+    TEACHER_SUMS,
+    micro_step,
+    score_micro_batch,
+    teacher_metrics,
+    teacher_names,
+)
 from distil.train.timing import PhaseClock
 
 
@@ -219,12 +225,13 @@ def _accumulate(
         global_tokens = acc.reduce(local, reduction="sum").item()
     # DDP averages gradients over ranks; scaling the count keeps sum / global count exact.
     num_tokens = max(global_tokens, 1.0) / acc.num_processes
-    sums: dict[str, torch.Tensor] = {}
+    zero = torch.zeros((), device=acc.device)  # every teacher's keys on every rank (reduce)
+    sums = {f"teacher/{n}/{k}": zero for n in teacher_names(c.teacher) for k in TEACHER_SUMS}
     clock = PhaseClock(acc.device)  # CUDA events, read once below: no sync per micro-batch
     for i, micro in enumerate(window.micro_batches):
         micro = micro.to(acc.device)
         t0 = clock.mark()
-        targets = c.teacher.score(micro)
+        targets, parts, routes = score_micro_batch(c.teacher, micro)
         t1 = clock.mark()
         last = i == len(window.micro_batches) - 1
         with contextlib.nullcontext() if last else acc.no_sync(c.model):
@@ -239,6 +246,8 @@ def _accumulate(
                     vocab_size=c.vocab_size,
                     packing=cfg.train.packing,
                     pack_length=cfg.train.pack_length,
+                    parts=parts,
+                    routes=routes,
                     loss_opts={
                         **_loss_opts(c, cfg, window.policies[i]),
                         "diagnostics": diagnostics,
@@ -252,7 +261,7 @@ def _accumulate(
             add_align_metrics(sums, micro.alignment.metrics, acc.device)
         clock.add("teacher", t0, t1)
         clock.add("train", t1, clock.mark())
-        del targets, result  # released before the next micro-batch is scored
+        del targets, parts, result  # released before the next micro-batch is scored
     local_ok = torch.isfinite(sums["loss_sum"]).all() if "loss_sum" in sums else True
     sums = {k: acc.reduce(v.detach().float(), reduction="sum") for k, v in sums.items()}
     return sums, local_ok, clock.seconds("teacher"), clock.seconds("train")
@@ -345,6 +354,7 @@ def _step_metrics(step, sums, window, grad_norm, lr, finite, t_teacher, t_train,
         if f"{policy}/tokens_count" in sums:
             n = float(sums[f"{policy}/tokens_count"])
             m[f"loss/{policy}"] = float(sums[f"{policy}/loss_sum"]) / max(n, 1.0)
+    m.update(teacher_metrics(sums))
     m.update(window.metrics)
     n_inputs = sum(int(b.attention_mask_B_L.sum()) for b in window.micro_batches)
     m.update(

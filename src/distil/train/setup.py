@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from distil.train.fsdp import (
     shard_teacher,
 )
 from distil.train.optim import build_optimizer
+from distil.train.several import several_teachers
 
 TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
 
@@ -166,30 +168,6 @@ def load_teacher(cfg: DistilConfig, accelerator):
         shard_teacher(model, accelerator)
         return model, tok
     return _load(cfg.teacher, "teacher", device=cfg.teacher.device or accelerator.device)
-
-
-def several_teachers(cfg: DistilConfig, accelerator, model, tok, examples) -> tuple:
-    """`build_scorer` for `teachers.models`: each teacher loaded like `teacher`, checked to share the
-    student's vocabulary, behind one RoutedTeacher or MixedTeacher (teacher/several.py)."""
-    from distil.teacher.select import live_scorer, shared_vocab_size
-    from distil.teacher.several import MixedTeacher, RoutedTeacher, row_teachers
-
-    names = list(cfg.teachers.models)
-    loaded = []
-    for name in names:
-        one = cfg.model_copy(update={"teacher": cfg.teachers.models[name]})
-        t_model, t_tok = load_teacher(one, accelerator)
-        shared_vocab_size(one, tok, t_tok, model, t_model)  # raises for another vocabulary
-        loaded.append((one, t_model, t_tok))
-    rows = [m.get_output_embeddings().weight.shape[0] for _, m, _ in loaded]
-    vs = model.get_output_embeddings().weight.shape[0]
-    keep = min(vs, *rows) if any(r != vs for r in rows) else None
-    scorers = [live_scorer(one, m, one.teacher.top_k, keep) for one, m, _ in loaded]
-    if cfg.teachers.weights is not None:
-        teacher = MixedTeacher(scorers, [cfg.teachers.weights.get(n, 0.0) for n in names])
-    else:
-        teacher = RoutedTeacher(scorers, names, row_teachers(examples, cfg.teachers, names))
-    return teacher, loaded[0][2], None, keep
 
 
 def gathering(generator, model):
@@ -350,7 +328,7 @@ def build(cfg: DistilConfig) -> Components:
         teacher_model, teacher_tok = self_teacher(cfg, model), tok
     if cfg.teachers.models:
         teacher, teacher_tok, cross, vocab_size = several_teachers(
-            cfg, accelerator, model, tok, examples
+            cfg, partial(load_teacher, accelerator=accelerator), model, tok, examples, rows
         )
     else:
         teacher, teacher_tok, cross, vocab_size = build_scorer(

@@ -8,6 +8,11 @@ gradient synchronisation is untouched.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
+import torch
+
 from distil.data.packing import head_bypassed, model_forward
 from distil.types import Batch, LossOutput, TeacherTargets
 
@@ -51,7 +56,7 @@ def micro_step(
     model,
     unwrapped,
     batch: Batch,
-    targets: TeacherTargets,
+    targets: TeacherTargets | None,
     loss_fn,
     *,
     num_tokens: float,
@@ -59,8 +64,17 @@ def micro_step(
     vocab_size: int | None = None,
     packing: bool = False,
     pack_length: int | None = None,
+    parts: list | None = None,
+    routes: list[str] | None = None,
 ) -> LossOutput:
-    """Forward + loss for one micro-batch; the caller runs backward."""
+    """Forward + loss for one micro-batch; the caller runs backward.
+
+    Several teachers: `parts` (`RoutedTeacher.score_parts`: each teacher's rows, as a batch in
+    its own tokens, and its targets) or `routes` (each row's teacher name, with one `targets`
+    for the whole batch). The student runs once on the whole micro-batch; the loss is the sum
+    of each teacher's loss on its rows, and the metrics add `teacher/<name>/loss_sum` and
+    `teacher/<name>/tokens_count`.
+    """
     student = student_forward(
         model,
         unwrapped,
@@ -70,6 +84,31 @@ def micro_step(
         packing=packing,
         pack_length=pack_length,
     )
+    if parts is None and routes is None:
+        return _loss(loss_fn, student, batch, targets, num_tokens, loss_opts)
+    pieces = [
+        (p.name, student_rows(student, p.rows, p.batch), p.batch, p.targets) for p in parts or []
+    ]
+    if parts is None:  # one set of targets: each teacher's rows by their loss mask
+        names = list(dict.fromkeys(routes))
+        for name in names:
+            sub = batch
+            if len(names) > 1:
+                mine = torch.tensor([r == name for r in routes], device=batch.mask_B_T.device)
+                sub = replace(batch, mask_B_T=batch.mask_B_T & mine[:, None])
+            pieces.append((name, student, sub, targets))
+    total, metrics = None, {}
+    for name, s, sub, t in pieces:
+        out = _loss(loss_fn, s, sub, t, num_tokens, loss_opts)
+        total = out.loss if total is None else total + out.loss
+        for k, v in out.metrics.items():
+            metrics[k] = metrics[k] + v if k in metrics else v
+        metrics[f"teacher/{name}/loss_sum"] = out.metrics["loss_sum"]
+        metrics[f"teacher/{name}/tokens_count"] = out.metrics["tokens_count"]
+    return LossOutput(loss=total, metrics=metrics)
+
+
+def _loss(loss_fn, student, batch: Batch, targets, num_tokens: float, loss_opts: dict):
     extra = {} if batch.alignment is None else {"alignment": batch.alignment}
     return loss_fn(
         student,
@@ -80,3 +119,50 @@ def micro_step(
         **extra,
         **loss_opts,
     )
+
+
+def student_rows(student, rows: list[int], sub: Batch):
+    """The student's output (logits or `StudentHidden`) for `rows` of the micro-batch, cut to
+    `sub`'s positions (a part collated on its own may be padded shorter)."""
+    from distil.losses.chunked import StudentHidden
+
+    x = student.hidden_B_T_H if isinstance(student, StudentHidden) else student
+    T = sub.mask_B_T.shape[1]
+    if rows == list(range(x.shape[0])) and x.shape[1] == T:
+        return student
+    x = x[torch.tensor(rows, device=x.device), :T]
+    if isinstance(student, StudentHidden):
+        return replace(student, hidden_B_T_H=x)
+    return x
+
+
+TEACHER_SUMS = ("loss_sum", "tokens_count")
+
+
+def teacher_names(teacher) -> list[str]:
+    """The names of a routed teacher's teachers (`loss/teacher/<name>`); [] for one teacher."""
+    return list(getattr(teacher, "names", None) or []) if hasattr(teacher, "last_routes") else []
+
+
+def score_micro_batch(teacher, micro) -> tuple:
+    """(targets, parts, routes): a routed teacher scores each teacher's rows on their own
+    (`parts`); a teacher that records each row's teacher (`last_routes`) gives them as
+    `routes`; a single teacher only targets."""
+    if hasattr(teacher, "score_parts"):
+        return None, teacher.score_parts(micro), None
+    targets = teacher.score(micro)
+    routes = getattr(teacher, "last_routes", None)
+    return targets, None, (list(routes) if routes else None)
+
+
+def teacher_metrics(sums: dict[str, float]) -> dict[str, Any]:
+    """`loss/teacher/<name>` (the loss averaged over that teacher's loss tokens of the window;
+    absent when it had none) and `tokens/teacher/<name>`, from the window's sums."""
+    out: dict[str, Any] = {}
+    for k, n in sums.items():
+        if k.startswith("teacher/") and k.endswith("/tokens_count"):
+            name = k[len("teacher/") : -len("/tokens_count")]
+            out[f"tokens/teacher/{name}"] = int(n)
+            if n > 0:
+                out[f"loss/teacher/{name}"] = float(sums[f"teacher/{name}/loss_sum"]) / float(n)
+    return out
