@@ -310,3 +310,17 @@ def test_a_cross_tokenizer_mixture_of_teachers_sharing_a_tokenizer_is_the_hand_m
     torch.testing.assert_close(got, want)
     assert not torch.allclose(got, la, atol=1e-3)  # control: the mixture is not teacher a
     assert torch.isfinite(loss_of(c, batch, c.teacher.score(batch)).loss)
+
+
+def test_the_printed_line_shows_each_teachers_loss(capsys, monkeypatch):
+    from distil.train.logging import ProgressLine
+
+    monkeypatch.delenv("DISTIL_PROGRESS", raising=False)
+    line = ProgressLine(10, 0, every=1, enabled=True)
+    sums = {"teacher/a/loss_sum": 3.0, "teacher/a/tokens_count": 4.0}
+    sums |= {"teacher/b/loss_sum": 0.0, "teacher/b/tokens_count": 0.0}
+    metrics = {"loss": 0.75, **teacher_metrics(sums)}
+    assert metrics["tokens/teacher/b"] == 0 and "loss/teacher/b" not in metrics  # no tokens
+    line.update(1, metrics)
+    err = capsys.readouterr().err
+    assert "| loss[a] 0.75 |" in err and "loss[b]" not in err
