@@ -104,8 +104,9 @@ def test_across_tokenizers_the_teacher_renders_the_context_itself(
     loop.train(build_config(raw))
 
 
-def test_validate_names_a_missing_field_and_refuses_a_cache(raw):
+def test_validate_names_a_missing_field_and_refuses_a_server(raw):
     problems, _ = preflight(config_with(raw, teacher={"context": "{prompt} {hint}"}))
     assert any("teacher.context reads 'hint'" in p and "train.jsonl:1" in p for p in problems)
-    with pytest.raises(ConfigError, match=r"teacher\.cache or teacher\.url"):
-        config_with(raw, teacher={"context": HINT, "cache": "x"}, train={"lambda": 0.0})
+    with pytest.raises(ConfigError, match=r"teacher\.context/system with teacher\.url"):
+        config_with(raw, teacher={"context": HINT, "url": "http://x/v1"}, train={"lambda": 0.0})
+    config_with(raw, teacher={"context": HINT, "cache": "x"}, train={"lambda": 0.0})  # allowed

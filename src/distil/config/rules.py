@@ -422,10 +422,11 @@ def _privileged_context(cfg: DistilConfig):
     if not (t.context or t.system):
         return None
     keys = ("teacher.context", "teacher.system")
-    if t.cache or t.url:
+    if t.url:  # a cache written with the context holds its targets (teacher/cached.py)
         return keys, (
-            "teacher.context/system with teacher.cache or teacher.url: the cache and the server "
-            "score the student's own prompt. Fix: a live teacher (teacher.path), or no context"
+            "teacher.context/system with teacher.url: the server scores the student's own "
+            "prompt. Fix: a live teacher (teacher.path), a cache written with the context "
+            "(`distil cache-teacher`), or no context"
         )
     if cfg.train.seq_kd:
         return keys, (

@@ -8,6 +8,10 @@ A shard holds, per token, the arrays of `cache_codec.encode_tokens` (Rice-coded 
 gaps, lzma-compressed values, fp16 rest and realised-token log-probs), and per row
     rows       int64 (R,)      data row index of each row
     offsets    int64 (R+1,)    token offsets of the rows
+    route      int32 (R,)      several teachers: each row's teacher, an index into the
+                               manifest's `routes.names` (routed and `--teacher` caches)
+    prompt_sha256  uint8 (R, 32)  privileged-context and cross caches: a sha256 of the teacher's
+                               prompt ids of each row (what it saw before the completion)
 bench/cache.py measures what each encoding trick saves and what it costs in KL.
 
 Files are written as `<name>.tmp`, fsynced and renamed; the manifest (rewritten after every
@@ -52,6 +56,8 @@ HEADER_KEYS = (
     "template",
     "cross_tokenizer",
     "teacher_template_sha256",
+    "context",
+    "system",
 )
 TEACHER_TOKENIZER = "teacher-tokenizer"  # cross caches: the teacher's tokenizer, saved alongside
 
@@ -71,6 +77,8 @@ class Shard:
     rest_N: torch.Tensor
     token_N: torch.Tensor
     teacher_ids_N: torch.Tensor | None = None  # cross caches: the teacher's completion tokens
+    route_R: np.ndarray | None = None  # routed caches: each row's teacher (index into names)
+    prompt_sha_R_32: np.ndarray | None = None  # context/cross caches: the teacher prompt's sha256
 
 
 # ----------------------------------------------------------------------------- hashes
@@ -118,6 +126,11 @@ def row_fingerprints(prompt_ids: list[list[int]], completion_ids: list[list[int]
     for p, c in zip(prompt_ids, completion_ids, strict=True):
         out.append(hashlib.sha256(json.dumps([p, c]).encode()).hexdigest())
     return out
+
+
+def prompt_sha256(ids) -> bytes:
+    """The 32-byte sha256 of a row's teacher prompt ids (privileged context, cross caches)."""
+    return hashlib.sha256(np.asarray(list(ids), dtype=np.int64).tobytes()).digest()
 
 
 def combine(hashes: list[str]) -> str:
@@ -218,6 +231,8 @@ def _shape_problem(m: dict[str, Any]) -> str | None:
             return f"{key!r} should be a positive number or null, got {v!r:.60}"
     if not isinstance(m.get("shards"), list):
         return "'shards' should be a list"
+    if problem := _routes_problem(m.get("routes")):
+        return problem
     end = 0
     for i, e in enumerate(m["shards"]):
         ok = (
@@ -237,6 +252,16 @@ def _shape_problem(m: dict[str, Any]) -> str | None:
         end = e["rows"][1]
     if end > m["rows"]:
         return f"its shards cover {end} rows but it says the data has {m['rows']}"
+    return None
+
+
+def _routes_problem(routes: Any) -> str | None:
+    """What is wrong with a manifest's `routes` (several teachers' names), or None."""
+    if routes is None:
+        return None
+    names = routes.get("names") if isinstance(routes, dict) else None
+    if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+        return f"'routes' should hold a list of teacher names, got {routes!r:.60}"
     return None
 
 
@@ -263,7 +288,17 @@ def read_shard(cache_dir: Path, entry: dict, k: int, values: str, step: float | 
     teacher_ids = arrays.get("teacher_ids")
     if teacher_ids is not None:
         teacher_ids = torch.from_numpy(teacher_ids.astype(np.int64))
-    return Shard(arrays["rows"], arrays["offsets"], ids, lps, rest, token, teacher_ids)
+    return Shard(
+        arrays["rows"],
+        arrays["offsets"],
+        ids,
+        lps,
+        rest,
+        token,
+        teacher_ids,
+        arrays.get("route"),
+        arrays.get("prompt_sha256"),
+    )
 
 
 def verify_shards(cache_dir: str | Path, manifest: dict[str, Any]) -> None:

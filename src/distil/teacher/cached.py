@@ -46,6 +46,12 @@ class CachedTeacher:
         self.top_k = int(manifest["k"])
         self._starts = [e["rows"][0] for e in manifest["shards"]]
         self._shard = ShardCache(self._load, DECODED_BYTES_IN_MEMORY)
+        routes = manifest.get("routes")
+        self.route_names: list[str] | None = routes["names"] if routes else None
+        # the teacher name of each row of the last micro-batch scored (RoutedTeacher's
+        # contract): routed caches and `--teacher NAME` caches; empty for a plain cache
+        self.last_routes: list[str] = []
+        self._prompt_checked: set[int] = set()  # rows whose teacher prompt matched the cache's
 
     @classmethod
     def open(
@@ -79,13 +85,24 @@ class CachedTeacher:
         shard.ids_N_K = shard.ids_N_K.to(torch.int32)  # ids < 2^31: half the memory
         return shard
 
+    def _locate(self, example: int) -> tuple[fmt.Shard, int]:
+        """The decoded shard holding data row `example`, and the row's index in it."""
+        index = bisect.bisect_right(self._starts, example) - 1
+        shard = self._shard(index)
+        return shard, example - int(shard.rows[0])
+
+    def route(self, example: int) -> str | None:
+        """The name of the teacher whose targets the cache holds for data row `example`."""
+        if self.route_names is None:
+            return self.manifest.get("teacher_name")
+        shard, r = self._locate(example)
+        return self.route_names[int(shard.route_R[r])]
+
     def row(self, example: int, *, teacher_ids: bool = False):
         """(ids (C, K) int32, log-probs (C, K), rest (C,), token (C,)) of data row `example`
         (views into the decoded shard), and the teacher's own completion ids (C,) of a cross
         cache when `teacher_ids`."""
-        index = bisect.bisect_right(self._starts, example) - 1
-        shard = self._shard(index)
-        r = example - int(shard.rows[0])
+        shard, r = self._locate(example)
         lo, hi = int(shard.offsets[r]), int(shard.offsets[r + 1])
         out = (
             shard.ids_N_K[lo:hi],  # int32: copied into the batch's int64 ids
@@ -99,9 +116,11 @@ class CachedTeacher:
     def score(self, batch: Batch) -> TeacherTargets:
         if batch.teacher_input_ids_B_L is not None:
             return self._score_cross(batch)
+        self._note_routes(batch)
         ids, lps, rest, token = _blank_targets(*batch.mask_B_T.shape, self.top_k)
         for b, sample in enumerate(batch.samples):
             _check_source(sample)
+            self._check_prompt(sample.example_id, _context_prompt(batch, b))
             r_ids, r_lps, r_rest, r_tok = self.row(sample.example_id)
             c = len(sample.completion_ids)
             if len(r_ids) != c:
@@ -130,6 +149,7 @@ class CachedTeacher:
         ids_B_L = batch.teacher_input_ids_B_L
         ids, lps, rest, token = _blank_targets(ids_B_L.shape[0], ids_B_L.shape[1] - 1, self.top_k)
         lengths = batch.teacher_attention_mask_B_L.sum(-1).tolist()
+        self._note_routes(batch)
         for b, sample in enumerate(batch.samples):
             _check_source(sample)
             r_ids, r_lps, r_rest, r_tok, r_teacher = self.row(sample.example_id, teacher_ids=True)
@@ -143,6 +163,7 @@ class CachedTeacher:
                     "chat template or the data changed since the cache was written. Fix: "
                     "rebuild the cache with this config (`distil cache-teacher`)"
                 )
+            self._check_prompt(sample.example_id, ids_B_L[b, :p].tolist(), cross=True)
             span = slice(p - 1, p - 1 + c)
             ids[b, span], lps[b, span], rest[b, span], token[b, span] = r_ids, r_lps, r_rest, r_tok
         # the (B, T, K) top-k go to the device; the (B, T, V) rows are built there, in the
@@ -152,6 +173,48 @@ class CachedTeacher:
         V = int(self.manifest["vocab_size"])
         full = dense_from_topk(ids, lps, rest, V, dtype=self.dense_dtype)
         return TeacherTargets(logprobs_B_T_V=full, token_logprobs_B_T=token)
+
+    def _note_routes(self, batch: Batch) -> None:
+        names = [self.route(s.example_id) for s in batch.samples]
+        self.last_routes = [] if None in names else names
+
+    def _check_prompt(self, example: int, prompt: list[int] | None, *, cross: bool = False):
+        """The teacher's prompt of data row `example` in this run (None: the student's own,
+        same tokenizer) is the one the cache was scored after: same privileged context
+        (teacher.context/system and the row's fields it reads), same teacher template."""
+        if example in self._prompt_checked:
+            return
+        shard, r = self._locate(example)
+        stored = None if shard.prompt_sha_R_32 is None else bytes(shard.prompt_sha_R_32[r])
+        if stored is None and (cross or prompt is None):
+            return  # no context on either side (or a cross cache written before the hashes)
+        if prompt is not None and stored == fmt.prompt_sha256(prompt):
+            self._prompt_checked.add(example)
+            return
+        m = self.manifest
+        cached = f"teacher.context = {m.get('context')!r}, teacher.system = {m.get('system')!r}"
+        if stored is None:
+            run = "this run gives the teacher a privileged prompt (teacher.context/system)"
+        elif prompt is None:
+            run = "this run gives the teacher the student's own prompt (no teacher.context/system)"
+        else:
+            run = (
+                "this run's teacher prompt for it differs (another teacher.context/system, a "
+                "column the context reads changed, or the teacher's chat template)"
+            )
+        raise CacheError(
+            f"data row {example}: the teacher cache {self.dir} holds targets scored after the "
+            f"prompt of {cached}, but {run}. Fix: train with the context the cache was written "
+            "with, or write a cache for this config (`distil cache-teacher CONFIG --out DIR`)"
+        )
+
+
+def _context_prompt(batch: Batch, b: int) -> list[int] | None:
+    """Row b's teacher prompt ids under privileged context (same tokenizer), else None."""
+    if batch.context_input_ids_B_L is None:
+        return None
+    n = int(batch.context_shift_B[b]) + len(batch.samples[b].prompt_ids)
+    return batch.context_input_ids_B_L[b, :n].tolist()
 
 
 class ShardCache:
@@ -192,7 +255,8 @@ class ShardCache:
 
 def _nbytes(shard: fmt.Shard) -> int:
     tensors = (shard.ids_N_K, shard.logprobs_N_K, shard.rest_N, shard.token_N, shard.teacher_ids_N)
-    return sum(t.nbytes for t in tensors if t is not None)
+    arrays = (shard.route_R, shard.prompt_sha_R_32)
+    return sum(t.nbytes for t in (*tensors, *arrays) if t is not None)
 
 
 def dense_from_topk(
@@ -250,14 +314,25 @@ def _data_difference(cache_dir: Path, manifest: dict, fps: list[str]) -> str:
 
 def check_settings(cfg) -> None:
     """The checks `distil config validate` can make without the data or the student: the
-    manifest reads and is complete, and its k, temperature and template are this config's."""
+    manifest reads and is complete, and its k, temperature, template and privileged context
+    (teacher.context / teacher.system) are this config's."""
     manifest = fmt.read_manifest(cfg.teacher.cache)
     if not manifest.get("complete"):
         raise CacheError(
             f"the teacher cache {cfg.teacher.cache} is incomplete (its writer was stopped). "
             f"Fix: run the same `distil cache-teacher CONFIG --out {cfg.teacher.cache}` again"
         )
-    want = {"temperature": cfg.loss.temperature, "template": cfg.data.template}
+    want = {
+        "temperature": cfg.loss.temperature,
+        "template": cfg.data.template,
+        **context_expect(cfg),
+    }
     if cfg.teacher.top_k is not None:
         want["k"] = cfg.teacher.top_k
     fmt.compare_header(cfg.teacher.cache, manifest, want)
+
+
+def context_expect(cfg) -> dict[str, Any]:
+    """The manifest keys of privileged context a run must agree with (a cache written before
+    they were recorded holds none, as a run without context)."""
+    return {"context": cfg.teacher.context, "system": cfg.teacher.system}

@@ -20,6 +20,20 @@ def add_cache_teacher(sub, positive_int) -> None:
     )
     p.add_argument("--shard-rows", type=positive_int, default=1024, help="rows per shard")
     p.add_argument("--batch-size", type=positive_int, default=None, help="rows per teacher forward")
+    p.add_argument(
+        "--teacher",
+        metavar="NAME",
+        default=None,
+        help="with teachers.models: cache this teacher alone, over every row (default: one "
+        "cache of all of them, each row's targets from its routed teacher, its name recorded; "
+        "or the top-k of a teachers.weights mixture)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=positive_int,
+        default=None,
+        help="the cache's k where the config sets no top_k (a mixture's teachers are full)",
+    )
     p.set_defaults(func=_cache_teacher)
 
 
@@ -31,13 +45,22 @@ def _cache_teacher(args) -> int:
     cfg = load_config(args.config, args.overrides)
     check(cfg, "cache-teacher")
     m = cache_teacher(
-        cfg, args.out, values=args.values, shard_rows=args.shard_rows, batch_size=args.batch_size
+        cfg,
+        args.out,
+        values=args.values,
+        shard_rows=args.shard_rows,
+        batch_size=args.batch_size,
+        teacher=args.teacher,
+        top_k=args.top_k,
     )
     per_token = m["bytes"] / max(m["tokens"], 1)
     print(
         f"{m['tokens']} tokens in {len(m['shards'])} shards, {m['bytes']} bytes "
         f"({per_token:.1f} bytes per token, k={m['k']}, values={m['values']}): {args.out}"
     )
+    if routes := m.get("routes"):
+        rows = ", ".join(f"{n}: {c}" for n, c in routes["rows"].items())
+        print(f"rows per teacher (by {routes['column']}): {rows}")
     return 0
 
 

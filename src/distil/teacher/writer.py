@@ -8,6 +8,11 @@ tokenizer, `data.*` limits, the same `collate`), scored by `LiveTeacher` (log-so
 shard. A teacher with another tokenizer scores its own rows (its chat template, its tokens of the
 completion's bytes, as `data/crosstok.py` makes them for the live teacher); the cache then also
 holds those tokens and their byte ends, and the teacher's tokenizer.
+
+Several teachers (`teachers.models`; `cache_sources.py`): one routed cache with each row's teacher
+recorded, one named teacher's cache (`teacher=`), or the top-k of a mixture. Privileged context
+(`teacher.context` / `teacher.system`): the teacher scores after the context prompt, its targets
+in the student's positions (`data/context.py`'s shift), each row's teacher prompt hashed.
 """
 
 from __future__ import annotations
@@ -52,23 +57,6 @@ def prepare_rows(cfg: DistilConfig, tok):
     return examples, prompts, completions
 
 
-def _problems(cfg: DistilConfig) -> list[str]:
-    out = []
-    for key, value in (
-        ("teacher.path", cfg.teacher.path),
-        ("student.path", cfg.student.path),
-        ("data.train", cfg.data.train),
-    ):
-        if not value:
-            out.append(f"{key} is not set; cache-teacher needs it. Fix: set {key}")
-    if cfg.teacher.top_k is None:
-        out.append(
-            "teacher.top_k is not set: the cache stores the teacher's top-k. Fix: set "
-            "teacher.top_k (e.g. teacher.top_k=64)"
-        )
-    return out
-
-
 def student_vocab_rows(cfg: DistilConfig) -> int | None:
     """The student's output rows from its config.json alone (no weights loaded)."""
     from transformers import AutoConfig
@@ -90,61 +78,43 @@ def cache_teacher(
     shard_rows: int = 1024,
     batch_size: int | None = None,
     after_shard: Callable[[int], None] | None = None,
+    teacher: str | None = None,
+    top_k: int | None = None,
 ) -> dict[str, Any]:
-    """Write (or finish) the cache of `cfg`'s data in `out`; returns the manifest."""
-    from distil.models.load import load_model, load_tokenizer
-    from distil.teacher.live import LiveTeacher
+    """Write (or finish) the cache of `cfg`'s data in `out`; returns the manifest. `teacher`:
+    the name of one of `teachers.models` to cache alone; `top_k`: the cache's k where the
+    config gives none (a mixture's full teachers)."""
+    from distil.models.load import load_tokenizer
+    from distil.teacher.cache_sources import cache_k, one_teacher_config, open_source, problems
 
-    if problems := _problems(cfg):
-        raise ConfigError(problems)
+    if teacher is not None:
+        cfg = one_teacher_config(cfg, teacher)
+    k = cache_k(cfg, top_k)
+    if found := problems(cfg, k):
+        raise ConfigError(found)
     if values not in fmt.VALUE_CODECS:
         raise ConfigError(f"--values {values!r}: choose one of {', '.join(fmt.VALUE_CODECS)}")
+    assert k is not None
     out = Path(out)
-    s, t = cfg.student, cfg.teacher
+    s = cfg.student
     tok = load_tokenizer(s.tokenizer or s.path, key="student.tokenizer")
-    t_tok = load_tokenizer(t.tokenizer or t.path, key="teacher.tokenizer")
-    cross = None
-    if t_tok.get_vocab() != tok.get_vocab():  # the teacher's own template and tokens
-        from distil.data.crosstok import CrossTokenizer
-
-        cross = CrossTokenizer(tok, t_tok, max_prompt_tokens=cfg.data.max_prompt_tokens)
     examples, prompts, completions = prepare_rows(cfg, tok)
     row_fps = fmt.row_fingerprints(prompts, completions)
-    device = t.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_model(
-        t.path,
-        key="teacher.path",
-        dtype=t.dtype,
-        attn_implementation=t.attn_implementation,
-        device=device,
-        trust_remote_code=t.trust_remote_code,
-    )
-    t_rows = model.get_output_embeddings().weight.shape[0]
-    s_rows = student_vocab_rows(cfg)
-    keep = min(t_rows, s_rows) if s_rows and s_rows != t_rows else None
-    if cross is not None:  # logits past the teacher's tokenizer are padded embedding rows
-        keep = len(t_tok) if t_rows > len(t_tok) else None
-    header = _header(cfg, tok, t_tok, values, vocab_size=keep or t_rows, row_fps=row_fps)
+    source = open_source(cfg, tok, examples, k, student_vocab_rows(cfg))
+    header = _header(cfg, tok, source, values, row_fps=row_fps)
     header["shard_rows"] = shard_rows
-    if cross is not None:  # keys only cross caches have: same-tokenizer manifests are unchanged
-        header["cross_tokenizer"] = True
-        header["teacher_template_sha256"] = fmt.template_sha256(t_tok)
+    if teacher is not None:
+        header["teacher_name"] = teacher
     manifest = _start_or_resume(out, header)
-    if cross is not None:
-        fmt.save_teacher_tokenizer(out, t_tok)
-    scorer = LiveTeacher(
-        model,
-        temperature=cfg.loss.temperature,
-        top_k=t.top_k,
-        vocab_size=keep,
-        packing=cfg.train.packing,  # padding-free forwards (data/packing.py), same values
-        pack_length=cfg.train.pack_length,
-    )
-    rows = _Rows(examples, prompts, completions, tok, cross)
+    if source.cross is not None:
+        fmt.save_teacher_tokenizer(out, source.teacher_tok)
+    rows = _Rows(examples, prompts, completions, tok, source.cross, routes=source.routes)
+    if cfg.teacher.context or cfg.teacher.system:
+        rows.give_context(cfg.teacher.context, cfg.teacher.system)
     batch_size = batch_size or cfg.train.per_device_batch_size
     with progress_bar("cache-teacher", len(examples), enabled=cfg.logging.progress) as bar:
         _write_shards(
-            out, manifest, scorer, rows, row_fps, values, shard_rows, batch_size, bar, after_shard
+            out, manifest, source, rows, row_fps, values, shard_rows, batch_size, bar, after_shard
         )
     manifest["tokens"] = sum(e["tokens"] for e in manifest["shards"])
     manifest["bytes"] = sum(e["bytes"] for e in manifest["shards"])
@@ -153,32 +123,34 @@ def cache_teacher(
     return manifest
 
 
-def _header(cfg: DistilConfig, tok, t_tok, values: str, *, vocab_size: int, row_fps) -> dict:
+def _header(cfg: DistilConfig, tok, source, values: str, *, row_fps) -> dict:
     """The manifest's description of what the cache holds, checked again on resume."""
     t = cfg.teacher
     return {
         "format": fmt.FORMAT,
-        "teacher_path": str(t.path),
-        "teacher_weights_sha256": fmt.weights_sha256(t.path),
-        "teacher_tokenizer_sha256": fmt.tokenizer_sha256(t_tok),
+        **source.header,  # the teacher(s): path, weights and tokenizer hashes, dtype, routes
         "student_tokenizer_sha256": fmt.tokenizer_sha256(tok),
-        "k": cfg.teacher.top_k,
+        "k": source.k,
         "temperature": cfg.loss.temperature,
-        "dtype": t.dtype,
-        "vocab_size": vocab_size,
-        **fmt.value_header(values, cfg.teacher.top_k),
+        "vocab_size": source.vocab_size,
+        **fmt.value_header(values, source.k),
         "data": cfg.data.train,
         "template": cfg.data.template,
         "data_fingerprint": fmt.combine(row_fps),
         "rows": len(row_fps),
+        # privileged context (data/context.py): the targets were scored after this prompt
+        "context": t.context,
+        "system": t.system,
     }
 
 
 def _write_shards(
-    out, manifest, scorer, rows, row_fps, values, shard_rows, batch_size, bar, after_shard
+    out, manifest, source, rows, row_fps, values, shard_rows, batch_size, bar, after_shard
 ) -> None:
     """Score and write the shards after the last complete one, updating the manifest after
     each (a killed writer resumes after the last shard it listed)."""
+    from distil.teacher.cache_sources import topk_targets
+
     n = len(row_fps)
     start = manifest["shards"][-1]["rows"][1] if manifest["shards"] else 0
     rate = _Rate()
@@ -188,13 +160,14 @@ def _write_shards(
         cols, offsets = [], [0]
         for b in range(lo, hi, batch_size):
             idx = range(b, min(b + batch_size, hi))
-            cols.append(_score(scorer, [rows.scored(i) for i in idx], rows.pad))
+            batch = rows.batch(idx)
+            cols.append(topk_targets(source.scorer.score(batch), batch, source.k))
             for i in idx:
                 offsets.append(offsets[-1] + len(rows.scored(i)[2]))
             bar.advance(len(idx))
             bar.update(info=f"shard {len(manifest['shards'])} | {rate(offsets):,.0f} tok/s")
         arrays = fmt.encode_tokens(*[torch.cat(c) for c in zip(*cols, strict=True)], values=values)
-        arrays.update(rows.teacher_arrays(range(lo, hi)))
+        arrays.update(rows.row_arrays(range(lo, hi)))
         entry = fmt.write_shard(out, len(manifest["shards"]), range(lo, hi), offsets, arrays)
         entry["data_sha256"] = fmt.combine(row_fps[lo:hi])
         manifest["shards"].append(entry)
@@ -206,54 +179,77 @@ def _write_shards(
 
 class _Rows:
     """The token rows the teacher scores: the student's (same tokenizer), or the teacher's own
-    template + tokenization of each row with the byte ends of its completion tokens (cross)."""
+    template + tokenization of each row with the byte ends of its completion tokens (cross);
+    with privileged context the teacher's prompt is the context prompt (data/context.py), as
+    the trainer's `ContextCollate` builds it."""
 
-    def __init__(self, examples, prompts, completions, tok, cross):
+    def __init__(self, examples, prompts, completions, tok, cross, *, routes=None):
         self.examples, self.prompts, self.completions = examples, prompts, completions
-        self.cross = cross
+        self.tok, self.cross, self.routes = tok, cross, routes
         pad_tok = tok if cross is None else cross.teacher_tok
         self.pad = pad_tok.pad_token_id if pad_tok.pad_token_id is not None else 0
         self._teacher: dict[int, tuple[list[int], list[int], list[int]]] = {}
+        self.context_prompts: list | None = None  # the teacher's prompt of each row
+        self.context_ids: list[list[int]] | None = None  # ... in student tokens (same tokenizer)
+
+    def give_context(self, context: str | None, system: str | None) -> None:
+        from distil.data.context import context_prompt
+        from distil.models.tokenizers import encode_prompts
+
+        self.context_prompts = [context_prompt(e, context, system) for e in self.examples]
+        if self.cross is None:  # as train/setup.py's collate: the whole prompt, not cut
+            self.context_ids = encode_prompts(
+                self.tok, self.context_prompts, name="teacher context"
+            )
 
     def scored(self, i: int) -> tuple[int, list[int], list[int]]:
         if self.cross is None:
             return i, self.prompts[i], self.completions[i]
         return (i, *self._teacher_row(i)[:2])
 
+    def batch(self, idx: range):
+        """The collated rows `idx`, with the teacher's context inputs (same tokenizer)."""
+        from distil.data.context import with_context_inputs
+
+        batch = collate([Sample(*self.scored(i), "off_policy") for i in idx], self.pad)
+        if self.context_ids is not None:  # teacher position t + shift predicts student t's
+            batch = with_context_inputs(batch, [self.context_ids[i] for i in idx], self.pad)
+        return batch
+
     def _teacher_row(self, i: int):
         if i not in self._teacher:
-            sample = Sample(
-                i, self.prompts[i], self.completions[i], "off_policy", self.examples[i].prompt
-            )
+            prompt = self.examples[i].prompt
+            if self.context_prompts is not None:
+                prompt = self.context_prompts[i]
+            sample = Sample(i, self.prompts[i], self.completions[i], "off_policy", prompt)
             t_prompt, t_ids, t_ends, _ = self.cross.teacher_inputs(sample)
             self._teacher[i] = (t_prompt, t_ids, t_ends)  # until its shard is written
         return self._teacher[i]
 
-    def teacher_arrays(self, idx: range) -> dict[str, np.ndarray]:
-        """Cross caches: the teacher's completion ids and byte ends of the rows, flat."""
+    def row_arrays(self, idx: range) -> dict[str, np.ndarray]:
+        """Per-row arrays of a shard: each row's teacher (routed caches), the sha256 of its
+        teacher prompt (context and cross caches), and for cross caches the teacher's
+        completion ids and byte ends, flat."""
+        out = {}
+        if self.routes is not None:
+            out["route"] = np.asarray([self.routes[i] for i in idx], dtype=np.int32)
+        if self.context_ids is not None:
+            out["prompt_sha256"] = _hashes(self.context_ids[i] for i in idx)
         if self.cross is None:
-            return {}
+            return out
         done = [self._teacher_row(i) for i in idx]
         self._teacher.clear()
         ids = [t for row in done for t in row[1]]
         ends = [e for row in done for e in row[2]]
-        return {
-            "teacher_ids": np.asarray(ids, dtype=np.int32),
-            "teacher_ends": np.asarray(ends, dtype=np.int32),
-        }
+        out["prompt_sha256"] = _hashes(row[0] for row in done)
+        out["teacher_ids"] = np.asarray(ids, dtype=np.int32)
+        out["teacher_ends"] = np.asarray(ends, dtype=np.int32)
+        return out
 
 
-def _score(scorer, rows: list[tuple[int, list[int], list[int]]], pad: int):
-    """(ids, log-probs, rest, token log-prob) of every completion token of `rows`, in order."""
-    batch = collate([Sample(i, p, c, "off_policy") for i, p, c in rows], pad)
-    t = scorer.score(batch)
-    m = batch.mask_B_T  # completion positions, row by row: the rows' tokens in order
-    return (
-        t.topk_ids_B_T_K[m],
-        t.topk_logprobs_B_T_K[m],
-        t.rest_logprob_B_T[m],
-        t.token_logprobs_B_T[m],
-    )
+def _hashes(prompts) -> np.ndarray:
+    """(R, 32) uint8: `cache.prompt_sha256` of each row's teacher prompt ids."""
+    return np.stack([np.frombuffer(fmt.prompt_sha256(p), dtype=np.uint8) for p in prompts])
 
 
 class _Rate:
