@@ -93,11 +93,12 @@ def test_a_routed_cache_holds_each_rows_own_teachers_targets(tmp_path, routed):
     batch = collate([Sample(i, [1], [0] * len(cache.row(i)[0]), "off_policy") for i in range(4)], 0)
     cache.score(batch)
     assert cache.last_routes == names[:4]  # RoutedTeacher's contract, per row of the batch
+    assert cache.names == ["a", "b"]
     alone["b"].score(batch)
-    assert alone["b"].last_routes == ["b"] * 4
+    assert alone["b"].route(0) == "b" and alone["b"].last_routes == alone["b"].names == []
 
 
-def test_training_from_a_routed_cache_logs_the_live_routed_teachers_losses(tmp_path, routed):
+def test_training_from_routed_or_per_teacher_caches_logs_the_live_routed_losses(tmp_path, routed):
     raw, _ = routed
     write(raw, tmp_path / "routed")
     live = copy.deepcopy(raw)
@@ -108,10 +109,21 @@ def test_training_from_a_routed_cache_logs_the_live_routed_teachers_losses(tmp_p
     cached["teacher"] = {"cache": str(tmp_path / "routed")}
     cached["train"]["output_dir"] = str(tmp_path / "cached")
     loop.train(build_config(cached))
-    want = [m["loss"] for m in read_metrics(tmp_path / "live")]
-    got = [m["loss"] for m in read_metrics(tmp_path / "cached")]
-    assert len(want) == len(got) == 3
-    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    per = copy.deepcopy(raw)  # one cache per teacher (--teacher NAME), routed by the config
+    for n in "ab":
+        write(raw, tmp_path / n, teacher=n)
+        per["teachers"]["models"][n] = {"cache": str(tmp_path / n)}
+    per["train"]["output_dir"] = str(tmp_path / "per")
+    loop.train(build_config(per))
+    keys = ["loss", "loss/teacher/a", "loss/teacher/b", "tokens/teacher/a", "tokens/teacher/b"]
+    want = [[m.get(k) for k in keys] for m in read_metrics(tmp_path / "live")]
+    got = [[m.get(k) for k in keys] for m in read_metrics(tmp_path / "cached")]
+    per_teacher = [[m.get(k) for k in keys] for m in read_metrics(tmp_path / "per")]
+    assert len(want) == len(got) == len(per_teacher) == 3
+    assert all(None not in w for w in want)  # both teachers in every step's window
+    for g, p, w in zip(got, per_teacher, want, strict=True):  # per-teacher losses too
+        assert g == pytest.approx(w, rel=1e-5, abs=1e-6)
+        assert p == pytest.approx(w, rel=1e-5, abs=1e-6)
 
 
 def test_a_mixture_cache_holds_the_top_k_of_the_mixture(

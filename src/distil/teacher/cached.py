@@ -48,8 +48,10 @@ class CachedTeacher:
         self._shard = ShardCache(self._load, DECODED_BYTES_IN_MEMORY)
         routes = manifest.get("routes")
         self.route_names: list[str] | None = routes["names"] if routes else None
-        # the teacher name of each row of the last micro-batch scored (RoutedTeacher's
-        # contract): routed caches and `--teacher NAME` caches; empty for a plain cache
+        # RoutedTeacher's contract (train/step.py logs loss/teacher/<name> from it): every
+        # teacher's name, and the teacher of each row of the last micro-batch scored; both
+        # empty unless the cache is routed (one teacher: no per-teacher logging)
+        self.names: list[str] = list(self.route_names or [])
         self.last_routes: list[str] = []
         self._prompt_checked: set[int] = set()  # rows whose teacher prompt matched the cache's
 
@@ -175,8 +177,8 @@ class CachedTeacher:
         return TeacherTargets(logprobs_B_T_V=full, token_logprobs_B_T=token)
 
     def _note_routes(self, batch: Batch) -> None:
-        names = [self.route(s.example_id) for s in batch.samples]
-        self.last_routes = [] if None in names else names
+        if self.route_names is not None:
+            self.last_routes = [self.route(s.example_id) for s in batch.samples]
 
     def _check_prompt(self, example: int, prompt: list[int] | None, *, cross: bool = False):
         """The teacher's prompt of data row `example` in this run (None: the student's own,
