@@ -12,12 +12,16 @@ import torch
 
 from distil.preflight import preflight
 from distil.teacher import cache as fmt
+from distil.teacher.base import sparse_topk
 from distil.teacher.cache import CacheError
-from distil.teacher.cached import CachedTeacher
+from distil.teacher.cached import CachedTeacher, dense_from_topk
+from distil.teacher.live import LiveTeacher
+from distil.teacher.select import SCORERS
 from distil.teacher.writer import cache_teacher
-from distil.testing import config_with, read_metrics
+from distil.testing import build_peaked_teacher, config_with, read_metrics
 from distil.train import loop
 from distil.train.setup import build
+from distil.types import TeacherTargets
 
 K = 8
 HINT = "{prompt} (a solution: {solution})"
@@ -119,3 +123,37 @@ def test_a_plain_cache_refuses_a_run_with_context(tmp_path, raw):
         CacheError, match=r"teacher\.context = None.*gives the teacher a privileged"
     ):
         loop.train(run)
+
+
+class TopKLive(LiveTeacher):
+    """The cross reference (as test_teacher_cache_cross's): the live teacher's full log-probs
+    cut to top-K + rest, spread back over the vocabulary as the cached scorer does."""
+
+    def score(self, batch):
+        full = super().score(batch).logprobs_B_T_V.float()
+        ids, vals, rest = sparse_topk(full, K)
+        return TeacherTargets(logprobs_B_T_V=dense_from_topk(ids, vals, rest, full.shape[-1]))
+
+
+def test_a_cross_context_cache_trains_as_the_live_cross_teacher_with_context(
+    tmp_path, make_train_config, tmp_path_factory, unigram_tokenizer, monkeypatch
+):
+    teacher = build_peaked_teacher(tmp_path_factory.mktemp("xt"), unigram_tokenizer, hidden_size=64)
+    raw = make_train_config(
+        teacher={"path": str(teacher), "context": HINT},
+        loss={"name": "aligned_kl", "beta": 0.5},
+        train={"max_steps": 2, "lambda": 0.0},
+        generation={"num_generations": 1},
+    )
+    out = tmp_path / "xcache"
+    cache_teacher(config_with(raw, teacher={"top_k": K}), out, values="fp32", shard_rows=32)
+    cached = {"path": None, "cache": str(out)}
+    loop.train(config_with(raw, teacher=cached, train={"output_dir": str(tmp_path / "cached")}))
+    monkeypatch.setitem(SCORERS, "live", f"{__name__}:TopKLive")
+    loop.train(config_with(raw, train={"output_dir": str(tmp_path / "live")}))
+    want = [m["loss"] for m in read_metrics(tmp_path / "live")]
+    got = [m["loss"] for m in read_metrics(tmp_path / "cached")]
+    assert len(want) == len(got) == 2 and all(x > 0 for x in want)
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    with pytest.raises(CacheError, match=r"teacher prompt for it differs"):  # no context
+        loop.train(config_with(raw, teacher={**cached, "context": None}))

@@ -157,6 +157,8 @@ class CachedTeacher:
             r_ids, r_lps, r_rest, r_tok, r_teacher = self.row(sample.example_id, teacher_ids=True)
             c = len(r_teacher)
             p = int(lengths[b]) - c
+            if p >= 1:  # first: another context also moves the completion's tokens at the seam
+                self._check_prompt(sample.example_id, ids_B_L[b, :p].tolist(), cross=True)
             if p < 1 or not torch.equal(ids_B_L[b, p : p + c].cpu(), r_teacher):
                 raise CacheError(
                     f"data row {sample.example_id}: the teacher's tokens of its completion in "
@@ -165,7 +167,6 @@ class CachedTeacher:
                     "chat template or the data changed since the cache was written. Fix: "
                     "rebuild the cache with this config (`distil cache-teacher`)"
                 )
-            self._check_prompt(sample.example_id, ids_B_L[b, :p].tolist(), cross=True)
             span = slice(p - 1, p - 1 + c)
             ids[b, span], lps[b, span], rest[b, span], token[b, span] = r_ids, r_lps, r_rest, r_tok
         # the (B, T, K) top-k go to the device; the (B, T, V) rows are built there, in the
@@ -201,8 +202,8 @@ class CachedTeacher:
             run = "this run gives the teacher the student's own prompt (no teacher.context/system)"
         else:
             run = (
-                "this run's teacher prompt for it differs (another teacher.context/system, a "
-                "column the context reads changed, or the teacher's chat template)"
+                "this run's teacher prompt for it differs (another teacher.context/system, or "
+                "a column it reads, the data or the teacher's chat template changed)"
             )
         raise CacheError(
             f"data row {example}: the teacher cache {self.dir} holds targets scored after the "
