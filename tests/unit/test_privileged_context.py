@@ -104,9 +104,60 @@ def test_across_tokenizers_the_teacher_renders_the_context_itself(
     loop.train(build_config(raw))
 
 
-def test_validate_names_a_missing_field_and_refuses_a_server(raw):
+def test_validate_names_a_missing_field_and_allows_a_cache_and_a_server(raw):
     problems, _ = preflight(config_with(raw, teacher={"context": "{prompt} {hint}"}))
     assert any("teacher.context reads 'hint'" in p and "train.jsonl:1" in p for p in problems)
-    with pytest.raises(ConfigError, match=r"teacher\.context/system with teacher\.url"):
-        config_with(raw, teacher={"context": HINT, "url": "http://x/v1"}, train={"lambda": 0.0})
     config_with(raw, teacher={"context": HINT, "cache": "x"}, train={"lambda": 0.0})  # allowed
+    config_with(raw, teacher={"context": HINT, "url": "http://x/v1", "top_k": 5})  # allowed
+
+
+def test_validate_names_what_stays_refused(raw):
+    with pytest.raises(ConfigError, match=r"teachers\.models\.a\.context/system: one teacher's"):
+        config_with(
+            raw,
+            teacher={"path": None},
+            teachers={"models": {"a": {"path": "x", "context": HINT}}, "column": "c"},
+        )
+    with pytest.raises(ConfigError, match=r"teachers\.models\.a\.cache: a cache holds"):
+        config_with(
+            raw,
+            teacher={"path": None, "context": HINT},
+            teachers={"models": {"a": {"cache": "x"}}, "column": "c"},
+        )
+    with pytest.raises(ConfigError, match=r"loss\.name='sft' and train\.seq_kd=false"):
+        config_with(raw, teacher={"context": HINT}, loss={"name": "sft"})
+    config_with(
+        raw, teacher={"context": HINT}, loss={"name": "sft"}, train={"seq_kd": True, "lambda": 0.0}
+    )
+    config_with(raw, teacher={"context": HINT, "url": "http://127.0.0.1:9/v1", "top_k": 5})
+
+
+def test_routed_teachers_share_the_context(raw, pair_dirs, tmp_path, countdown_dir):
+    """teacher.context with teachers.models: each row is scored by its own teacher after the
+    same privileged prompt (the batch's context rows are cut per teacher like its other rows)."""
+    import json
+
+    from distil.teacher.several import _rows
+
+    rows = [json.loads(x) for x in (countdown_dir / "train.jsonl").read_text().splitlines()]
+    data = tmp_path / "routed.jsonl"
+    data.write_text(
+        "".join(json.dumps({**r, "src": "ab"[i % 2]}) + "\n" for i, r in enumerate(rows))
+    )
+    models = {"a": {"path": str(pair_dirs[0])}, "b": {"path": str(pair_dirs[1])}}
+    cfg = config_with(
+        raw, data={"train": str(data)}, teacher={"path": None, "context": HINT},
+        teachers={"models": models, "column": "src"},
+    )  # fmt: skip
+    c, batch = first_batch(cfg)
+    targets = c.teacher.score(batch).logprobs_B_T_V
+    bare = {"context_input_ids_B_L": None, "context_attention_mask_B_L": None}
+    for i, s in enumerate(batch.samples):
+        alone = c.teacher.teachers[s.example_id % 2]  # row i of the file: teacher "ab"[i % 2]
+        one = _rows(batch, torch.tensor([i]), [i])
+        m = batch.mask_B_T[i]
+        torch.testing.assert_close(
+            targets[i][m], alone.score(one).logprobs_B_T_V[0][m], rtol=0, atol=0
+        )
+        plain = alone.score(type(one)(**{**one.__dict__, **bare, "context_shift_B": None}))
+        assert not torch.allclose(targets[i][m], plain.logprobs_B_T_V[0][m])  # it saw the hint

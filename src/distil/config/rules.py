@@ -407,43 +407,39 @@ def _self_distillation(cfg: DistilConfig):
             "every divergence (and gradient) is 0 and it never moves. Fix: give the teacher "
             "privileged context, or teacher.from_student=initial"
         )
-    if cfg.train.seq_kd or cfg.loss.name == "sft":
+    if cfg.loss.name == "sft" and (not cfg.train.seq_kd or t.from_student == "ema"):
         return keys, (
-            "teacher.from_student with train.seq_kd or loss.name='sft': the student-teacher "
-            "only scores for now. Fix: a distillation loss with train.seq_kd=false"
+            f"teacher.from_student = {t.from_student!r} with loss.name='sft' and train.seq_kd="
+            f"{cfg.train.seq_kd}: with sft the student-teacher only writes (train.seq_kd=true), "
+            "and an ema average is kept by a scoring teacher, which sft does not build. Fix: a "
+            "distillation loss, or train.seq_kd=true with teacher.from_student=initial or current"
         )
     return None
 
 
 @check
 def _privileged_context(cfg: DistilConfig):
-    """teacher.context / teacher.system: a live teacher scores the completion for now."""
+    """teacher.context / teacher.system: a live or remote teacher scores (and with seq-KD a
+    live one writes) after the privileged prompt; every teacher of `teachers.models` shares it."""
     t = cfg.teacher
-    if not (t.context or t.system):
-        return None
     keys = ("teacher.context", "teacher.system")
-    if t.url:  # a cache written with the context holds its targets (teacher/cached.py)
-        return keys, (
-            "teacher.context/system with teacher.url: the server scores the student's own "
-            "prompt. Fix: a live teacher (teacher.path), a cache written with the context "
-            "(`distil cache-teacher`), or no context"
-        )
-    if cfg.train.seq_kd:
-        return keys, (
-            "teacher.context/system with train.seq_kd=true: a teacher that writes completions "
-            "after a privileged prompt is not supported yet. Fix: train.seq_kd=false"
-        )
-    if cfg.loss.name == "sft":
-        return keys, "teacher.context/system with loss.name='sft': no teacher scores. Fix: drop it"
-    if cfg.teachers.models and not any(m.context or m.system for m in cfg.teachers.models.values()):
-        return keys, (
-            "teacher.context/system with teachers.models: privileged context is for one teacher "
-            "for now. Fix: drop it, or use one teacher (teacher.path)"
-        )
     for name, m in cfg.teachers.models.items():
         if m.context or m.system:
             return ("teachers",), (
-                f"teachers.models.{name}.context/system: privileged context is for one "
-                "teacher for now. Fix: drop it there"
+                f"teachers.models.{name}.context/system: one teacher's own privileged context "
+                "is not supported yet (a micro-batch carries one teacher prompt per row). Fix: "
+                "drop it there; teacher.context/system give every teacher the same one"
             )
+        if m.cache and (t.context or t.system):
+            return keys, (
+                f"teacher.context/system with teachers.models.{name}.cache: a cache holds "
+                "targets for the student's own prompt. Fix: a path or url there, or no context"
+            )
+    if not (t.context or t.system):
+        return None
+    if cfg.loss.name == "sft" and not cfg.train.seq_kd:
+        return keys, (
+            "teacher.context/system with loss.name='sft' and train.seq_kd=false: no teacher "
+            "scores or writes. Fix: drop it, or train.seq_kd=true (it writes after the context)"
+        )
     return None

@@ -55,6 +55,14 @@ def context_prompt(example: Example, context: str | None, system: str | None) ->
     return messages
 
 
+def teacher_prompts(teacher, examples: Sequence[Example]) -> list[Messages | str] | None:
+    """Each example's teacher prompt under `teacher.context/system` (a `TeacherConfig`), or
+    None without privileged context: what the teacher scores and, with seq-KD, writes after."""
+    if not (teacher.context or teacher.system):
+        return None
+    return [context_prompt(e, teacher.context, teacher.system) for e in examples]
+
+
 def _fill(template: str, row: dict[str, Any], prompt: str, example: Example) -> str:
     values = {**row, "prompt": prompt}
     missing = [f for f in template_fields(template) if f not in values]
@@ -111,3 +119,28 @@ def with_context_inputs(batch: Batch, teacher_prompts: Sequence[list[int]], pad_
         context_attention_mask_B_L=attn,
         context_shift_B=torch.tensor(shifts, dtype=torch.long),
     )
+
+
+def both_prompts(batch: Batch, row: int, tok, cross=None) -> tuple[str, str]:
+    """(the student's prompt, the teacher's privileged one) of `batch` row `row` as each model
+    reads it: the teacher's prompt ids (same tokenizer), or its own template's rendering of
+    the context prompt the sample carries to the teacher side (`cross`, a CrossTokenizer)."""
+    sample = batch.samples[row]
+    student = tok.decode(sample.prompt_ids)
+    if batch.context_input_ids_B_L is not None and batch.context_shift_B is not None:
+        n = len(sample.prompt_ids) + int(batch.context_shift_B[row])
+        return student, tok.decode(batch.context_input_ids_B_L[row][:n])
+    if cross is not None:
+        return student, cross.teacher_prompt_text(sample)
+    return student, student
+
+
+def prompts_side_by_side(batch: Batch, row: int, tok, cross=None):
+    """A two-column table of `both_prompts`, for the training example printout."""
+    from rich.table import Table
+
+    table = Table(show_lines=True, expand=True)
+    table.add_column("the student sees", ratio=1)
+    table.add_column("the teacher sees", ratio=1)
+    table.add_row(*both_prompts(batch, row, tok, cross))
+    return table

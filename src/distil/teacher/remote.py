@@ -1,7 +1,8 @@
 """`teacher.url`: a TeacherScorer whose teacher runs behind an OpenAI-compatible server.
 
 Each sequence's teacher-side token ids (prompt + completion; for cross-tokenizer pairs the
-teacher's own template and tokens, tokenized here) go to `POST /v1/completions` as a token-id
+teacher's own template and tokens, tokenized here; with `teacher.context/system` the teacher's
+privileged prompt, `data/context.py`) go to `POST /v1/completions` as a token-id
 prompt with `prompt_logprobs: K` and `max_tokens: 1` (what vLLM's server and `distil
 serve-teacher` answer). The answer's `prompt_logprobs[p]` maps token ids to
 `{logprob, rank, decoded_token}` for the distribution that predicts token p (entry 0 is null),
@@ -65,10 +66,16 @@ class RemoteTeacher:
 
     @torch.no_grad()
     def score(self, batch: Batch) -> TeacherTargets:
-        """Top-k + rest targets (B, T, K) in float32, positions as `LiveTeacher`'s."""
+        """Top-k + rest targets (B, T, K) in float32, positions as `LiveTeacher`'s: with
+        privileged context (same tokens) the server scores the teacher's prompt + the
+        completion, and teacher position t + shift is written at student position t."""
         ids, attn = batch.input_ids_B_L, batch.attention_mask_B_L
+        shift_B = None  # privileged context, same tokens: teacher position t + shift = student t
         if batch.teacher_input_ids_B_L is not None:
             ids, attn = batch.teacher_input_ids_B_L, batch.teacher_attention_mask_B_L
+        elif batch.context_input_ids_B_L is not None:
+            ids, attn = batch.context_input_ids_B_L, batch.context_attention_mask_B_L
+            shift_B = batch.context_shift_B.tolist()
         rows = [_unpadded(ids[b], attn[b]) for b in range(ids.shape[0])]
         longest = max((len(r) for r in rows), default=0)
         if self.max_model_len is not None and longest + 1 > self.max_model_len:
@@ -78,19 +85,27 @@ class RemoteTeacher:
                 "would refuse it). Fix: restart the server with a larger --max-model-len, or "
                 "lower data.max_prompt_tokens / data.max_completion_tokens / "
                 "generation.max_new_tokens (a cross-tokenizer teacher's tokens can outnumber "
-                "the student's)"
+                "the student's; teacher.context/system lengthen the teacher's prompt)"
             )
         n = self.sequences_per_request
         chunks = [rows[i : i + n] for i in range(0, len(rows), n)]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(chunks))) as pool:
             scored = [r for chunk in pool.map(self.score_rows, chunks) for r in chunk]
-        B, T, K = ids.shape[0], ids.shape[1] - 1, self.top_k
+        B, K = ids.shape[0], self.top_k
+        T = (ids if shift_B is None else batch.input_ids_B_L).shape[1] - 1  # target positions
         top_ids = torch.arange(K).expand(B, T, K).clone()
         top_lps = torch.full((B, T, K), PAD_LOGPROB)
         token = torch.zeros(B, T)
         for b, (r_ids, r_lps, r_tok) in enumerate(scored):
-            c = len(r_tok)
-            top_ids[b, :c], top_lps[b, :c], token[b, :c] = r_ids, r_lps, r_tok
+            s = 0 if shift_B is None else shift_B[b]
+            lo, hi = max(s, 0), min(len(r_tok), T + s)  # the teacher positions kept
+            if lo < hi:
+                at = slice(lo - s, hi - s)
+                top_ids[b, at], top_lps[b, at], token[b, at] = (
+                    r_ids[lo:hi],
+                    r_lps[lo:hi],
+                    r_tok[lo:hi],
+                )
         targets = TeacherTargets(
             topk_ids_B_T_K=top_ids,
             topk_logprobs_B_T_K=top_lps,

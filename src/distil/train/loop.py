@@ -305,11 +305,13 @@ def _maybe_print_example(c: Components, cfg: DistilConfig, window) -> float:
         from distil.align.inspect import render_batch_row
 
         extra = render_batch_row(batch, 0, c.tokenizer, c.cross.teacher_tok)
-    elif batch.context_input_ids_B_L is not None:  # what only the teacher sees
-        from rich.text import Text
+    if cfg.teacher.context or cfg.teacher.system:  # both prompts, side by side
+        from rich.console import Group
 
-        seen = batch.context_input_ids_B_L[0][batch.context_attention_mask_B_L[0].bool()]
-        extra = Text(f"── the teacher sees (teacher.context/system) ──\n{c.tokenizer.decode(seen)}")
+        from distil.data.context import prompts_side_by_side
+
+        table = prompts_side_by_side(batch, 0, c.tokenizer, c.cross)
+        extra = table if extra is None else Group(extra, table)
     print_sample(c.tokenizer, batch, extra=extra)
     return time.perf_counter() - t0
 

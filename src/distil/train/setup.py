@@ -229,12 +229,16 @@ def build_buffer(
             backend=teacher_backend(cfg),
         )
         t_gen = gathering(t_gen, teacher_model)  # a sharded teacher: gathered too
+        from distil.data.context import teacher_prompts
+
+        context = teacher_prompts(cfg.teacher, examples)  # privileged: it writes after them
         if cross is None:  # same tokenizer: the same prompt ids and completion ids
-            teacher_side = PromptSide(prompt_ids, t_gen)
+            ids = context and encode_prompts(tok, context, name="teacher context")
+            teacher_side = PromptSide(ids or prompt_ids, t_gen)
         else:  # the teacher writes in its own template and tokens; the student gets the text
             t_prompts = encode_prompts(
                 teacher_tok,
-                [e.prompt for e in examples],
+                context or [e.prompt for e in examples],
                 max_tokens=cfg.data.max_prompt_tokens,
                 name="teacher tokenizer",
             )
