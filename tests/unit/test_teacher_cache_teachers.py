@@ -165,3 +165,16 @@ def test_cache_teacher_names_a_wrong_teacher_or_mixed_top_k(tmp_path, routed):
         write(raw, tmp_path / "k")
     with pytest.raises(ConfigError, match=r"--top-k 5 but the config's top_k is 8"):
         write(raw, tmp_path / "k5", teacher="a", top_k=5)
+
+
+def test_one_named_teacher_keeps_the_shared_privileged_context(routed):
+    from distil.teacher.cache_sources import one_teacher_config
+
+    raw, _ = routed
+    raw["teacher"] = {"context": "{prompt} (a solution: {solution})", "system": "Think."}
+    one = one_teacher_config(build_config(raw), "b")
+    assert one.teacher.path == raw["teachers"]["models"]["b"]["path"] and not one.teachers.models
+    assert (one.teacher.context, one.teacher.system) == (
+        "{prompt} (a solution: {solution})",
+        "Think.",
+    )

@@ -41,7 +41,8 @@ class Source:
 
 def one_teacher_config(cfg: DistilConfig, name: str) -> DistilConfig:
     """`--teacher NAME`: the config of teachers.models.NAME alone (its cache over every row is
-    the cache a config with `teacher` = that section writes)."""
+    the cache a config with `teacher` = that section writes), with the shared
+    teacher.context/system."""
     names = list(cfg.teachers.models)
     if name not in names:
         have = ", ".join(names) if names else "none: the config has no teachers.models"
@@ -49,9 +50,9 @@ def one_teacher_config(cfg: DistilConfig, name: str) -> DistilConfig:
             f"--teacher {name!r}: no such teacher in teachers.models ({have}). Fix: name one "
             "of them, or drop --teacher to cache teacher.path"
         )
-    return cfg.model_copy(
-        update={"teacher": cfg.teachers.models[name], "teachers": TeachersConfig()}
-    )
+    t = cfg.teacher  # a privileged context shared by every teacher stays this one's
+    one = cfg.teachers.models[name].model_copy(update={"context": t.context, "system": t.system})
+    return cfg.model_copy(update={"teacher": one, "teachers": TeachersConfig()})
 
 
 def cache_k(cfg: DistilConfig, top_k: int | None) -> int | None:
