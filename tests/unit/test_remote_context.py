@@ -19,7 +19,8 @@ FITS = {"max_prompt_tokens": 192}  # within the tiny teacher's served max_model_
 @pytest.fixture(scope="module")
 def server(pair_dirs, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with teacher_server(pair_dirs[0], env={"OMP_NUM_THREADS": "1"}, log_path=log) as (url, _):
+    env = {"OMP_NUM_THREADS": "1"}  # a long start allowed: a busy shared CPU
+    with teacher_server(pair_dirs[0], env=env, log_path=log, timeout_s=600) as (url, _):
         yield url
 
 
