@@ -71,6 +71,24 @@ def watch_phases(c) -> dict[str, int]:
     return peaks
 
 
+def teacher_weight_bytes(c) -> int:
+    """Bytes of the parameters of every teacher model the run loaded (a teacher that is the
+    student itself holds none of its own)."""
+    own = {p.data_ptr() for p in c.unwrapped.parameters()}
+    todo, models = [c.teacher], []
+    while todo:
+        t = todo.pop()
+        todo += list(getattr(t, "teachers", [])) + ([t.live] if hasattr(t, "live") else [])
+        if getattr(t, "model", None) is not None and not hasattr(t, "teachers"):
+            models.append(t.model)
+    seen = {}
+    for m in models:
+        for p in m.parameters():
+            if p.data_ptr() not in own:
+                seen[p.data_ptr()] = p.numel() * p.element_size()
+    return sum(seen.values())
+
+
 def step(c, cfg, accumulate, update) -> None:
     window = c.buffer.next_window()
     sums, _ok, _t1, _t2 = accumulate(c, cfg, window)
@@ -110,6 +128,7 @@ def main(config_path: str, out_path: str) -> None:
         "planned_phases": planned,
         "terms": terms,
         "baseline_rss": base,
+        "teacher_weights": teacher_weight_bytes(c),
     }
     with open(out_path, "w") as fh:
         json.dump(result, fh, indent=1)

@@ -216,3 +216,105 @@ def test_self_distillation_plans_the_students_copy_or_none():
                      H100)  # fmt: skip
     names = [t.name for p in same.devices[0].phases for t in p.terms]
     assert "teacher weights" not in names and "scoring chunk (fp32)" in names
+
+
+def several(weights=None, **sections):
+    """Qwen3-1.7B (`big`) and Qwen3-0.6B (`small`), routed by a column or mixed."""
+    routing = {"weights": weights} if weights else {"column": "domain"}
+    models = {
+        "big": {"path": Q17, "dtype": "bfloat16"},
+        "small": {"path": Q06, "dtype": "bfloat16"},
+    }
+    return cfg(teacher={"path": None}, teachers={"models": models, **routing}, **sections)
+
+
+def test_several_teachers_hold_every_live_teachers_weights_in_every_phase():
+    plan = make_plan(several(), H100)
+    big, small = model_shape(Q17).params, Q06_PARAMS
+    for p in plan.devices[0].phases:
+        named = {t.name: t.bytes for t in p.terms}
+        assert named["teacher weights (big)"] == big * 2, p.name
+        assert named["teacher weights (small)"] == small * 2, p.name
+    assert [t.name for t in plan.teachers] == ["big", "small"] and plan.teacher.params == big
+
+
+def test_routed_scoring_is_the_largest_teachers_plus_the_assembled_targets():
+    one = make_plan(cfg(), H100)  # Q17 alone scores the micro-batch
+    routed = make_plan(several(), H100)
+    single = {t.name: t.bytes for t in next(p for p in one.devices[0].phases
+                                              if p.name == "teacher scoring").terms}  # fmt: skip
+    rows_bt, vocab = 4 * (512 - 1), 151_936
+    for name in ("teacher forward", "teacher hidden states", "scoring chunk (fp32)"):
+        assert term(routed, "teacher scoring", f"{name} (big)") == single[name]
+    assert term(routed, "teacher scoring", "routed targets (assembled)") == rows_bt * vocab * 2
+    # the student's step holds one micro-batch's targets, as with one teacher
+    assert term(routed, "student fwd/bwd + loss", "teacher log-probs (B, T, V)") == (
+        rows_bt * vocab * 2
+    )
+    s_one = next(p for p in one.devices[0].phases if p.name == "teacher scoring")
+    s_routed = next(p for p in routed.devices[0].phases if p.name == "teacher scoring")
+    assert s_routed.flops == s_one.flops  # the worst micro-batch: the big teacher on every row
+
+
+def test_mixed_scoring_holds_the_mixture_and_runs_every_teacher():
+    plan = make_plan(several({"big": 1.0, "small": 1.0}), H100)
+    rows_bt, vocab = 4 * (512 - 1), 151_936
+    assert term(plan, "teacher scoring", "mixture log M (fp32)") == rows_bt * vocab * 4
+    assert term(plan, "teacher scoring", "last teacher's log-probs + fp32 term") == (
+        rows_bt * vocab * (2 + 4)
+    )
+    scoring = next(p for p in plan.devices[0].phases if p.name == "teacher scoring")
+    big, small = model_shape(Q17).active_params, model_shape(Q06).active_params
+    assert scoring.flops == 2 * (big + small) * 4 * 512
+    # weight 0: loaded (resident) but never run
+    zero = make_plan(several({"big": 1.0, "small": 0.0}), H100)
+    scoring = next(p for p in zero.devices[0].phases if p.name == "teacher scoring")
+    assert scoring.flops == 2 * big * 4 * 512
+    assert term(zero, "teacher scoring", "teacher weights (small)") == Q06_PARAMS * 2
+
+
+def test_a_cached_teacher_holds_no_weights_and_a_teacher_device_gets_its_column():
+    c = several()
+    models = dict(c.teachers.models)
+    models["small"] = models["small"].model_copy(update={"path": None, "cache": "DIR", "top_k": 8})
+    models["big"] = models["big"].model_copy(update={"device": "cuda:1"})
+    c = c.model_copy(update={"teachers": c.teachers.model_copy(update={"models": models})})
+    plan = make_plan(c, H100)
+    names = {t.name for p in plan.devices[0].phases for t in p.terms}
+    assert "teacher weights (small)" not in names and "teacher weights (big)" not in names
+    assert "teacher top-k targets (small)" in names
+    assert [d.name for d in plan.devices] == ["cuda:0", "cuda:1 (teachers big)"]
+    assert term(plan, "teacher scoring", "teacher weights (big)", device=1) == (
+        model_shape(Q17).params * 2
+    )
+
+
+def test_privileged_context_lengthens_the_teachers_sequences_only():
+    base = cfg(teacher={"path": None, "from_student": "current", "system": "hint"})
+    plain = make_plan(base, H100, context_tokens=0)
+    longer = make_plan(base, H100, context_tokens=100)
+    s = model_shape(Q06)
+    assert (
+        term(longer, "teacher scoring", "teacher hidden states")
+        == 4 * (512 + 100 - 1) * s.hidden * 2
+    )
+    for phase in ("student fwd/bwd + loss", "generation", "optimizer step"):
+        assert term(longer, phase, "activations" if "fwd" in phase else "student weights") == (
+            term(plain, phase, "activations" if "fwd" in phase else "student weights")
+        )
+    # no local data to measure on: one more prompt's worth, said in a note
+    guessed = make_plan(base, H100)
+    assert guessed.sizes.context == 256 and any("--context-tokens" in n for n in guessed.notes)
+
+
+def test_a_students_copy_is_in_the_dtype_the_student_loads_in():
+    # student.dtype auto on CUDA: the student loads (and the EMA copy is made) in fp32 unless
+    # bf16_weights or LoRA keep the checkpoint's bf16 (train.setup.student_dtype)
+    ema = {"path": None, "from_student": "ema", "system": "hint"}
+    fp32 = make_plan(cfg(student={"dtype": "auto"}, teacher=ema), H100)
+    assert term(fp32, "teacher scoring", "teacher weights") == Q06_PARAMS * 4
+    assert term(fp32, "optimizer step", "student weights") == Q06_PARAMS * 4
+    bf16 = make_plan(
+        cfg(student={"dtype": "auto"}, teacher=ema, train={"bf16_weights": True}), H100
+    )
+    assert term(bf16, "teacher scoring", "teacher weights") == Q06_PARAMS * 2

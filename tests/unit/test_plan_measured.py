@@ -41,9 +41,12 @@ def world(tmp_path_factory):
     rng = __import__("random").Random(0)
     words = WORDS.split()
     with open(root / "train.jsonl", "w") as fh:
-        for _ in range(64):
+        for i in range(64):
             text = " ".join(rng.choice(words) for _ in range(400))
-            fh.write(json.dumps({"prompt": text, "completion": text}) + "\n")
+            hint = " ".join(rng.choice(words) for _ in range(30))
+            who = "a" if i % 8 == 0 else "b"  # a micro-batch of 8: one row to a, seven to b
+            fh.write(json.dumps({"prompt": text, "completion": text, "hint": hint, "who": who}))
+            fh.write("\n")
     return {
         "data": str(root / "train.jsonl"),
         "s151": _model(root / "s151", bpe, 151_936, 64, 2, 1),
@@ -51,6 +54,7 @@ def world(tmp_path_factory):
         "s": _model(root / "s", bpe, len(bpe), 256, 4, 3),
         "t": _model(root / "t", bpe, len(bpe), 320, 4, 4),
         "t_uni": _model(root / "t_uni", uni, len(uni), 320, 4, 5),
+        "t_small": _model(root / "t_small", bpe, len(bpe), 192, 4, 6),
         "root": root,
     }
 
@@ -98,7 +102,19 @@ CASES = {
         w, "cross", teacher={"path": w["t_uni"]}, loss={"name": "uld"}
     ),
     "lora": lambda w: config(w, "lora", student={"lora": {"enabled": True, "r": 8}}),
+    # several teachers: routed (one row to the small teacher, then seven to the large one) and
+    # mixed; self-distillation with privileged context (its length measured on the data)
+    "routed": lambda w: config(w, "routed", **several(w, column="who")),
+    "mixed": lambda w: config(w, "mixed", **several(w, weights={"a": 1.0, "b": 1.0})),
+    "self_context": lambda w: config(w, "self_context", teacher=SELF),
+    "ema_context": lambda w: config(w, "ema_context", teacher={**SELF, "from_student": "ema"}),
 }
+SELF = {"path": None, "from_student": "current", "context": "{prompt} hint: {hint}"}
+
+
+def several(w, **routing) -> dict:
+    models = {"a": {"path": w["t_small"]}, "b": {"path": w["t"]}}
+    return {"teacher": {"path": None}, "teachers": {"models": models, **routing}}
 
 
 def measure(raw: dict, tmp: Path) -> dict:
@@ -134,6 +150,11 @@ def test_plan_within_20_percent_of_a_measured_step(case, world, tmp_path):
     r = measure(CASES[case](world), tmp_path)
     ratio = r["planned"] / r["measured"]
     assert abs(ratio - 1) <= TOLERANCE, json.dumps(r, indent=1)
+    # the teachers' weights as loaded, to the byte (none for the live student itself)
+    planned = sum(
+        v for k, v in r["terms"]["teacher scoring"].items() if k.startswith("teacher weights")
+    )
+    assert planned == r["teacher_weights"], json.dumps(r, indent=1)
     if (
         case == "vocab151k"
     ):  # where the vocabulary dominates, every phase is held, not only the peak

@@ -42,6 +42,14 @@ def add_demo(sub, positive_int) -> None:
         "student's paired lead over each control with its 95%% interval (default 1; seed 0 is "
         "the single-seed demo; N times the students' time)",
     )
+    p.add_argument(
+        "--study",
+        default=None,
+        choices=["multi-teacher", "self-distill"],
+        help="run one of issue 30's studies instead of the demo: several teachers routed per "
+        "row, or self-distillation with privileged context (presets full, smoke; "
+        "distil/demo/studies.py)",
+    )
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     p.add_argument(
@@ -67,6 +75,13 @@ def run(args) -> int:
     from distil.demo.presets import manifest
 
     preset = args.preset or ("quick" if args.quick else "full")
+    if args.study:
+        from distil.demo.studies import run_study
+
+        command = f"distil demo --study {args.study} --preset {preset} --out {args.out}"
+        run_study(args.study, args.out, preset=preset, threads=args.threads,
+                  cache_dir=args.cache_dir, command=f"{command} --threads {args.threads}")  # fmt: skip
+        return 0
     presets = manifest().presets
     if preset not in presets:
         raise ConfigError(

@@ -19,9 +19,12 @@ from distil.plan.render import as_dict, headline, render
 from distil.plan.target import PRESETS, Target, make_target, parse_bytes
 
 
-def plan_config(cfg: DistilConfig, target: Target, *, advise: bool = True) -> Plan:
-    """The plan of `cfg` on `target`, with the changes that make it fit when it does not."""
-    plan = make_plan(cfg, target)
+def plan_config(
+    cfg: DistilConfig, target: Target, *, advise: bool = True, context_tokens: int | None = None
+) -> Plan:
+    """The plan of `cfg` on `target`, with the changes that make it fit when it does not
+    (`context_tokens`: what privileged context adds to a teacher sequence; None: measured)."""
+    plan = make_plan(cfg, target, context_tokens=context_tokens)
     if advise:
         plan.suggestions = suggest(cfg, target, plan)
     return plan

@@ -87,13 +87,17 @@ def parse_change(line: str) -> list[str]:
     return out
 
 
-def replan(cfg: DistilConfig, target: Target, change: list[str]) -> Plan | None:
-    """The plan with `change` applied, or None when the change makes an invalid config."""
+def replan(
+    cfg: DistilConfig, target: Target, change: list[str], context_tokens: int | None = None
+) -> Plan | None:
+    """The plan with `change` applied, or None when the change makes an invalid config
+    (`context_tokens`: the first plan's, so the context is not measured again)."""
     overrides = [c for c in change if not c.startswith("--")]
     for flag in (c for c in change if c.startswith("--gpus")):
         target = replace(target, gpus=int(flag.split()[1]), fsdp=True)
     try:
-        return make_plan(with_overrides(cfg, overrides) if overrides else cfg, target)
+        changed = with_overrides(cfg, overrides) if overrides else cfg
+        return make_plan(changed, target, context_tokens=context_tokens)
     except DistilError:
         return None
 
@@ -104,7 +108,7 @@ def suggest(cfg: DistilConfig, target: Target, plan: Plan) -> list[str]:
         return []
     found, tried = [], candidates(cfg, target)
     for change in tried:
-        p = replan(cfg, target, change)
+        p = replan(cfg, target, change, plan.sizes.context)
         if p is not None and p.fits:
             found.append(" ".join(change))
             if len(found) == SHOWN:
@@ -119,7 +123,7 @@ def suggest(cfg: DistilConfig, target: Target, plan: Plan) -> list[str]:
         ):
             continue
         trial = merge(combined, change)
-        p = replan(cfg, target, trial)
+        p = replan(cfg, target, trial, plan.sizes.context)
         if p is not None and p.worst.peak < best:
             combined, best = trial, p.worst.peak
             if p.fits:

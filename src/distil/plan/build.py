@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from distil.config import DistilConfig
 from distil.errors import ConfigError
 from distil.plan import phases as ph
+from distil.plan import several
+from distil.plan.context import context_tokens as context_tokens_of
 from distil.plan.shapes import ModelShape, model_shape
 from distil.plan.sizes import Sizes, sizes
 from distil.plan.target import Target
@@ -45,6 +47,7 @@ class Plan:
     devices: list[DevicePlan]
     suggestions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    teachers: list[several.TeacherPlan] = field(default_factory=list)  # teachers.models
 
     @property
     def fits(self) -> bool:
@@ -106,9 +109,36 @@ def shapes(cfg: DistilConfig) -> tuple[ModelShape, ModelShape | None]:
     return s, t
 
 
-def make_plan(cfg: DistilConfig, target: Target) -> Plan:
+def make_plan(cfg: DistilConfig, target: Target, *, context_tokens: int | None = None) -> Plan:
+    """The plan of `cfg` on `target`. `context_tokens`: what privileged context adds to each
+    teacher sequence (None: measured on data.train, plan/context.py)."""
     s, t = shapes(cfg)
-    z = sizes(cfg, s, t, target)
+    ctx, ctx_note = context_tokens_of(cfg, context_tokens)
+    teachers: list[several.TeacherPlan] = []
+    if cfg.teachers.models:
+        teachers = several.teacher_plans(cfg, sizes(cfg, s, None, target, ctx), target)
+        t = several.largest(teachers)
+    z = sizes(cfg, s, t, target, ctx)
+    rank = "cpu" if not target.cuda else "cuda:0" + (" (each rank)" if target.gpus > 1 else "")
+    if teachers:
+        devices = _several_devices(cfg, z, s, teachers, target, rank)
+    else:
+        devices = _devices(cfg, z, s, t, target, rank)
+    notes = _notes(cfg, s, t, z, target) + ([ctx_note] if ctx_note else [])
+    notes += [f"teachers.models.{tp.name}.url: that teacher's memory is the server's, not "
+              "planned here" for tp in teachers if tp.kind == "remote"]  # fmt: skip
+    plan = Plan(target, s, t, z, devices, notes=notes, teachers=teachers)
+    for d in devices:
+        for p in d.phases:
+            p.seconds = max(
+                p.flops / (target.tflops * 1e12 or 1), p.bytes_moved / (target.bandwidth or 1)
+            )
+    return plan
+
+
+def _devices(cfg: DistilConfig, z: Sizes, s: ModelShape, t: ModelShape | None, target: Target,
+             rank: str) -> list[DevicePlan]:  # fmt: skip
+    """One teacher (or none): the student's device, and the teacher's when it has its own."""
     apart = _teacher_apart(cfg) and z.teacher_kind == "live"
     main = [
         ph.generation(cfg, z, s, target),
@@ -123,20 +153,40 @@ def make_plan(cfg: DistilConfig, target: Target) -> Plan:
         for p in main:  # the teacher stays on the student's device through every phase
             if p.name not in ("teacher scoring", "student fwd/bwd + loss", SEQ_KD):
                 p.add("teacher weights", ph.teacher_weights(cfg, z, t))
-    rank = "cpu" if not target.cuda else "cuda:0" + (" (each rank)" if target.gpus > 1 else "")
     devices = [DevicePlan(rank, target.usable, main)]
     if apart:
         scoring = ph.teacher_scoring(cfg, z, s, t, target, student_here=False)
         writing = ph.teacher_generation(cfg, z, s, t, target, student_here=False)
         phases = [p for p in (writing, scoring) if p is not None]
         devices.append(DevicePlan(f"{cfg.teacher.device} (teacher)", target.usable, phases))
-    plan = Plan(target, s, t, z, devices, notes=_notes(cfg, s, t, z, target))
-    for d in devices:
-        for p in d.phases:
-            p.seconds = max(
-                p.flops / (target.tflops * 1e12 or 1), p.bytes_moved / (target.bandwidth or 1)
-            )
-    return plan
+    return devices
+
+
+def _several_devices(cfg: DistilConfig, z: Sizes, s: ModelShape,
+                     teachers: list[several.TeacherPlan], target: Target,
+                     rank: str) -> list[DevicePlan]:  # fmt: skip
+    """teachers.models: the live teachers on the student's device hold their weights through
+    every phase; a teacher with its own `device` gets that device's column."""
+    here = [tp for tp in teachers if tp.device is None]
+    main = [
+        ph.generation(cfg, z, s, target),
+        several.scoring(cfg, z, s, here, target),
+        several.student_step(cfg, z, s, teachers, here, target),
+        ph.optimizer_step(cfg, z, s, target),
+        ph.evaluation(cfg, z, s, target),
+    ]
+    main = [p for p in main if p is not None]
+    for p in main:
+        if p.name not in ("teacher scoring", "student fwd/bwd + loss"):
+            several.weight_terms(here, p)
+    devices = [DevicePlan(rank, target.usable, main)]
+    for dev in dict.fromkeys(tp.device for tp in teachers if tp.device is not None):
+        on = [tp for tp in teachers if tp.device == dev]
+        scoring = several.scoring(cfg, z, s, on, target, student_here=False)
+        if scoring is not None:
+            names = ", ".join(tp.name for tp in on)
+            devices.append(DevicePlan(f"{dev} (teachers {names})", target.usable, [scoring]))
+    return devices
 
 
 def _teacher_apart(cfg: DistilConfig) -> bool:
@@ -154,10 +204,11 @@ def _notes(
                 f"{name} ({shape.model_type}): its decoder layer does not run on the meta device; "
                 "activations use a Llama-style count (with the active experts' width for MoE)"
             )
-    if cfg.teachers.models:
+    if cfg.teachers.models and not several.mixed(cfg):
         out.append(
-            f"teachers.models ({len(cfg.teachers.models)} teachers): their weights and scoring "
-            "are not in this plan yet; it counts the student only"
+            f"teachers.models ({len(cfg.teachers.models)} teachers, routed): a micro-batch is "
+            "planned as if the teacher with the largest scoring peak held all its rows (an "
+            "upper bound, as is its time)"
         )
     if z.teacher_kind == "remote":
         out.append("teacher.url: the teacher's memory is the server's, not planned here")

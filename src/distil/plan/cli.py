@@ -26,6 +26,9 @@ def add_plan(sub, positive_int) -> None:
                    help="the student sharded over --gpus (an FSDP accelerate launch)")  # fmt: skip
     p.add_argument("--tflops", type=float, default=None, help="peak TFLOP/s to time with")
     p.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in bytes/s")
+    p.add_argument("--context-tokens", type=int, default=None, metavar="N",
+                   help="tokens teacher.context/system add to each teacher sequence (default: "
+                   "measured on the first rows of data.train)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object (bytes)")
     p.set_defaults(func=run_plan)
 
@@ -43,6 +46,6 @@ def run_plan(args) -> int:
         tflops=args.tflops,
         bandwidth=args.bandwidth,
     )
-    plan = plan_config(cfg, target)
+    plan = plan_config(cfg, target, context_tokens=args.context_tokens)
     print(json.dumps(as_dict(plan), indent=1) if args.json else render(plan))
     return 0

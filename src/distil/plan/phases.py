@@ -166,14 +166,16 @@ def teacher_scoring(cfg: DistilConfig, z: Sizes, s: ModelShape, t: ModelShape | 
     if z.teacher_kind == "live" and t is not None and model_here:
         p.add("teacher weights", teacher_weights(cfg, z, t),
               f"{t.params:,} params x {z.teacher_bytes} B")  # fmt: skip
-        p.add("teacher forward", m.inference_forward(t, z.batch * z.seq, z.teacher_bytes))
+        tokens = z.batch * (z.seq + z.context)  # privileged context lengthens its sequences
+        how = f"+ {z.context} context tokens a row" if z.context else ""
+        p.add("teacher forward", m.inference_forward(t, tokens, z.teacher_bytes), how)
         # the head is bypassed: final hidden states, then the head on the loss rows only
-        p.add("teacher hidden states", rows_bt * t.hidden * z.teacher_bytes)
+        p.add("teacher hidden states", (tokens - z.batch) * t.hidden * z.teacher_bytes, how)
         rows = min(z.teacher_rows, z.loss_rows)
         p.add("scoring chunk (fp32)", m.logits_chunk(rows, t.vocab, m.TEACHER_CHUNK_COPIES),
               f"{rows} loss positions (auto chunk) x {t.vocab:,} x 4 B x "
               f"{m.TEACHER_CHUNK_COPIES}")  # fmt: skip
-        p.flops = 2 * t.active_params * z.batch * z.seq
+        p.flops = 2 * t.active_params * tokens
         p.bytes_moved = t.active_params * z.teacher_bytes
     for term in targets_terms(z, t, rows_bt):
         p.add(term.name, term.bytes, term.note)

@@ -34,7 +34,11 @@ def render(plan: Plan) -> str:
     lines = [
         f"student {s.path}: {s.params:,} params ({s.model_type}, vocabulary {s.vocab:,})",
     ]
-    if t is not None:
+    for tp in plan.teachers:
+        how = "mixed, weight " + f"{tp.weight:g}" if tp.weight is not None else "routed"
+        size = f"{tp.shape.params:,} params" if tp.shape else "no weights here"
+        lines.append(f"teacher {tp.name} ({tp.kind}, {how}): {size}")
+    if t is not None and not plan.teachers:
         lines.append(
             f"teacher {t.path}: {t.params:,} params ({t.model_type}, vocabulary "
             f"{t.vocab:,}; {z.teacher_kind})"
@@ -119,6 +123,16 @@ def as_dict(plan: Plan) -> dict:
             "vocab": plan.teacher.vocab,
             "kind": plan.sizes.teacher_kind,
         },
+        "teachers": [
+            {
+                "name": tp.name,
+                "kind": tp.kind,
+                "weight": tp.weight,
+                "device": tp.device,
+                "params": tp.shape.params if tp.shape else 0,
+            }
+            for tp in plan.teachers
+        ],
         "devices": [
             {
                 "name": dev.name,

@@ -41,6 +41,7 @@ class Sizes:
     cross: bool
     top_k: int | None
     shards: int  # FSDP shards of the student
+    context: int = 0  # tokens privileged context adds to each teacher sequence (plan/context.py)
 
 
 def resolve_dtype(name: str, shape: ModelShape, target: Target) -> str:
@@ -48,6 +49,15 @@ def resolve_dtype(name: str, shape: ModelShape, target: Target) -> str:
     if name != "auto":
         return name
     return shape.dtype if target.cuda and shape.dtype in ("bfloat16", "float16") else "float32"
+
+
+def load_dtype(cfg: DistilConfig, shape: ModelShape, target: Target) -> str:
+    """The student's dtype as `distil train` loads it (train.setup.student_dtype): `auto` is
+    float32 unless AdamW never steps the weights in it (bf16_weights: fp32 masters; LoRA)."""
+    s = cfg.student
+    if s.dtype == "auto" and not (cfg.train.bf16_weights or s.lora.enabled):
+        return "float32"
+    return resolve_dtype(s.dtype, shape, target)
 
 
 def teacher_kind(cfg: DistilConfig) -> str:
@@ -61,7 +71,11 @@ def teacher_kind(cfg: DistilConfig) -> str:
 
 
 def sizes(
-    cfg: DistilConfig, student: ModelShape, teacher: ModelShape | None, target: Target
+    cfg: DistilConfig,
+    student: ModelShape,
+    teacher: ModelShape | None,
+    target: Target,
+    context: int = 0,
 ) -> Sizes:
     t, g = cfg.train, cfg.generation
     on_policy = t.lambda_ > 0
@@ -74,7 +88,7 @@ def sizes(
     tokens = t.per_device_batch_size * seq
     if t.packing and t.pack_length:
         tokens = -(-tokens // t.pack_length) * t.pack_length
-    s_dtype = "bfloat16" if t.bf16_weights else resolve_dtype(cfg.student.dtype, student, target)
+    s_dtype = "bfloat16" if t.bf16_weights else load_dtype(cfg, student, target)
     s_bytes = nbytes(s_dtype)
     autocast = t.bf16 or t.bf16_weights or t.fp16
     lora = cfg.student.lora
@@ -82,7 +96,7 @@ def sizes(
     kind = teacher_kind(cfg)
     t_dtype = resolve_dtype(cfg.teacher.dtype, teacher, target) if teacher else "float32"
     if cfg.teacher.from_student:  # a copy of the student as loaded (before bf16_weights casts)
-        t_dtype = resolve_dtype(cfg.student.dtype, student, target)
+        t_dtype = load_dtype(cfg, student, target)
     chunk = cfg.loss.chunk_size
     if chunk == "auto":
         chunk = auto_chunk_size(student.vocab)
@@ -110,4 +124,5 @@ def sizes(
         cross=is_cross_tokenizer(cfg.loss.name),
         top_k=cfg.teacher.top_k,
         shards=target.gpus if target.fsdp else 1,
+        context=context,
     )

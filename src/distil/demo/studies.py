@@ -1,0 +1,199 @@
+"""`distil demo --study NAME`: the two CPU studies of issue 30, on the demo's machinery (its
+data, tokenizers, students' starts and `distil train` stages), outside the default demo.
+
+- `multi-teacher` (configs/study_multi_teacher.yaml): Countdown in two slices, three-number and
+  four-number problems; one teacher trained on each slice; the bpe student's supervised start
+  on a labelled mix; then the student distilled from both teachers at once, each row routed by
+  its `slice` column (`teachers.column`), against the student distilled from each teacher
+  alone and continued SFT at equal student compute. Each model is scored per slice and on the
+  mix.
+- `self-distill` (configs/study_self_distill.yaml): the demo's data and bpe student, its own
+  teacher (`teacher.from_student: current`) given the row's reference answer (privileged
+  context) or worked examples as a system prompt (context distillation), against its start
+  and continued SFT on the same labelled problems at equal student compute.
+
+Each study is a manifest in demo.yaml's format (students, runs, presets: `smoke` for tests,
+`full` for numbers); its runs are ordinary configs in configs/ whose `runs/demo/` paths, also
+nested ones such as teachers.models.<name>.path, move under --out. The tables are written by
+study_report.py (imports point one way: studies -> study_report).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from distil.demo import stages
+from distil.demo.presets import CONFIG_DIR, DEMO_ROOT, Manifest, Run, manifest
+from distil.demo.run import TEACHER_SUMMARY, DemoRun, copy_tree, last_metrics, settings_key
+from distil.demo.study_report import SLICE_COLUMN, SLICES, report
+from distil.errors import ConfigError
+from distil.progress import console
+
+STUDIES = {"multi-teacher": "study_multi_teacher", "self-distill": "study_self_distill"}
+
+
+def study_manifest(name: str) -> Manifest:
+    if name not in STUDIES:
+        raise ConfigError(f"--study {name!r} is not a study. Fix: use one of {', '.join(STUDIES)}")
+    return manifest(CONFIG_DIR / f"{STUDIES[name]}.yaml")
+
+
+def run_study(
+    name: str,
+    out: str | Path,
+    *,
+    preset: str = "full",
+    threads: int = 2,
+    cache_dir: str | Path | None = None,
+    command: str = "",
+) -> dict[str, Any]:
+    """Run one study end to end; returns its results (also out/results.{md,json})."""
+    import torch
+
+    from distil.demo.run import default_cache_dir
+
+    m = study_manifest(name)
+    if preset not in m.presets:
+        raise ConfigError(
+            f"--preset {preset!r} is not a preset of the {name} study. Fix: use one of "
+            f"{', '.join(m.presets)} (configs/{STUDIES[name]}.yaml)"
+        )
+    torch.set_num_threads(threads)
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    run = DemoRun(Path(out), preset, m.presets[preset], m, threads, cache, command=command)
+    run.out.mkdir(parents=True, exist_ok=True)
+    if name == "multi-teacher":
+        make_slices(run)
+        stages.make_tokenizers(run)
+        for slice_name in SLICES:
+            train_slice_teacher(run, slice_name)
+    else:
+        stages.make_data(run)
+        stages.make_tokenizers(run)
+    stages.start_students(run)
+    run_all(run)
+    return report(name, run)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def _interleave(*parts: list[dict]) -> list[dict]:
+    """Rows of each part in turn (a0 b0 a1 b1 ...), the longer part's tail at the end."""
+    out = []
+    for i in range(max(len(p) for p in parts)):
+        out += [p[i] for p in parts if i < len(p)]
+    return out
+
+
+def make_slices(run: DemoRun) -> None:
+    """Per slice its train and test split (data/<slice>/); for the student, the two slices'
+    rows interleaved and tagged with `slice`: labelled.jsonl (n_labelled, half from each,
+    with answers), prompts.jsonl (the other train rows, prompts only), test.jsonl (both test
+    splits); train.jsonl (both train splits) is the tokenizers' corpus."""
+    from distil.tasks.countdown import generate_dataset, read_rows
+
+    p, data = run.preset, run.paths["data"]
+    with run.timed("Countdown data: one slice per number count") as stage:
+        wanted = {"n": p.n_train, "test_n": p.n_test, "n_labelled": p.n_labelled,
+                  "slices": SLICES, "seed": stages.SEED}  # fmt: skip
+        meta = data / "study.json"
+        if not (meta.exists() and json.loads(meta.read_text()) == wanted):
+            parts: dict[str, dict[str, list[dict]]] = {}
+            half = p.n_labelled // len(SLICES)
+            for name, k in SLICES.items():
+                seed = stages.SEED + k
+                generate_dataset(data / name, n=p.n_train, test_n=p.n_test, numbers=(k,),
+                                 seed=seed, template="countdown_plain")  # fmt: skip
+                rows = [{**r, SLICE_COLUMN: name} for r in read_rows(data / name / "train.jsonl")]
+                test = [{**r, SLICE_COLUMN: name} for r in read_rows(data / name / "test.jsonl")]
+                keep = ("nums", "target", "prompt", SLICE_COLUMN)
+                prompts = [{c: r[c] for c in keep} for r in rows[half:]]
+                parts[name] = {"train": rows, "labelled": rows[:half], "prompts": prompts,
+                               "test": test}  # fmt: skip
+                run.commands.append(
+                    f"distil countdown generate --n {p.n_train} --test-n {p.n_test} --numbers "
+                    f"{k} --template countdown_plain --seed {seed} --out {data / name}"
+                )
+            for split in ("train", "labelled", "prompts", "test"):
+                rows = _interleave(*(parts[n][split] for n in SLICES))
+                stages._write_jsonl(data / f"{split}.jsonl", rows)
+            meta.write_text(json.dumps(wanted))
+        stage.note = (
+            f"{' and '.join(f'{k}-number' for k in SLICES.values())} problems: {p.n_train} "
+            f"train and {p.n_test} test each; {p.n_labelled} labelled ({SLICE_COLUMN} column)"
+        )
+        console.print(stage.note)
+
+
+# ----------------------------------------------------------------------------- teachers
+
+
+def train_slice_teacher(run: DemoRun, name: str) -> None:
+    """One slice's teacher: the demo's teacher config on that slice's problems only, cached by
+    its settings as the demo's teacher is."""
+    p = run.preset
+    steps = p.steps["teacher"]
+    final = run.paths["models"] / f"teacher_{name}"
+    tokenizer = (run.paths["tokenizers"] / "bpe" / "tokenizer.json").read_bytes()
+    key = settings_key(p.teacher, steps, stages.SEED, run.threads, p.n_train, SLICES[name],
+                       (CONFIG_DIR / "teacher.yaml").read_text(),
+                       hashlib.sha256(tokenizer).hexdigest())  # fmt: skip
+    cached = run.cache_dir / f"teacher-{name}-{key}-{steps}steps"
+    with run.timed(f"teacher of the {name}-number slice ({steps} steps)") as stage:
+        if (cached / TEACHER_SUMMARY).exists():
+            copy_tree(cached, final)
+            stage.note = f"cached: {cached}"
+            console.print(f"using the cached teacher {cached} (delete it to retrain)")
+            return
+        init = stages._init(run, "bpe", run.paths["models"] / f"teacher_{name}_init", p.teacher,
+                            stages.SEED + SLICES[name])  # fmt: skip
+        out = run.paths["runs"] / f"teacher_{name}"
+        stages.train_stage(run, "teacher", {
+            "data.train": run.paths["data"] / name / "train.jsonl",
+            "eval.data": run.paths["data"] / name / "test.jsonl",
+            "student.path": init,
+            "train.output_dir": out,
+            "train.max_steps": steps,
+        })  # fmt: skip
+        (out / "final" / TEACHER_SUMMARY).write_text(json.dumps(last_metrics(out)) + "\n")
+        copy_tree(out / "final", final)
+        run.cache_dir.mkdir(parents=True, exist_ok=True)
+        copy_tree(out / "final", cached)
+        stage.note = f"trained; cached as {cached}"
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def nested_paths(run: DemoRun, raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every `runs/demo/...` string of a config (nested sections too: teachers.models.x.path)
+    as a dotted override under the run's output directory."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(nested_paths(run, value, dotted + "."))
+        elif isinstance(value, str) and value.startswith(DEMO_ROOT + "/"):
+            out[dotted] = stages.demo_path(run, value[len(DEMO_ROOT) + 1 :])
+    return out
+
+
+def run_all(run: DemoRun) -> None:
+    """The study's runs in order (a control after the run whose compute it matches)."""
+    for r in run.manifest.runs:
+        budget = stages._budget(run, r)
+        with run.timed(f"{r.student} student: {r.label} ({stages._describe(budget)})"):
+            stages.train_stage(run, r.config, run_values(run, r, budget))
+
+
+def run_values(run: DemoRun, r: Run, budget: dict[str, Any]) -> dict[str, Any]:
+    """The overrides of one run: its config's paths moved, the demo's per-run values, its own
+    overrides (paths in them moved too) and its budget."""
+    moved = nested_paths(run, stages._config(r.config))
+    own = stages._run_overrides(run, r)
+    own.update(nested_paths(run, r.overrides))
+    return {**moved, **own, **budget}

@@ -1,0 +1,133 @@
+"""Several teachers (`teachers.models`, teacher/several.py) in a plan.
+
+Every live teacher's weights stay on its device (the student's, or its own `device`) through
+the whole step; a cached or served teacher holds none (its top-k arrives per micro-batch). Per
+micro-batch:
+
+- routed (`teachers.column`): only the teachers with rows in it run, each once on its own
+  rows, and their targets are written back into one (B, ...) array in row order. The plan
+  takes the worst micro-batch: the teacher with the largest scoring peak holding every row,
+  next to the assembled array (an upper bound; the time likewise).
+- mixed (`teachers.weights`): every teacher with a weight runs on every row, one after the
+  other; while the next one scores, the running fp32 mixture log M, the last teacher's
+  log-probs and their fp32 term (log T_i + log w_i) stay alive (MixedTeacher.score).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from distil.config import DistilConfig
+from distil.losses.chunked import auto_chunk_size
+from distil.plan import phases as ph
+from distil.plan.memory import nbytes
+from distil.plan.shapes import ModelShape, model_shape
+from distil.plan.sizes import Sizes, resolve_dtype
+from distil.plan.target import Target
+
+LOCAL = (None, "", "cuda", "cuda:0", "cpu")  # a teacher `device` that is the student's
+
+
+@dataclass(frozen=True)
+class TeacherPlan:
+    name: str
+    cfg: DistilConfig  # the run's config with `teacher` set to this teacher
+    kind: str  # live | cache | remote
+    shape: ModelShape | None  # None: no weights here (cache, server)
+    sizes: Sizes  # the run's sizes with this teacher's kind, dtype and top-k
+    weight: float | None = None  # its mixture weight (None: routed)
+
+    @property
+    def device(self) -> str | None:
+        d = self.cfg.teacher.device
+        return None if d in LOCAL else d
+
+
+def mixed(cfg: DistilConfig) -> bool:
+    return cfg.teachers.weights is not None
+
+
+def teacher_plans(cfg: DistilConfig, z: Sizes, target: Target) -> list[TeacherPlan]:
+    """One TeacherPlan per teacher of `teachers.models`, in their order."""
+    out = []
+    weights = cfg.teachers.weights
+    for name, tc in cfg.teachers.models.items():
+        one = cfg.model_copy(update={"teacher": tc})
+        kind = "cache" if tc.cache else "remote" if tc.url else "live"
+        shape = None
+        if kind == "live":
+            shape = model_shape(tc.path, key=f"teachers.models.{name}.path",
+                                trust_remote_code=tc.trust_remote_code)  # fmt: skip
+        dtype = resolve_dtype(tc.dtype, shape, target) if shape else "float32"
+        zi = replace(z, teacher_kind=kind, teacher_bytes=nbytes(dtype), top_k=tc.top_k,
+                     teacher_rows=auto_chunk_size(shape.vocab) if shape else 0)  # fmt: skip
+        w = None if weights is None else float(weights.get(name, 0.0))
+        out.append(TeacherPlan(name, one, kind, shape, zi, w))
+    return out
+
+
+def largest(plans: list[TeacherPlan]) -> ModelShape | None:
+    live = [tp.shape for tp in plans if tp.shape is not None]
+    return max(live, key=lambda t: t.params) if live else None
+
+
+def weight_terms(plans: list[TeacherPlan], phase: ph.Phase) -> None:
+    """Each live teacher's weights, one term apiece."""
+    for tp in plans:
+        if tp.shape is not None:
+            value = ph.teacher_weights(tp.cfg, tp.sizes, tp.shape)
+            phase.add(f"teacher weights ({tp.name})", value,
+                      f"{tp.shape.params:,} params x {tp.sizes.teacher_bytes} B")  # fmt: skip
+
+
+def _alone(tp: TeacherPlan, s: ModelShape, target: Target) -> ph.Phase:
+    """One teacher scoring the whole micro-batch, without the student's or its own weights."""
+    p = ph.teacher_scoring(tp.cfg, tp.sizes, s, tp.shape, target, student_here=False)
+    assert p is not None
+    p.terms = [t for t in p.terms if t.name != "teacher weights"]
+    return p
+
+
+def _targets_bytes(tp: TeacherPlan) -> int:
+    rows_bt = tp.sizes.batch * (tp.sizes.seq - 1)
+    return sum(t.bytes for t in ph.targets_terms(tp.sizes, tp.shape, rows_bt))
+
+
+def scoring(cfg: DistilConfig, z: Sizes, s: ModelShape, plans: list[TeacherPlan],
+            target: Target, *, student_here: bool = True) -> ph.Phase | None:  # fmt: skip
+    """The teacher-scoring phase of the teachers in `plans` (those on one device)."""
+    running = [tp for tp in plans if tp.weight is None or tp.weight > 0]
+    if not running:
+        return None
+    base = ph.resident(cfg, z, s, target, grads=z.accum > 1) if student_here else []
+    p = ph.Phase("teacher scoring", base)
+    weight_terms(plans, p)
+    alone = {tp.name: _alone(tp, s, target) for tp in running}
+    worst = max(running, key=lambda tp: alone[tp.name].peak)
+    for term in alone[worst.name].terms:
+        p.add(f"{term.name} ({worst.name})", term.bytes, term.note)
+    rows_bt = z.batch * (z.seq - 1)
+    if mixed(cfg) and len(running) > 1:
+        vocab = max(tp.shape.vocab for tp in running if tp.shape is not None)
+        p.add("mixture log M (fp32)", rows_bt * vocab * 4, f"{rows_bt} x {vocab:,} x 4 B")
+        last = max(_targets_bytes(tp) for tp in running)
+        p.add("last teacher's log-probs + fp32 term", last + rows_bt * vocab * 4,
+              "log T_i and log T_i + log w_i, alive while the next teacher scores")  # fmt: skip
+        p.flops = sum(alone[tp.name].flops for tp in running)
+    else:
+        if len(running) > 1:
+            p.add("routed targets (assembled)", max(_targets_bytes(tp) for tp in running),
+                  "every row's targets, written back in row order")  # fmt: skip
+        p.flops = alone[worst.name].flops
+    p.bytes_moved = sum(alone[tp.name].bytes_moved for tp in running)
+    return p
+
+
+def student_step(cfg: DistilConfig, z: Sizes, s: ModelShape, plans: list[TeacherPlan],
+                 here: list[TeacherPlan], target: Target) -> ph.Phase:  # fmt: skip
+    """The student's forward/backward holding the micro-batch's targets (the largest form any
+    teacher gives) and the weights of the live teachers on its device."""
+    big = max(plans, key=_targets_bytes)
+    p = ph.student_step(cfg, big.sizes, s, big.shape, target, teacher_here=False)
+    weight_terms(here, p)
+    return p

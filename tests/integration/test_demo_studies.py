@@ -1,0 +1,82 @@
+"""`distil demo --study multi-teacher|self-distill` end to end at smoke size (minutes on the
+shared 2-core VM): every stage runs, and the table has its columns and rows in manifest order,
+the mix column adding up both slices."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+MT_ROWS = [
+    "teacher (3-number slice)",
+    "teacher (4-number slice)",
+    "bpe student: start (SFT on labelled set)",
+    "bpe student: distilled, two teachers routed by slice",
+    "bpe student: distilled, three-number teacher alone",
+    "bpe student: distilled, four-number teacher alone",
+    "bpe student: control, continued SFT",
+]
+SD_ROWS = [
+    "bpe student: start (SFT on labelled set)",
+    "bpe student: self-distilled, reference solution as privileged context",
+    "bpe student: self-distilled, worked examples as system prompt (context distillation)",
+    "bpe student: control, continued SFT",
+]
+
+
+def run_study(study, tmp_path):
+    out, cache = tmp_path / study, tmp_path / "cache"
+    args = ["--study", study, "--preset", "smoke", "--out", out, "--cache-dir", cache]
+    run = subprocess.run(
+        [sys.executable, "-m", "distil", "demo", *map(str, args), "--threads", "2"],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [x for x in run.stdout.splitlines() if x.startswith("|")]
+    return out, lines, json.loads((out / "results.json").read_text())
+
+
+def labels(lines):
+    return [x.split(" | ")[0].lstrip("| ") for x in lines[2:]]
+
+
+def test_multi_teacher_study_table_per_slice_and_mix(tmp_path):
+    out, lines, results = run_study("multi-teacher", tmp_path)
+    head = "| Model | 3 numbers | 4 numbers | mix | Steps | Student Cost (TFLOP) |"
+    assert lines[0] == head and labels(lines) == MT_ROWS
+    for row in results["rows"]:
+        assert row["total"] == 2 * 12  # both test splits of the smoke preset
+        acc = row["accuracy"]
+        assert row["mix_accuracy"] == pytest.approx((acc["3 numbers"] + acc["4 numbers"]) / 2)
+    routed = yaml.safe_load((out / "runs" / "study_mt_routed" / "config.yaml").read_text())
+    assert set(routed["teachers"]["models"]) == {"three", "four"}
+    assert routed["teachers"]["models"]["four"]["path"] == str(out / "models" / "teacher_four")
+    data = [json.loads(x) for x in (out / "data" / "prompts.jsonl").read_text().splitlines()]
+    assert {r["slice"] for r in data} == {"three", "four"}
+    assert all(len(r["nums"]) == {"three": 3, "four": 4}[r["slice"]] for r in data)
+    rows = {r["model"]: r for r in results["rows"]}
+    control = rows["bpe student: control, continued SFT"]["student_flops"]
+    assert control >= rows["bpe student: distilled, two teachers routed by slice"]["student_flops"]
+
+
+def test_self_distill_study_table(tmp_path):
+    out, lines, results = run_study("self-distill", tmp_path)
+    assert lines[0] == "| Model | Accuracy | Steps | Student Cost (TFLOP) |"
+    assert labels(lines) == SD_ROWS
+    cfg = yaml.safe_load((out / "runs" / "study_sd_context" / "config.yaml").read_text())
+    assert (
+        cfg["teacher"]["from_student"] == "current" and "{completion}" in cfg["teacher"]["context"]
+    )
+    rows = {r["model"]: r for r in results["rows"]}
+    control = rows["bpe student: control, continued SFT"]["student_flops"]
+    sd = "bpe student: self-distilled, reference solution as privileged context"
+    assert control >= rows[sd]["student_flops"]
