@@ -31,7 +31,6 @@ from distil.teacher.cache import (
     template_sha256,
     tokenizer_sha256,
 )
-from distil.teacher.cached import context_expect
 from distil.types import Batch, TeacherTargets
 
 # the teacher scorer, by what the config gives: a model (`teacher.path`), `teacher.cache` or a
@@ -236,7 +235,6 @@ def open_cache(cfg: DistilConfig, tok, model, rows: Rows) -> tuple:
         "temperature": cfg.loss.temperature,
         "template": cfg.data.template,
         "cross_tokenizer": True if cross is not None else None,
-        **context_expect(cfg),
     }
     if cross is not None:
         expect["teacher_tokenizer_sha256"] = tokenizer_sha256(cross.teacher_tok)
