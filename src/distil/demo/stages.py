@@ -203,10 +203,7 @@ def train_teacher(run: DemoRun) -> None:
     steps = p.steps["teacher"]
     cached = run.cache_dir / f"teacher-{_teacher_cache_key(run)}-{steps}steps"
     with run.timed(f"teacher ({steps} steps)") as stage:
-        if (cached / TEACHER_SUMMARY).exists():
-            copy_tree(cached, teacher)
-            stage.note = f"cached: {cached}"
-            console.print(f"using the cached teacher {cached} (delete it to retrain)")
+        if use_cached_teacher(cached, teacher, stage):
             return
         init = _init(run, "bpe", teacher.parent / "teacher_init", p.teacher, SEED)
         train_stage(
@@ -219,13 +216,27 @@ def train_teacher(run: DemoRun) -> None:
                 "train.max_steps": steps,
             },
         )
-        final = teacher_run / "final"
-        summary = last_metrics(teacher_run)
-        (final / TEACHER_SUMMARY).write_text(json.dumps(summary) + "\n")
-        copy_tree(final, teacher)
-        run.cache_dir.mkdir(parents=True, exist_ok=True)
-        copy_tree(final, cached)
-        stage.note = f"trained; cached as {cached}"
+        keep_teacher(run, teacher_run, teacher, cached, stage)
+
+
+def use_cached_teacher(cached: Path, final: Path, stage) -> bool:
+    """Copy a trained teacher from the cache to `final` when the cache holds it."""
+    if not (cached / TEACHER_SUMMARY).exists():
+        return False
+    copy_tree(cached, final)
+    stage.note = f"cached: {cached}"
+    console.print(f"using the cached teacher {cached} (delete it to retrain)")
+    return True
+
+
+def keep_teacher(run: DemoRun, out: Path, final: Path, cached: Path, stage) -> None:
+    """A teacher just trained in `out`: its summary next to its weights, copied to `final` and
+    to the cache."""
+    (out / "final" / TEACHER_SUMMARY).write_text(json.dumps(last_metrics(out)) + "\n")
+    copy_tree(out / "final", final)
+    run.cache_dir.mkdir(parents=True, exist_ok=True)
+    copy_tree(out / "final", cached)
+    stage.note = f"trained; cached as {cached}"
 
 
 def start_students(run: DemoRun) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from distil.demo import stages
 from distil.demo.presets import CONFIG_DIR, DEMO_ROOT, Manifest, Run, manifest
-from distil.demo.run import TEACHER_SUMMARY, DemoRun, copy_tree, last_metrics, settings_key
+from distil.demo.run import DemoRun, settings_key
 from distil.demo.study_report import SLICE_COLUMN, SLICES, report
 from distil.errors import ConfigError
 from distil.progress import console
@@ -144,10 +144,7 @@ def train_slice_teacher(run: DemoRun, name: str) -> None:
                        hashlib.sha256(tokenizer).hexdigest())  # fmt: skip
     cached = run.cache_dir / f"teacher-{name}-{key}-{steps}steps"
     with run.timed(f"teacher of the {name}-number slice ({steps} steps)") as stage:
-        if (cached / TEACHER_SUMMARY).exists():
-            copy_tree(cached, final)
-            stage.note = f"cached: {cached}"
-            console.print(f"using the cached teacher {cached} (delete it to retrain)")
+        if stages.use_cached_teacher(cached, final, stage):
             return
         init = stages._init(run, "bpe", run.paths["models"] / f"teacher_{name}_init", p.teacher,
                             stages.SEED + SLICES[name])  # fmt: skip
@@ -159,11 +156,7 @@ def train_slice_teacher(run: DemoRun, name: str) -> None:
             "train.output_dir": out,
             "train.max_steps": steps,
         })  # fmt: skip
-        (out / "final" / TEACHER_SUMMARY).write_text(json.dumps(last_metrics(out)) + "\n")
-        copy_tree(out / "final", final)
-        run.cache_dir.mkdir(parents=True, exist_ok=True)
-        copy_tree(out / "final", cached)
-        stage.note = f"trained; cached as {cached}"
+        stages.keep_teacher(run, out, final, cached, stage)
 
 
 # ----------------------------------------------------------------------------- runs
