@@ -46,9 +46,9 @@ def add_demo(sub, positive_int) -> None:
         "--study",
         default=None,
         choices=["multi-teacher", "self-distill"],
-        help="run one of issue 30's studies instead of the demo: several teachers routed per "
-        "row, or self-distillation with privileged context (presets full, smoke; "
-        "distil/demo/studies.py)",
+        help="run a study instead of the demo: two teachers (3- and 4-number Countdown) routed "
+        "per row, or self-distillation with privileged context and context distillation "
+        "(presets full, smoke; docs/multi-teacher.md, docs/privileged-context.md)",
     )
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
