@@ -1,4 +1,4 @@
-"""The demo's statistics over seeds (issue 32): mean and standard deviation per row, the paired
+"""The demo's statistics over seeds: mean and standard deviation per row, the paired
 difference of a distilled student to a control of the same seed with its 95% confidence
 interval (Student's t, N-1 degrees of freedom), and the student compute at which a distilled
 student's curve first reaches an accuracy (compute to match). Pure functions, no scipy."""

@@ -1,4 +1,4 @@
-"""`distil demo --study NAME`: the two CPU studies of issue 30, on the demo's machinery (its
+"""`distil demo --study NAME`: the two CPU studies (several teachers; self-distillation), on the demo's machinery (its
 data, tokenizers, students' starts and `distil train` stages), outside the default demo.
 
 - `multi-teacher` (configs/study_multi_teacher.yaml): Countdown in two slices, three-number and
