@@ -178,9 +178,16 @@ EXAMPLE_TEXT = "The student learns from 3 teachers: 12 × 7 = 84. Ünïcödé �
 def _add_inspect(sub) -> None:
     p = sub.add_parser("inspect", help="look at a tokenizer pair before training")
     isub = p.add_subparsers(metavar="WHAT", required=True)
-    pair = isub.add_parser("pair", help="vocabulary overlap, specials, an aligned example")
-    pair.add_argument("--teacher", required=True, help="teacher model or tokenizer directory")
-    pair.add_argument("--student", required=True, help="student model or tokenizer directory")
+    pair = isub.add_parser(
+        "pair", help="vocabulary overlap, specials, an aligned example; a config's prompts"
+    )
+    pair.add_argument("--teacher", help="teacher model or tokenizer directory (or --config)")
+    pair.add_argument("--student", help="student model or tokenizer directory (or --config)")
+    pair.add_argument(
+        "--config", help="a training config: its tokenizers, and its rows' prompts side by side"
+    )
+    pair.add_argument("overrides", nargs="*", help="key.sub=value overrides of --config")
+    pair.add_argument("--rows", type=int, default=1, help="--config: data rows shown")
     pair.add_argument("--text", default=EXAMPLE_TEXT, help="text to align (a completion)")
     pair.add_argument(
         "--all-specials", action="store_true", help="list every special token by name"
@@ -192,10 +199,12 @@ def _inspect_pair(args) -> int:
     from rich.console import Console
 
     from distil.align.inspect import pair_report, render_pair, specials_summary
+    from distil.inspect_prompts import inspect_config
     from distil.models.load import load_tokenizer
     from distil.models.tokenizers import generation_defaults, stops_summary
     from distil.progress import console as err_console
 
+    cfg = inspect_config(args)  # --config: the tokenizers default to its own
     s_tok = load_tokenizer(args.student, key="--student")
     t_tok = load_tokenizer(args.teacher, key="--teacher")
     report = pair_report(s_tok, t_tok)
@@ -225,6 +234,11 @@ def _inspect_pair(args) -> int:
             "cannot be used; uld, aligned_kl and sampled_chunk_reverse_kl can[/]"
         )
     out.print(render_pair(args.text, s_tok, t_tok))
+    if cfg is not None:  # what each model reads of the first rows: privileged context shows
+        from distil.inspect_prompts import prompt_pairs, prompts_table
+
+        given = t_tok if args.teacher_given else None  # else each row's teacher's own
+        out.print(prompts_table(prompt_pairs(cfg, args.rows, s_tok, given)))
     return 0
 
 

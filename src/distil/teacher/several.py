@@ -60,6 +60,29 @@ def row_teachers(examples: Sequence[Example], teachers, names: Sequence[str]) ->
     return out
 
 
+def teacher_context(cfg, name: str | None = None) -> tuple[str | None, str | None]:
+    """(context, system) of teacher `name` of `teachers.models` (None: `teacher`): its own
+    where set, else the `teacher.context` / `teacher.system` every teacher shares."""
+    shared = cfg.teacher
+    own = cfg.teachers.models[name] if name is not None else shared
+    return (
+        own.context if own.context is not None else shared.context,
+        own.system if own.system is not None else shared.system,
+    )
+
+
+def row_contexts(cfg, examples: Sequence[Example]) -> list[tuple] | None:
+    """Each example's teacher (context, system): its routed teacher's (`teachers.column`), or
+    the one every teacher shares (one teacher, a mixture); None when no teacher has any."""
+    names = list(cfg.teachers.models)
+    per = [teacher_context(cfg, n) for n in names] or [teacher_context(cfg)]
+    if not any(c or s for c, s in per):
+        return None
+    if names and cfg.teachers.column:
+        return [per[r] for r in row_teachers(examples, cfg.teachers, names)]
+    return [per[0]] * len(examples)
+
+
 def _rows(batch: Batch, idx: torch.Tensor, picked: list[int]) -> Batch:
     """The batch restricted to rows `idx` (same-tokenizer batches: no alignment)."""
     tensors = {

@@ -1,0 +1,77 @@
+"""`distil inspect pair --config CONFIG`: the first rows' prompts side by side, the teacher's
+with its privileged context (teacher.context / teacher.system), the student's without; the
+tokenizer comparison of `--student/--teacher` is unchanged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from distil.config import build_config
+from distil.inspect_prompts import prompt_pairs
+from distil.models.load import load_tokenizer
+
+HINT = "{prompt} (a solution: {solution})"
+RENDER = {"tokenize": False, "add_generation_prompt": True}
+
+
+@pytest.fixture
+def rows(countdown_dir):
+    return [json.loads(x) for x in (countdown_dir / "train.jsonl").read_text().splitlines()]
+
+
+def test_the_teachers_prompt_carries_the_context_and_the_students_does_not(
+    make_train_config, pair_dirs, rows
+):
+    raw = make_train_config(teacher={"context": HINT, "system": "Think."})
+    tok = load_tokenizer(str(pair_dirs[1]))
+    pairs = prompt_pairs(build_config(raw), 3, tok)
+    assert [p.row for p in pairs] == [0, 1, 2]
+    for p, row in zip(pairs, rows, strict=False):
+        assert p.privileged and p.teacher is None
+        assert row["solution"] not in p.student and "Think." not in p.student
+        (user,) = row["prompt"]  # by hand: a system message, the hint after the user's text
+        hinted = f"{user['content']} (a solution: {row['solution']})"
+        teacher = [{"role": "system", "content": "Think."}, {"role": "user", "content": hinted}]
+        assert p.student == tok.apply_chat_template(row["prompt"], **RENDER)
+        assert p.teacher_prompt == tok.apply_chat_template(teacher, **RENDER)
+
+
+def test_without_context_the_teacher_reads_the_students_prompt(make_train_config, pair_dirs):
+    pairs = prompt_pairs(build_config(make_train_config()), 2, load_tokenizer(str(pair_dirs[1])))
+    assert all(not p.privileged and p.teacher_prompt == p.student for p in pairs)
+
+
+def run_inspect(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "distil", "inspect", "pair", *args],
+        capture_output=True,
+        text=True,
+        env={"COLUMNS": "400", "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)},
+    )
+
+
+def test_inspect_pair_with_a_config_prints_both_prompts(
+    make_train_config, pair_dirs, rows, tmp_path
+):
+    raw = make_train_config(teacher={"system": "Think."})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    done = run_inspect("--config", str(path), "teacher.context=" + json.dumps(HINT), "--rows", "2")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "the student sees" in out and "the teacher sees" in out
+    assert "shared by bytes" in out  # the tokenizer comparison still runs first
+    for row in rows[:2]:
+        assert f"(a solution: {row['solution']})" in out
+    assert rows[2]["solution"] not in out
+    # the --student/--teacher form is unchanged and prints no prompts
+    plain = run_inspect(f"--student={pair_dirs[1]}", f"--teacher={pair_dirs[0]}")
+    assert plain.returncode == 0 and "shared by bytes" in plain.stdout
+    assert "the teacher sees" not in plain.stdout
+    missing = run_inspect(f"--student={pair_dirs[1]}")
+    assert missing.returncode != 0 and "--config CONFIG" in missing.stderr
