@@ -343,11 +343,11 @@ def _teachers(cfg: DistilConfig, student_tok, found: _Problems) -> None:
     vocabs = {}
     for teacher, t in cfg.teachers.models.items():
         key = f"teachers.models.{teacher}"
-        if t.cache:
-            one = cfg.model_copy(update={"teacher": t})
+        if t.cache:  # this teacher alone, with its privileged context
+            from distil.teacher.cache_sources import one_teacher_config
             from distil.teacher.cached import check_settings
 
-            found.attempt(check_settings, one)
+            found.attempt(check_settings, one_teacher_config(cfg, teacher))
         if t.url and not t.tokenizer:
             found.append(
                 f"{key}.url = {t.url!r} with {key}.path and .tokenizer null: distil sends the "

@@ -178,3 +178,44 @@ def test_one_named_teacher_keeps_the_shared_privileged_context(routed):
         "{prompt} (a solution: {solution})",
         "Think.",
     )
+
+
+def test_per_teacher_caches_with_the_shared_context_train_as_the_live_teachers_with_it(
+    tmp_path, routed
+):
+    """teachers.models.NAME.cache with teacher.context/system: each cache was written after the
+    context prompt (`--teacher NAME`), its per-row prompt hashes match the run's, and training
+    logs the live routed teachers-with-context losses; a cache written without the context is
+    refused, by config validate and by train."""
+    from distil.preflight import preflight
+    from distil.teacher.cache import CacheError
+
+    raw, _ = routed
+    raw["teacher"] = {"context": "{prompt} (a solution: {solution})", "system": "Think."}
+    live = copy.deepcopy(raw)
+    live["train"]["output_dir"] = str(tmp_path / "live")
+    loop.train(build_config(live))
+    per = copy.deepcopy(raw)
+    for n in "ab":
+        assert write(raw, tmp_path / n, teacher=n).manifest["system"] == "Think."
+        per["teachers"]["models"][n] = {"cache": str(tmp_path / n)}
+    per["train"]["output_dir"] = str(tmp_path / "per")
+    assert preflight(build_config(per))[0] == []
+    loop.train(build_config(per))
+    keys = ["loss", "loss/teacher/a", "loss/teacher/b", "tokens/teacher/a", "tokens/teacher/b"]
+    want = [[m.get(k) for k in keys] for m in read_metrics(tmp_path / "live")]
+    got = [[m.get(k) for k in keys] for m in read_metrics(tmp_path / "per")]
+    assert len(want) == len(got) == 3 and all(None not in w for w in want)
+    for g, w in zip(got, want, strict=True):
+        assert g == pytest.approx(w, rel=1e-5, abs=1e-6)
+    plain = copy.deepcopy(raw)  # b's cache written without the context
+    plain["teacher"] = {}
+    write(plain, tmp_path / "b_plain", teacher="b")
+    per["teachers"]["models"]["b"] = {"cache": str(tmp_path / "b_plain")}
+    per["train"]["output_dir"] = str(tmp_path / "per_plain")
+    problems, _ = preflight(build_config(per))
+    assert any("context: cache None, this config '{prompt}" in p for p in problems), problems
+    with pytest.raises(
+        CacheError, match=r"teacher\.context = None.*gives the teacher a privileged"
+    ):
+        loop.train(build_config(per))

@@ -430,11 +430,6 @@ def _privileged_context(cfg: DistilConfig):
                 "is not supported yet (a micro-batch carries one teacher prompt per row). Fix: "
                 "drop it there; teacher.context/system give every teacher the same one"
             )
-        if m.cache and (t.context or t.system):
-            return keys, (
-                f"teacher.context/system with teachers.models.{name}.cache: a cache holds "
-                "targets for the student's own prompt. Fix: a path or url there, or no context"
-            )
     if not (t.context or t.system):
         return None
     if cfg.loss.name == "sft" and not cfg.train.seq_kd:

@@ -41,8 +41,8 @@ class Source:
 
 def one_teacher_config(cfg: DistilConfig, name: str) -> DistilConfig:
     """`--teacher NAME`: the config of teachers.models.NAME alone (its cache over every row is
-    the cache a config with `teacher` = that section writes), with the shared
-    teacher.context/system."""
+    the cache a config with `teacher` = that section writes), with its privileged context: its
+    own context/system, else the shared teacher.context/system (`teacher_context`)."""
     names = list(cfg.teachers.models)
     if name not in names:
         have = ", ".join(names) if names else "none: the config has no teachers.models"
@@ -50,8 +50,10 @@ def one_teacher_config(cfg: DistilConfig, name: str) -> DistilConfig:
             f"--teacher {name!r}: no such teacher in teachers.models ({have}). Fix: name one "
             "of them, or drop --teacher to cache teacher.path"
         )
-    t = cfg.teacher  # a privileged context shared by every teacher stays this one's
-    one = cfg.teachers.models[name].model_copy(update={"context": t.context, "system": t.system})
+    from distil.teacher.several import teacher_context
+
+    context, system = teacher_context(cfg, name)
+    one = cfg.teachers.models[name].model_copy(update={"context": context, "system": system})
     return cfg.model_copy(update={"teacher": one, "teachers": TeachersConfig()})
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from distil.config import DistilConfig
 from distil.errors import ConfigError
+from distil.teacher.cache_sources import one_teacher_config
 from distil.teacher.select import Rows, build_scorer, loads_teacher_model
 
 
@@ -22,7 +23,7 @@ def several_teachers(cfg: DistilConfig, load_teacher, model, tok, examples, rows
     names = list(cfg.teachers.models)
     built = []
     for name in names:
-        one = cfg.model_copy(update={"teacher": cfg.teachers.models[name]})
+        one = one_teacher_config(cfg, name)  # with its privileged context (a cache checks it)
         t_model, t_tok = load_teacher(one) if loads_teacher_model(one) else (None,) * 2
         built.append(build_scorer(one, model, tok, t_model, t_tok, rows=rows))
     scorers, crosses = [b[0] for b in built], [b[2] for b in built]
