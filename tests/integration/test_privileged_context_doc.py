@@ -43,6 +43,8 @@ def test_try_it_on_a_cpu_runs_as_written(tmp_path, monkeypatch, capsys):
         assert code == 0, f"{shlex.join(argv)} exited {code}:\n{err[-2000:]}"
         if argv[1:3] == ["config", "validate"]:
             assert out.strip().endswith(": ok"), out
+        if argv[1:3] == ["inspect", "pair"]:  # both prompts of the first rows, before training
+            assert "the teacher sees" in out and "the student sees" in out
         if argv[1:3] == ["train", "docs/configs/privileged_context.yaml"] and len(argv) == 3:
             assert "the teacher sees" in err and "the student sees" in err
     for run in ("run", "seq_kd", "self"):
