@@ -241,93 +241,6 @@ def _teacher_cache_scores_data_only(cfg: DistilConfig):
 
 
 @check
-def _remote_teacher(cfg: DistilConfig):
-    """teacher.url: what a server can give (top-k log-probs at temperature 1, no generation)."""
-    t = cfg.teacher
-    if not t.url:
-        return None
-    found = []
-    if not t.url.startswith(("http://", "https://")):
-        found.append(
-            (
-                ("teacher.url",),
-                f"teacher.url = {t.url!r} is not an http(s) address. "
-                "Fix: the server's address ending in /v1, e.g. http://127.0.0.1:8000/v1",
-            )
-        )
-    if t.top_k is None:
-        found.append(
-            (
-                ("teacher.top_k",),
-                "teacher.url needs teacher.top_k (a server returns "
-                "the top-k prompt log-probs, not the full distribution). Fix: set "
-                "teacher.top_k to at most the server's --max-logprobs (vLLM's default: 20)",
-            )
-        )
-    if t.cache:
-        found.append(
-            (
-                ("teacher.url", "teacher.cache"),
-                "teacher.url and teacher.cache are both set. Fix: keep one teacher source",
-            )
-        )
-    if cfg.train.seq_kd:
-        found.append(
-            (
-                ("teacher.url", "train.seq_kd"),
-                "train.seq_kd=true needs a local teacher "
-                "to write completions; teacher.url only scores. Fix: train.seq_kd=false, "
-                "or write the completions once with `distil generate` and train on them",
-            )
-        )
-    if cfg.loss.temperature != 1.0 and cfg.loss.name != "sft":
-        found.append(
-            (
-                ("teacher.url", "loss.temperature"),
-                f"loss.temperature = "
-                f"{cfg.loss.temperature} with teacher.url: servers return log-probs at "
-                "temperature 1, and top-k log-probs cannot be re-tempered exactly. Fix: "
-                "loss.temperature=1",
-            )
-        )
-    if not found:
-        return None
-    keys = tuple(dict.fromkeys(k for keys, _ in found for k in keys))
-    return keys, "; ".join(message for _, message in found)
-
-
-@check
-def _vllm_engine_lengths(cfg: DistilConfig):
-    """generation.backend=vllm: a set max_model_len must hold the run's longest sequences (the
-    engine stops a completion at its context length, silently), and a step's token budget
-    must hold one token of every sequence it decodes at once."""
-    if cfg.generation.backend != "vllm":
-        return None
-    v, gen, data = cfg.generation.vllm, cfg.generation, cfg.data
-    if v.max_num_seqs and v.max_num_seqs > v.max_num_batched_tokens:
-        return ("generation.vllm.max_num_seqs", "generation.vllm.max_num_batched_tokens"), (
-            f"generation.vllm.max_num_seqs = {v.max_num_seqs} is more than "
-            f"generation.vllm.max_num_batched_tokens = {v.max_num_batched_tokens}, which vLLM "
-            "refuses. Fix: lower max_num_seqs or raise max_num_batched_tokens"
-        )
-    if not v.max_model_len:
-        return None  # sized from the lengths below
-    needs = [("generation.max_new_tokens", gen.max_new_tokens)]
-    if cfg.train.eval_every:  # the in-training eval samples with the same engine
-        needs.append(("eval.max_new_tokens", cfg.eval.max_new_tokens))
-    key, new = max(needs, key=lambda kv: kv[1])
-    if v.max_model_len < data.max_prompt_tokens + new:
-        return ("generation.vllm.max_model_len", "data.max_prompt_tokens", key), (
-            f"generation.vllm.max_model_len = {v.max_model_len} is shorter than "
-            f"data.max_prompt_tokens + {key} = {data.max_prompt_tokens} + {new}: the engine "
-            "would stop completions at its context length. Fix: set "
-            f"generation.vllm.max_model_len to at least {data.max_prompt_tokens + new}, or "
-            "null to size it from these lengths"
-        )
-    return None
-
-
-@check
 def _several_teachers(cfg: DistilConfig):
     """`teachers` + `routing`: what this version supports, each refusal with its fix."""
     names, r = list(cfg.teachers.models), cfg.teachers
@@ -438,3 +351,7 @@ def _privileged_context(cfg: DistilConfig):
             "scores or writes. Fix: drop it, or train.seq_kd=true (it writes after the context)"
         )
     return None
+
+
+# rules about generation and serving backends live next door; importing registers them
+from distil.config import rules_backends  # noqa: E402, F401

@@ -209,6 +209,14 @@ class GenerationConfig(Section):
         description="unique prompts per window (default: per_device_batch_size * "
         "grad_accum_steps / num_generations)",
     )
+    teacher_windows: int = Field(
+        1,
+        gt=0,
+        description="train.seq_kd: the teacher writes the completions of this many optimizer "
+        "windows in one generate call (it does not train, so what it writes ahead is what it "
+        "would write later; larger calls keep the sampler busier). Sampling is then seeded per "
+        "block of windows, so a resumed run writes the same completions",
+    )
     backend: Literal["hf", "hf_static", "vllm"] = Field(
         "hf",
         description="sampler: hf (transformers generate, dynamic KV cache), hf_static (distil's "

@@ -7,7 +7,10 @@ grad_accum_steps` rows (validated in config). The rows are cut into `grad_accum_
 `lambda`, else off-policy: the dataset's completion, or with `seq_kd` a completion the teacher
 writes. The draw is a pure function of (seed, window index): identical on every rank without a
 broadcast, and the same after a resume. All on-policy slices of a window are sampled by ONE
-generate call (likewise the teacher's seq-KD slices).
+generate call (likewise the teacher's seq-KD slices). With `teacher_windows` = K > 1 the
+teacher writes the seq-KD slices of K windows (a block: windows bK .. bK + K - 1) in one call,
+sampled from a seed of (seed, rank, block): it does not train, so what it writes ahead is what it
+would write later, and a run resumed inside a block writes that block again, identically.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ class BufferState:
     epoch: int = 0
     position: int = 0  # prompts of this epoch's order already used (all ranks together)
     windows: int = 0  # windows produced so far (= optimizer steps)
+    # teacher_windows > 1: the first window of the current block and where it started
+    block_window: int | None = None
+    block_epoch: int = 0
+    block_position: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -83,6 +90,7 @@ class GenerationBuffer:
         collate_fn: Callable[[list[Sample], int], Batch] = collate,
         num_workers: int = 0,
         seeded: bool = False,
+        teacher_windows: int = 1,
     ):
         self.examples = list(examples)
         self.student, self.teacher = student, teacher
@@ -99,8 +107,10 @@ class GenerationBuffer:
         # seeded: every generate call draws from its own seed, a function of (seed, rank,
         # window, policy), not from torch's global RNG (generation.async needs this)
         self.seeded = seeded
+        self.ahead = teacher_windows
+        self._written: dict[int, tuple[list[int], list[Sample | None], dict[str, float]]] = {}
         self.state = BufferState()
-        self._order: list[int] | None = None
+        self._orders: dict[int, list[int]] = {}
         self._check()
 
     def _check(self) -> None:
@@ -140,18 +150,27 @@ class GenerationBuffer:
             random.Random(f"distil-order:{self.seed}:{epoch}").shuffle(order)
         return order
 
-    def _take_prompts(self) -> list[int]:
-        """This rank's example indices for the next window; an incomplete tail is dropped."""
+    def _advance(self, epoch: int, position: int) -> tuple[list[int], int, int]:
+        """This rank's example indices for the window that starts at (epoch, position), and
+        where the next window starts; an incomplete tail is dropped."""
         need = self.per_rank * self.world
-        if self._order is None:
-            self._order = self._epoch_order(self.state.epoch)
-        if self.state.position + need > len(self._order):
-            self.state.epoch += 1
-            self.state.position = 0
-            self._order = self._epoch_order(self.state.epoch)
-        start = self.state.position + self.rank * self.per_rank
-        self.state.position += need
-        return self._order[start : start + self.per_rank]
+        if position + need > len(self.examples):
+            epoch, position = epoch + 1, 0
+        if epoch not in self._orders:
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+            self._orders[epoch] = self._epoch_order(epoch)
+        start = position + self.rank * self.per_rank
+        return self._orders[epoch][start : start + self.per_rank], epoch, position + need
+
+    def _take_prompts(self) -> list[int]:
+        """This rank's example indices for the next window."""
+        st = self.state
+        if self.ahead > 1 and (st.windows % self.ahead == 0 or st.block_window is None):
+            st.block_window, st.block_epoch, st.block_position = st.windows, st.epoch, st.position
+        prompts, self.state.epoch, self.state.position = self._advance(
+            self.state.epoch, self.state.position
+        )
+        return prompts
 
     def close(self, wait: bool = True) -> None:
         """Stop the worker processes (if any); `wait=False` on the way out of an error."""
@@ -161,13 +180,13 @@ class GenerationBuffer:
 
     def load_state(self, state: dict[str, int]) -> None:
         self.state = BufferState(**state)
-        self._order = None
+        self._orders, self._written = {}, {}
 
     # ------------------------------------------------------------------ filling
 
     def next_window(self) -> Window:
-        prompts = self._take_prompts()
         index = self.state.windows
+        prompts = self._take_prompts()
         policies = self.policies(index)
         self.state.windows += 1
         rows = [i for i in prompts for _ in range(self.n)]
@@ -177,10 +196,13 @@ class GenerationBuffer:
         start = time.perf_counter()
         for policy, side in ((ON, self.student), (SEQ_KD, self.teacher)):
             picked = [r for r, p in enumerate(row_policy) if p == policy]
-            if picked:
+            if picked and policy == SEQ_KD and self.ahead > 1:
+                self._from_block(index, rows, picked, samples, metrics)
+            elif picked:
                 params = self._params(index, policy)
                 self._generate(side, policy, params, rows, picked, samples, metrics)
         metrics["time/generate"] = time.perf_counter() - start
+        self._written.pop(index, None)  # a block's window without teacher-written slices
         for r, p in enumerate(row_policy):
             if p == OFF:
                 samples[r] = self._reference(rows[r])
@@ -217,14 +239,18 @@ class GenerationBuffer:
         assert side is not None and side.generator is not None
         unique = [rows[r] for r in picked[:: self.n]]
         rollout = side.generator.generate([side.prompt_ids[i] for i in unique], params)
-        ids_lists = rollout.completion_lists()
-        logprobs = rollout.logprobs_B_C
-        ended = 0
-        for j, r in enumerate(picked):
+        self._fill(side, policy, _Written(rollout), 0, rows, picked, samples, metrics)
+
+    def _fill(self, side, policy, out, first, rows, picked, samples, metrics) -> None:
+        """The samples of rows `picked` (of `rows`) from the rollout's rows first, first + 1,
+        ...; their counts into `metrics`."""
+        ended, generated = 0, 0
+        for j, r in enumerate(picked, start=first):
             ex = rows[r]
-            ids, text = ids_lists[j], None
-            lps = logprobs[j, : len(ids)].tolist() if logprobs is not None else None
-            ended += bool(rollout.stopped_B[j]) if rollout.stopped_B is not None else 0
+            ids, text = out.ids[j], None
+            generated += len(ids)
+            lps = out.logprobs[j, : len(ids)].tolist() if out.logprobs is not None else None
+            ended += bool(out.stopped[j]) if out.stopped is not None else 0
             if side.to_student is not None:
                 ids, text = side.to_student(ids, chat=not isinstance(self.examples[ex].prompt, str))
                 lps = None  # sampling log-probs are in the other tokenizer's units
@@ -239,10 +265,52 @@ class GenerationBuffer:
                 completion_text=text,
                 sampling_logprobs=lps,
             )
+        if not picked:  # a block's window without teacher-written slices
+            return
         metrics[f"{policy}/stopped_share"] = ended / len(picked)
         # compute spent generating (train/cost.py): one prompt prefill per row, sampled tokens
         metrics[f"tokens/{policy}_prefill"] = sum(len(side.prompt_ids[rows[r]]) for r in picked)
-        metrics[f"tokens/{policy}_generated"] = sum(len(ids) for ids in ids_lists)
+        metrics[f"tokens/{policy}_generated"] = generated
+
+    def _from_block(self, index, rows, picked, samples, metrics) -> None:
+        """Window `index`'s teacher-written rows from its block (written now if not yet)."""
+        if index not in self._written:
+            self._write_block(index)
+        block_rows, block_samples, block_metrics = self._written.pop(index)
+        assert block_rows == rows, "the block's prompts drifted from the window's"
+        for r in picked:
+            samples[r] = block_samples[r]
+        metrics.update(block_metrics)
+
+    def _write_block(self, index: int) -> None:
+        """One generate call for the seq-KD rows of every window of `index`'s block; the
+        windows from `index` on are kept for later (a resumed run drops the earlier ones)."""
+        side, k = self.teacher, self.ahead
+        assert side is not None and side.generator is not None
+        st = self.state
+        assert st.block_window is not None and st.block_window <= index
+        first, epoch, position = st.block_window, st.block_epoch, st.block_position
+        plan = []
+        for w in range(first, (first // k + 1) * k):
+            prompts, epoch, position = self._advance(epoch, position)
+            w_rows = [i for i in prompts for _ in range(self.n)]
+            policies = self.policies(w)
+            plan.append(
+                (w, w_rows, [r for r in range(len(w_rows)) if policies[r // self.batch] == SEQ_KD])
+            )
+        unique = [w_rows[r] for _, w_rows, w_picked in plan for r in w_picked[:: self.n]]
+        block = replace(
+            self.params, seed=sampling_seed(self.seed, self.rank, "teacher-block", first)
+        )
+        out = _Written(side.generator.generate([side.prompt_ids[i] for i in unique], block))
+        at = 0
+        for w, w_rows, w_picked in plan:
+            w_samples: list[Sample | None] = [None] * len(w_rows)
+            w_metrics: dict[str, float] = {}
+            self._fill(side, SEQ_KD, out, at, w_rows, w_picked, w_samples, w_metrics)
+            at += len(w_picked)
+            if w >= index:
+                self._written[w] = (w_rows, w_samples, w_metrics)
 
     def _reference(self, ex: int) -> Sample:
         ids = self.completion_ids[ex]
@@ -255,6 +323,15 @@ class GenerationBuffer:
             prompt=self.examples[ex].prompt,
             completion_text=self.examples[ex].completion,
         )
+
+
+class _Written:
+    """A rollout's completion id lists, sampling log-probs and stop flags, read once."""
+
+    def __init__(self, rollout):
+        self.ids = rollout.completion_lists()
+        self.logprobs = rollout.logprobs_B_C
+        self.stopped = rollout.stopped_B
 
 
 _WORKER_COLLATE: Callable[[list[Sample], int], Batch] | None = None

@@ -260,6 +260,7 @@ def build_buffer(
         shuffle=cfg.data.shuffle,
         collate_fn=_collate_fn(cfg, examples, tok, cross if align else None),
         num_workers=cfg.data.num_workers,
+        teacher_windows=g.teacher_windows,
     )
 
 
