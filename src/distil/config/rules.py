@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from distil.config.output import flatten, to_dict
+from distil.config.rules_backends import CHECKS as BACKEND_CHECKS
 from distil.config.schema import DistilConfig
 
 
@@ -34,7 +35,7 @@ def resolve(cfg: DistilConfig) -> DistilConfig:
 
 
 Check = Callable[[DistilConfig], "tuple[tuple[str, ...], str] | None"]
-_CHECKS: list[Check] = []
+_CHECKS: list[Check] = list(BACKEND_CHECKS)  # rules over generation and teacher backends
 
 
 def check(fn: Check) -> Check:
@@ -351,7 +352,3 @@ def _privileged_context(cfg: DistilConfig):
             "scores or writes. Fix: drop it, or train.seq_kd=true (it writes after the context)"
         )
     return None
-
-
-# rules about generation and serving backends live next door; importing registers them
-from distil.config import rules_backends  # noqa: E402, F401

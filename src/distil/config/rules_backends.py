@@ -1,13 +1,12 @@
 """Rules over generation and teacher backends (a remote teacher, vLLM's engine lengths, the
-teacher writing ahead), registered with `distil.config.rules.check` like the rules there."""
+teacher writing ahead): each takes a config and returns (keys involved, message) or None, like
+the rules in `distil.config.rules`, which runs the ones listed in CHECKS."""
 
 from __future__ import annotations
 
-from distil.config.rules import check
 from distil.config.schema import DistilConfig
 
 
-@check
 def _remote_teacher(cfg: DistilConfig):
     """teacher.url: what a server can give (top-k log-probs at temperature 1, no generation)."""
     t = cfg.teacher
@@ -63,7 +62,6 @@ def _remote_teacher(cfg: DistilConfig):
     return keys, "; ".join(message for _, message in found)
 
 
-@check
 def _vllm_engine_lengths(cfg: DistilConfig):
     """generation.backend=vllm: a set max_model_len must hold the run's longest sequences (the
     engine stops a completion at its context length, silently), and a step's token budget
@@ -94,7 +92,6 @@ def _vllm_engine_lengths(cfg: DistilConfig):
     return None
 
 
-@check
 def _teacher_windows(cfg: DistilConfig):
     k, t = cfg.generation.teacher_windows, cfg.teacher
     if k == 1:
@@ -112,3 +109,6 @@ def _teacher_windows(cfg: DistilConfig):
             "would be stale. Fix: generation.teacher_windows=1, or teacher.from_student=initial"
         )
     return None
+
+
+CHECKS = [_remote_teacher, _vllm_engine_lengths, _teacher_windows]
