@@ -68,11 +68,12 @@ def inspect_config(args):
 def prompt_pairs(cfg: DistilConfig, n: int, s_tok, teacher_tok=None) -> list[PromptPair]:
     """The first `n` training rows' prompts as `PromptPair`s. `teacher_tok` (None: each row's
     teacher's own, `teacher_tokenizer_path`) renders the teacher's prompt."""
+    from distil.config.contexts import teacher_context
     from distil.data.context import context_prompt
     from distil.models.load import load_tokenizer
     from distil.models.tokenizers import encode_prompts, render_prompt
     from distil.tasks.prompts import config_examples
-    from distil.teacher.several import row_contexts, row_teachers, teacher_context
+    from distil.teacher.several import row_contexts, row_teachers
 
     examples = config_examples(cfg.data, limit=n)
     names = list(cfg.teachers.models)

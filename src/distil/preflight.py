@@ -43,16 +43,13 @@ def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
 
         found.attempt(check_settings, cfg)
     examples = _data(cfg, found)
-    if (cfg.teacher.context or cfg.teacher.system) and examples:  # the fields it reads
-        from distil.data.context import context_prompt
-
-        for e in examples:
-            if found.attempt(context_prompt, e, cfg.teacher.context, cfg.teacher.system) is None:
-                break
+    routes = None
     if cfg.teachers.models and cfg.teachers.column and examples:  # each row has a teacher
         from distil.teacher.several import row_teachers
 
-        found.attempt(row_teachers, examples, cfg.teachers, list(cfg.teachers.models))
+        routes = found.attempt(row_teachers, examples, cfg.teachers, list(cfg.teachers.models))
+    if examples and (routes is not None or not cfg.teachers.column):
+        _context_fields(cfg, examples, routes, found)
     toks = _tokenizers(cfg, examples, found, notes)
     from distil.losses import is_cross_tokenizer
     from distil.models.load import vocab_mismatch
@@ -63,6 +60,26 @@ def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
     if cfg.teachers.models:
         _teachers(cfg, toks.get("student"), found)
     return list(found), notes
+
+
+def _context_fields(cfg: DistilConfig, examples, routes, found: _Problems) -> None:
+    """Each row's teacher prompt can be built: its teacher's template (teacher.context, or a
+    routed teacher's own teachers.models.NAME.context) reads only columns the row has."""
+    from distil.config.contexts import has_context, teacher_context
+    from distil.data.context import context_prompt
+
+    if not has_context(cfg):
+        return
+    names, failed = list(cfg.teachers.models), set()  # the first row failing, per template
+    for i, e in enumerate(examples):
+        name = names[routes[i]] if routes else names[0] if names else None
+        own = name is not None and cfg.teachers.models[name].context is not None
+        key = f"teachers.models.{name}.context" if own else "teacher.context"
+        if (
+            key not in failed
+            and found.attempt(context_prompt, e, *teacher_context(cfg, name), key=key) is None
+        ):
+            failed.add(key)
 
 
 COMMANDS = ("train", "eval", "generate", "cache-teacher")

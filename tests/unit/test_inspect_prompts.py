@@ -75,3 +75,21 @@ def test_inspect_pair_with_a_config_prints_both_prompts(
     assert "the teacher sees" not in plain.stdout
     missing = run_inspect(f"--student={pair_dirs[1]}")
     assert missing.returncode != 0 and "--config CONFIG" in missing.stderr
+
+
+def test_each_routed_row_shows_its_own_teachers_prompt(
+    make_train_config, pair_dirs, rows, tmp_path
+):
+    data = tmp_path / "routed.jsonl"
+    data.write_text(
+        "".join(json.dumps({**r, "src": "ab"[i % 2]}) + "\n" for i, r in enumerate(rows))
+    )
+    raw = make_train_config(data={"train": str(data)}, teacher={"path": None})
+    models = {"a": {"path": str(pair_dirs[0]), "context": HINT}, "b": {"path": str(pair_dirs[0])}}
+    raw["teachers"] = {"models": models, "column": "src"}
+    pairs = prompt_pairs(build_config(raw), 4, load_tokenizer(str(pair_dirs[1])))
+    assert [p.teacher for p in pairs] == ["a", "b", "a", "b"]
+    for p, row in zip(pairs, rows, strict=False):
+        assert p.privileged == (p.teacher == "a")
+        assert (f"(a solution: {row['solution']})" in p.teacher_prompt) == (p.teacher == "a")
+        assert row["solution"] not in p.student

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from distil.config.contexts import has_context, teacher_contexts
 from distil.config.output import flatten, to_dict
 from distil.config.rules_backends import CHECKS as BACKEND_CHECKS
 from distil.config.schema import DistilConfig
@@ -333,18 +334,21 @@ def _self_distillation(cfg: DistilConfig):
 
 @check
 def _privileged_context(cfg: DistilConfig):
-    """teacher.context / teacher.system: a live or remote teacher scores (and with seq-KD a
-    live one writes) after the privileged prompt; every teacher of `teachers.models` shares it."""
-    t = cfg.teacher
+    """teacher.context / teacher.system: a live, remote or cached teacher scores (and with
+    seq-KD a live one writes) after the privileged prompt. Several teachers share it, or each
+    routed teacher has its own (teachers.models.NAME.context/system, else the shared one); a
+    mixture scores every row with every teacher, after one prompt."""
     keys = ("teacher.context", "teacher.system")
-    for name, m in cfg.teachers.models.items():
-        if m.context or m.system:
-            return ("teachers",), (
-                f"teachers.models.{name}.context/system: one teacher's own privileged context "
-                "is not supported yet (a micro-batch carries one teacher prompt per row). Fix: "
-                "drop it there; teacher.context/system give every teacher the same one"
-            )
-    if not (t.context or t.system):
+    own = teacher_contexts(cfg)
+    if cfg.teachers.weights is not None and len(set(own.values())) > 1:
+        each = "; ".join(f"{n}: context {c!r}, system {s!r}" for n, (c, s) in own.items())
+        return ("teachers",), (
+            f"teachers.weights mixes teachers with different privileged contexts ({each}): a "
+            "mixture scores every row with every teacher after one teacher prompt. Fix: one "
+            "teacher.context/system for all (teachers.models.NAME.context/system null), or "
+            "route rows (teachers.column)"
+        )
+    if not has_context(cfg):
         return None
     if cfg.loss.name == "sft" and not cfg.train.seq_kd:
         return keys, (

@@ -34,19 +34,21 @@ def template_fields(template: str) -> list[str]:
     return [f for _, f, _, _ in string.Formatter().parse(template) if f]
 
 
-def context_prompt(example: Example, context: str | None, system: str | None) -> Messages | str:
-    """The teacher's prompt for `example`; a field the template names but the row lacks is a
-    DataError naming the row's file and line."""
+def context_prompt(
+    example: Example, context: str | None, system: str | None, *, key: str = "teacher.context"
+) -> Messages | str:
+    """The teacher's prompt for `example`; a field the template (config `key`) names but the
+    row lacks is a DataError naming the row's file and line."""
     row = source_row(example)
     prompt = example.prompt
     if isinstance(prompt, str):
-        text = _fill(context, row, prompt, example) if context else prompt
+        text = _fill(context, row, prompt, example, key) if context else prompt
         return f"{system}\n\n{text}" if system else text
     messages = [dict(m) for m in prompt]
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     if context and users:
         last = users[-1]
-        messages[last]["content"] = _fill(context, row, messages[last]["content"], example)
+        messages[last]["content"] = _fill(context, row, messages[last]["content"], example, key)
     if system:
         if messages and messages[0].get("role") == "system":
             messages[0]["content"] = f"{system}\n\n{messages[0]['content']}"
@@ -63,15 +65,26 @@ def teacher_prompts(teacher, examples: Sequence[Example]) -> list[Messages | str
     return [context_prompt(e, teacher.context, teacher.system) for e in examples]
 
 
-def _fill(template: str, row: dict[str, Any], prompt: str, example: Example) -> str:
+def row_prompts(
+    examples: Sequence[Example], contexts: Sequence[tuple[str | None, str | None]]
+) -> list[Messages | str | None]:
+    """Each example's teacher prompt under its own teacher's (context, system) (several
+    routed teachers: each row its teacher's); None where that teacher sees the student's."""
+    return [
+        context_prompt(e, c, s) if (c or s) else None
+        for e, (c, s) in zip(examples, contexts, strict=True)
+    ]
+
+
+def _fill(template: str, row: dict[str, Any], prompt: str, example: Example, key: str) -> str:
     values = {**row, "prompt": prompt}
     missing = [f for f in template_fields(template) if f not in values]
     if missing:
         path, _, line = example.meta.get("_where", "").rpartition(":")
         raise DataError(
-            f"teacher.context reads {', '.join(repr(f) for f in missing)}, which this row does "
-            f"not have (its columns: {', '.join(sorted(row)) or 'none'}; {{prompt}} is the "
-            "student's prompt). Fix: add the column, or change teacher.context",
+            f"{key} reads {', '.join(repr(f) for f in missing)}, which this row does not "
+            f"have (its columns: {', '.join(sorted(row)) or 'none'}; {{prompt}} is the "
+            f"student's prompt). Fix: add the column, or change {key}",
             path=path or None,
             line=int(line) if line.isdigit() else None,
         )

@@ -22,8 +22,9 @@ SAMPLE_ROWS = 256  # rows of data.train read to measure the context's length
 
 def context_tokens(cfg: DistilConfig, stated: int | None = None) -> tuple[int, str]:
     """(tokens added to each teacher sequence, how the number was found; '' without context)."""
-    t = cfg.teacher
-    if not (t.context or t.system):
+    from distil.config.contexts import has_context
+
+    if not has_context(cfg):  # teacher.context/system, or a routed teacher's own
         return 0, ""
     if stated is not None:
         if stated < 0:
@@ -55,18 +56,21 @@ def context_tokens(cfg: DistilConfig, stated: int | None = None) -> tuple[int, s
 
 def measure(cfg: DistilConfig) -> tuple[int, int]:
     """(largest tokens added over the rows read, rows read), with the student's tokenizer."""
-    from distil.data.context import context_prompt
+    from distil.data.context import row_prompts
     from distil.models.load import load_tokenizer
     from distil.models.tokenizers import encode_prompts
     from distil.tasks.prompts import config_examples
+    from distil.teacher.several import row_contexts
 
-    d, t = cfg.data, cfg.teacher
+    d = cfg.data
     if not d.train or not Path(d.train).expanduser().exists():
         raise FileNotFoundError(f"data.train = {d.train!r} is not a local file")
     examples = config_examples(d, limit=SAMPLE_ROWS)
     s = cfg.student
     tok = load_tokenizer(s.tokenizer or s.path, trust_remote_code=s.trust_remote_code)
     student = encode_prompts(tok, [e.prompt for e in examples], max_tokens=d.max_prompt_tokens)
-    teacher = encode_prompts(tok, [context_prompt(e, t.context, t.system) for e in examples])
+    prompts = row_prompts(examples, row_contexts(cfg, examples) or [(None, None)] * len(examples))
+    own = [e.prompt if p is None else p for e, p in zip(examples, prompts, strict=True)]
+    teacher = encode_prompts(tok, own)  # each row's teacher's (its own without context)
     added = max((len(a) - len(b) for a, b in zip(teacher, student, strict=True)), default=0)
     return max(0, added), len(examples)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from distil.config import DistilConfig
+from distil.config.contexts import teacher_contexts
 from distil.config.schema import TeachersConfig
 from distil.errors import ConfigError
 from distil.teacher import cache as fmt
@@ -50,9 +51,7 @@ def one_teacher_config(cfg: DistilConfig, name: str) -> DistilConfig:
             f"--teacher {name!r}: no such teacher in teachers.models ({have}). Fix: name one "
             "of them, or drop --teacher to cache teacher.path"
         )
-    from distil.teacher.several import teacher_context
-
-    context, system = teacher_context(cfg, name)
+    context, system = teacher_contexts(cfg)[name]
     one = cfg.teachers.models[name].model_copy(update={"context": context, "system": system})
     return cfg.model_copy(update={"teacher": one, "teachers": TeachersConfig()})
 
@@ -164,6 +163,13 @@ def _several(cfg: DistilConfig, tok, examples, k: int, s_rows: int | None) -> So
 
     r = cfg.teachers
     names = list(r.models)
+    if len(set(teacher_contexts(cfg).values())) > 1:
+        raise ConfigError(
+            f"teachers.models ({', '.join(names)}) have their own privileged contexts "
+            "(teachers.models.NAME.context/system): one routed cache is trained from as "
+            "teacher.cache, with one teacher.context/system. Fix: cache each teacher alone "
+            "(--teacher NAME) and train with teachers.models.NAME.cache"
+        )
     routes = row_teachers(examples, r, names) if r.column else None  # before any weights load
     loaded, described = [], {}
     for name in names:

@@ -122,7 +122,8 @@ class CachedTeacher:
         ids, lps, rest, token = _blank_targets(*batch.mask_B_T.shape, self.top_k)
         for b, sample in enumerate(batch.samples):
             _check_source(sample)
-            self._check_prompt(sample.example_id, _context_prompt(batch, b))
+            prompt = _context_prompt(batch, b)
+            self._check_prompt(sample.example_id, prompt, student=sample.prompt_ids)
             r_ids, r_lps, r_rest, r_tok = self.row(sample.example_id)
             c = len(sample.completion_ids)
             if len(r_ids) != c:
@@ -181,17 +182,22 @@ class CachedTeacher:
         if self.route_names is not None:
             self.last_routes = [self.route(s.example_id) for s in batch.samples]
 
-    def _check_prompt(self, example: int, prompt: list[int] | None, *, cross: bool = False):
+    def _check_prompt(
+        self, example: int, prompt: list[int] | None, *, cross: bool = False, student=None
+    ):
         """The teacher's prompt of data row `example` in this run (None: the student's own,
-        same tokenizer) is the one the cache was scored after: same privileged context
-        (teacher.context/system and the row's fields it reads), same teacher template."""
+        `student`, same tokenizer) is the one the cache was scored after: same privileged
+        context (teacher.context/system and the row's fields it reads), same teacher template.
+        A cache hashing every row's prompt (some of its rows' teachers had context) also
+        holds the student's own prompt's hash for a row whose teacher had none."""
         if example in self._prompt_checked:
             return
         shard, r = self._locate(example)
         stored = None if shard.prompt_sha_R_32 is None else bytes(shard.prompt_sha_R_32[r])
         if stored is None and (cross or prompt is None):
             return  # no context on either side (or a cross cache written before the hashes)
-        if prompt is not None and stored == fmt.prompt_sha256(prompt):
+        seen = prompt if prompt is not None else student
+        if seen is not None and stored == fmt.prompt_sha256(list(seen)):
             self._prompt_checked.add(example)
             return
         m = self.manifest
@@ -217,7 +223,8 @@ def _context_prompt(batch: Batch, b: int) -> list[int] | None:
     if batch.context_input_ids_B_L is None:
         return None
     n = int(batch.context_shift_B[b]) + len(batch.samples[b].prompt_ids)
-    return batch.context_input_ids_B_L[b, :n].tolist()
+    ids = batch.context_input_ids_B_L[b, :n].tolist()
+    return None if ids == list(batch.samples[b].prompt_ids) else ids  # its teacher has none
 
 
 class ShardCache:

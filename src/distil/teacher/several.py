@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from distil.config.contexts import teacher_contexts
 from distil.data.collate import collate
 from distil.errors import DataError
 from distil.types import Batch, Example, TeacherTargets
@@ -60,22 +61,11 @@ def row_teachers(examples: Sequence[Example], teachers, names: Sequence[str]) ->
     return out
 
 
-def teacher_context(cfg, name: str | None = None) -> tuple[str | None, str | None]:
-    """(context, system) of teacher `name` of `teachers.models` (None: `teacher`): its own
-    where set, else the `teacher.context` / `teacher.system` every teacher shares."""
-    shared = cfg.teacher
-    own = cfg.teachers.models[name] if name is not None else shared
-    return (
-        own.context if own.context is not None else shared.context,
-        own.system if own.system is not None else shared.system,
-    )
-
-
 def row_contexts(cfg, examples: Sequence[Example]) -> list[tuple] | None:
     """Each example's teacher (context, system): its routed teacher's (`teachers.column`), or
     the one every teacher shares (one teacher, a mixture); None when no teacher has any."""
     names = list(cfg.teachers.models)
-    per = [teacher_context(cfg, n) for n in names] or [teacher_context(cfg)]
+    per = list(teacher_contexts(cfg).values())
     if not any(c or s for c, s in per):
         return None
     if names and cfg.teachers.column:
@@ -115,6 +105,10 @@ class RoutedCollate:
     def __init__(self, crosses: Sequence[Any], names: Sequence[str], route_of: Sequence[int]):
         self.crosses, self.names, self.route_of = list(crosses), list(names), list(route_of)
         self.teacher_tok = self.crosses[0].teacher_tok
+
+    def teacher_prompt_text(self, sample) -> str:
+        """The row's prompt as its own teacher renders it (the printed training example)."""
+        return self.crosses[self.route_of[sample.example_id]].teacher_prompt_text(sample)
 
     def collate(self, samples, pad_id: int) -> RoutedBatch:
         base = collate(samples, pad_id)

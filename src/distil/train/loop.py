@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from distil.config import DistilConfig, to_yaml
+from distil.config.contexts import has_context
 from distil.train.async_gen import AsyncWindows
 from distil.train.checkpoint import save_checkpoint, save_final_model
 from distil.train.cost import CostMeter
@@ -305,7 +306,7 @@ def _maybe_print_example(c: Components, cfg: DistilConfig, window) -> float:
         from distil.align.inspect import render_batch_row
 
         extra = render_batch_row(batch, 0, c.tokenizer, c.cross.teacher_tok)
-    if cfg.teacher.context or cfg.teacher.system:  # both prompts, side by side
+    if has_context(cfg):  # both prompts, side by side
         from rich.console import Group
 
         from distil.data.context import prompts_side_by_side

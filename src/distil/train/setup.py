@@ -25,6 +25,7 @@ from distil.losses.chunked import auto_chunk_size
 from distil.models.load import enable_tf32, load_model, load_tokenizer, resolve_dtype
 from distil.models.tokenizers import completion_rows, encode_prompts, stop_token_ids
 from distil.teacher.select import Rows, build_scorer, loads_teacher_model
+from distil.teacher.several import row_contexts
 from distil.train.buffer import GenerationBuffer, PromptSide
 from distil.train.fsdp import (
     GatheringGenerator,
@@ -258,7 +259,7 @@ def build_buffer(
         rank=accelerator.process_index,
         world_size=accelerator.num_processes,
         shuffle=cfg.data.shuffle,
-        collate_fn=_collate_fn(cfg, examples, tok, cross if align else None),
+        collate_fn=_collate_fn(cfg, examples, rows, tok, cross if align else None),
         num_workers=cfg.data.num_workers,
         teacher_windows=g.teacher_windows,
     )
@@ -280,19 +281,23 @@ def self_teacher(cfg: DistilConfig, student):
     return copy.deepcopy(student)
 
 
-def _collate_fn(cfg: DistilConfig, examples, tok, cross):
-    """The micro-batch collation: padding (+ alignment across tokenizers), and with
-    teacher.context/system the teacher's privileged prompt (data/context.py; kept whole)."""
+def _collate_fn(cfg: DistilConfig, examples, rows: Rows, tok, cross):
+    """The micro-batch collation: padding (+ alignment across tokenizers), and with privileged
+    context each row's teacher prompt (data/context.py; kept whole): the one every teacher
+    shares, or a routed row's own teacher's; a row whose teacher has none gets the student's."""
     fn = cross.collate if cross is not None else collate
-    t = cfg.teacher
-    if not (t.context or t.system):
+    contexts = row_contexts(cfg, examples)
+    if contexts is None:
         return fn
-    from distil.data.context import ContextCollate, context_prompt
+    from distil.data.context import ContextCollate, row_prompts
 
-    prompts = [context_prompt(e, t.context, t.system) for e in examples]
+    prompts = row_prompts(examples, contexts)
     if cross is not None:  # the teacher renders them with its own template
-        return ContextCollate(fn, context_prompts=prompts)
-    ids = encode_prompts(tok, prompts, name="teacher context")
+        own = [e.prompt if p is None else p for e, p in zip(examples, prompts, strict=True)]
+        return ContextCollate(fn, context_prompts=own)
+    given = encode_prompts(tok, [p for p in prompts if p is not None], name="teacher context")
+    it = iter(given)
+    ids = [list(s) if p is None else next(it) for p, s in zip(prompts, rows[0], strict=True)]
     return ContextCollate(fn, context_ids=ids)
 
 
