@@ -41,6 +41,50 @@ def encode_prompts(
     return ids
 
 
+class EncodedPrompts(Sequence[list[int]]):
+    """`encode_prompts(tok, prompts, ...)` computed one prompt at a time, the first time its
+    index is read, and kept: a run that reads 35k of 196k prompts renders and tokenizes 35k.
+    The ids are those `encode_prompts` gives. What would fail at setup still fails here: the
+    first prompt is encoded now, and chat prompts with a tokenizer lacking a chat template raise
+    now. `len()` encodes nothing; a slice is a list of the ids it covers."""
+
+    def __init__(
+        self,
+        tok,
+        prompts: Sequence[Messages | str],
+        *,
+        max_tokens: int | None = None,
+        name: str = "tokenizer",
+    ):
+        self.tok, self.prompts, self.max_tokens, self.name = tok, prompts, max_tokens, name
+        self._ids: list[list[int] | None] = [None] * len(prompts)
+        if prompts:
+            self[0]
+        if not getattr(tok, "chat_template", None):  # render_prompt's error, before any step
+            chat = next((p for p in prompts if not isinstance(p, str)), None)
+            if chat is not None:
+                render_prompt(tok, chat, name=name)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        ids = self._ids[index]  # IndexError / negative indices as a list's
+        if ids is None:
+            text = render_prompt(self.tok, self.prompts[index], name=self.name)
+            ids = self.tok(text, add_special_tokens=False)["input_ids"]
+            if self.max_tokens is not None:
+                ids = ids[-self.max_tokens :]
+            self._ids[index] = ids
+        return ids
+
+    def encoded(self) -> int:
+        """How many prompts have been encoded so far."""
+        return sum(ids is not None for ids in self._ids)
+
+
 def reference_ids(tok, text: str | None, max_tokens: int, eos: int) -> list[int] | None:
     """A dataset completion as token ids: its first `max_tokens` tokens, or all of them plus
     `eos` when they fit; None when the example has no completion."""

@@ -23,7 +23,12 @@ from distil.generation.select import build_generator, teacher_backend
 from distil.losses import get_loss
 from distil.losses.chunked import auto_chunk_size
 from distil.models.load import enable_tf32, load_model, load_tokenizer, resolve_dtype
-from distil.models.tokenizers import completion_rows, encode_prompts, stop_token_ids
+from distil.models.tokenizers import (
+    EncodedPrompts,
+    completion_rows,
+    encode_prompts,
+    stop_token_ids,
+)
 from distil.teacher.select import Rows, build_scorer, loads_teacher_model
 from distil.teacher.several import row_contexts
 from distil.train.buffer import GenerationBuffer, PromptSide
@@ -192,7 +197,7 @@ def _compile_backend(cfg: DistilConfig, device) -> str | None:
 def tokenize_examples(cfg: DistilConfig, examples, tok) -> Rows:
     """(prompt ids, completion ids) of every example in student tokens: each prompt's last
     `data.max_prompt_tokens`, each dataset completion by `reference_ids` (None when absent)."""
-    prompt_ids = encode_prompts(
+    prompt_ids = EncodedPrompts(
         tok,
         [e.prompt for e in examples],
         max_tokens=cfg.data.max_prompt_tokens,
@@ -234,10 +239,10 @@ def build_buffer(
 
         context = teacher_prompts(cfg.teacher, examples)  # privileged: it writes after them
         if cross is None:  # same tokenizer: the same prompt ids and completion ids
-            ids = context and encode_prompts(tok, context, name="teacher context")
+            ids = context and EncodedPrompts(tok, context, name="teacher context")
             teacher_side = PromptSide(ids or prompt_ids, t_gen)
         else:  # the teacher writes in its own template and tokens; the student gets the text
-            t_prompts = encode_prompts(
+            t_prompts = EncodedPrompts(
                 teacher_tok,
                 context or [e.prompt for e in examples],
                 max_tokens=cfg.data.max_prompt_tokens,
@@ -295,9 +300,11 @@ def _collate_fn(cfg: DistilConfig, examples, rows: Rows, tok, cross):
     if cross is not None:  # the teacher renders them with its own template
         own = [e.prompt if p is None else p for e, p in zip(examples, prompts, strict=True)]
         return ContextCollate(fn, context_prompts=own)
+    if all(p is not None for p in prompts):  # one context for every row: encoded when read
+        return ContextCollate(fn, context_ids=EncodedPrompts(tok, prompts, name="teacher context"))
     given = encode_prompts(tok, [p for p in prompts if p is not None], name="teacher context")
     it = iter(given)
-    ids = [list(s) if p is None else next(it) for p, s in zip(prompts, rows[0], strict=True)]
+    ids = [list(rows[0][i]) if p is None else next(it) for i, p in enumerate(prompts)]
     return ContextCollate(fn, context_ids=ids)
 
 
