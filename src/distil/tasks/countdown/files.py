@@ -15,7 +15,7 @@ from distil.data.datasets import read_jsonl_rows
 from distil.errors import DataError
 from distil.files import atomic_write
 from distil.paths import path_problem
-from distil.tasks.countdown.solver import Problem, generate_splits, parse_numbers
+from distil.tasks.countdown.solver import Problem, generate_splits, parse_numbers, paused_gc
 from distil.tasks.countdown.templates import Template, get_template
 
 
@@ -41,7 +41,8 @@ def write_rows(rows: list[dict[str, Any]], out_dir: str | os.PathLike, name: str
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    encode = json.JSONEncoder(ensure_ascii=False).encode  # = json.dumps(row, ensure_ascii=False)
+    text = "".join([encode(row) + "\n" for row in rows])
     jsonl, parquet = out / f"{name}.jsonl", out / f"{name}.parquet"
     atomic_write(jsonl, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     atomic_write(parquet, lambda tmp: pq.write_table(pa.Table.from_pylist(rows), tmp))
@@ -118,9 +119,9 @@ def generate_dataset(
         n, test_n, numbers=numbers, max_number=max_number, max_target=max_target, seed=seed
     )
     out = Path(out_dir)
-    files = write_rows(to_rows(train, tmpl), out, "train") + write_rows(
-        to_rows(test, tmpl), out, "test"
-    )
+    with paused_gc():  # rows are many small dicts and lists; see paused_gc
+        files = write_rows(to_rows(train, tmpl), out, "train")
+        files += write_rows(to_rows(test, tmpl), out, "test")
     meta = {
         "task": "countdown",
         "template": tmpl.name,
