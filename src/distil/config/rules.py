@@ -294,11 +294,23 @@ def _several_teachers(cfg: DistilConfig):
                 f"only their top-k (whose supports differ from teacher to teacher). Fix: {key} "
                 "a live model with top_k=null, or route rows (teachers.column)"
             )
-    if cfg.loss.name == "sft" or cfg.train.seq_kd:
+    if cfg.loss.name == "sft":
         return keys, (
-            f"loss.name = {cfg.loss.name!r}{' with train.seq_kd' * cfg.train.seq_kd}: several "
-            "teachers score rows (distillation losses) and do not write completions (no sft "
-            "or seq-KD). Fix: a distillation loss such as jsd, or one teacher"
+            "loss.name = 'sft' with several teachers: they score rows (distillation losses; "
+            "with train.seq_kd each routed row's teacher also writes its completion). Fix: a "
+            "distillation loss such as jsd, or one teacher"
+        )
+    writers = [n for n, t in cfg.teachers.models.items() if t.cache or t.url or not t.path]
+    if cfg.train.seq_kd and (r.weights is not None or writers):
+        what = (
+            "a mixture (teachers.weights), whose teachers all score every row"
+            if r.weights is not None
+            else f"teachers.models.{writers[0]}, a cache or a server"
+        )
+        return ("teachers", "train.seq_kd"), (
+            f"train.seq_kd = true with {what}: with seq-KD each routed row's completion is "
+            "written by its own teacher, a live model. Fix: route rows (teachers.column) to "
+            "teachers with a path, or train.seq_kd=false"
         )
     return None
 

@@ -43,7 +43,7 @@ from distil.train.fsdp import (
     shard_teacher,
 )
 from distil.train.optim import build_optimizer
-from distil.train.several import several_teachers
+from distil.train.several import several_teachers, several_write, writers_side
 
 TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
 
@@ -218,15 +218,19 @@ def build_buffer(
     cross=None,
     *,
     align: bool = True,
+    writers=None,
 ) -> GenerationBuffer:
     """The window source over `rows` (`tokenize_examples`). `cross` (a `CrossTokenizer`)
     switches on the teacher's own inputs and the alignment of every micro-batch, and seq-KD
-    completions written in teacher tokens."""
+    completions written in teacher tokens. `writers`: several routed teachers' models, each
+    writing its rows' seq-KD completions (train/several.py)."""
     prompt_ids, completions = rows
     g = cfg.generation
     params = SamplingParams(g.max_new_tokens, g.temperature, g.top_p, g.top_k, g.num_generations)
     teacher_side = None
-    if cfg.train.seq_kd:
+    if cfg.train.seq_kd and writers is not None:
+        teacher_side = writers_side(cfg, examples, prompt_ids, tok, writers, cross)
+    elif cfg.train.seq_kd:
         t_gen = build_generator(
             cfg,
             teacher_model,
@@ -373,6 +377,7 @@ def build(cfg: DistilConfig) -> Components:
         accelerator,
         cross,
         align=cfg.loss.name != "sft",
+        writers=[t.model for t in teacher.teachers] if several_write(cfg) else None,
     )
     loss_opts = {
         "temperature": cfg.loss.temperature,

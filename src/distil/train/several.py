@@ -1,5 +1,6 @@
 """Several teachers (`teachers.models`) built for a run: each one as `teacher` alone would be
-(`teacher.select.build_scorer`), behind one RoutedTeacher or MixedTeacher (teacher/several.py).
+(`teacher.select.build_scorer`), behind one RoutedTeacher or MixedTeacher (teacher/several.py);
+with seq-KD, routed teachers each write their own rows' completions (`RoutedGenerator`).
 """
 
 from __future__ import annotations
@@ -71,3 +72,114 @@ def _one_teacher_vocabulary(names: list[str], crosses: list) -> None:
             "but their tokenizers differ: a mixture adds distributions over one vocabulary. "
             "Fix: mix teachers of one tokenizer, or route rows (teachers.column)"
         )
+
+
+class RoutedPrompt(list):
+    """A seq-KD prompt's token ids and `teacher`, the index of the teacher that writes after
+    it (the buffer hands prompts to the generator as they are)."""
+
+    teacher: int = 0
+
+
+_OPTIONAL = ("logprobs_B_C", "stopped_B")  # Rollout fields a generator may leave None
+
+
+class RoutedGenerator:
+    """seq-KD with routed teachers: each prompt's completions written by its own teacher, one
+    generate call per teacher with prompts in the call (its prompts in call order, the same
+    sampling params), the rows put back in prompt order (`n` adjacent rows a prompt)."""
+
+    def __init__(self, generators: list):
+        self.generators = generators
+
+    def generate(self, prompt_ids, params):
+        import torch
+
+        from distil.types import Rollout
+
+        routes = [p.teacher for p in prompt_ids]
+        parts = []  # (rows of the merged rollout, the teacher's rollout)
+        for t in sorted(set(routes)):
+            mine = [i for i, r in enumerate(routes) if r == t]
+            out = self.generators[t].generate([prompt_ids[i] for i in mine], params)
+            parts.append(([i * params.n + j for i in mine for j in range(params.n)], out))
+        B = len(prompt_ids) * params.n
+        C = max(out.completion_ids_B_C.shape[1] for _, out in parts)
+        first = parts[0][1]
+        ids = first.completion_ids_B_C.new_zeros((B, C))
+        mask = first.completion_mask_B_C.new_zeros((B, C))
+        has = {f: all(getattr(o, f) is not None for _, o in parts) for f in _OPTIONAL}
+        lps = first.logprobs_B_C.new_zeros((B, C)) if has["logprobs_B_C"] else None
+        stopped = first.stopped_B.new_zeros(B) if has["stopped_B"] else None
+        for rows, out in parts:
+            idx, c = torch.tensor(rows), out.completion_ids_B_C.shape[1]
+            ids[idx, :c], mask[idx, :c] = out.completion_ids_B_C, out.completion_mask_B_C
+            if lps is not None:
+                lps[idx, :c] = out.logprobs_B_C
+            if stopped is not None:
+                stopped[idx] = out.stopped_B
+        index = [i for i in range(len(prompt_ids)) for _ in range(params.n)]
+        return Rollout(index, ids, mask, lps, stopped)
+
+    def sync_weights(self, model) -> None:  # the teachers' weights do not follow the student
+        pass
+
+    def scratch_caches(self):
+        from contextlib import ExitStack
+
+        stack = ExitStack()
+        for g in self.generators:
+            stack.enter_context(g.scratch_caches())
+        return stack
+
+
+def routed_writers(cfg: DistilConfig, examples, prompt_ids, tok, models, build_gen):
+    """(teacher prompt ids per example as `RoutedPrompt`s, `RoutedGenerator`) for seq-KD with
+    routed teachers of the student's tokenizer: each row written by its own teacher (`models`,
+    in teachers.models order; `build_gen(model)` its generator) after its own privileged
+    prompt (the student's where its teacher has none)."""
+    from distil.data.context import row_prompts
+    from distil.models.tokenizers import encode_prompts
+    from distil.teacher.several import row_contexts, row_teachers
+
+    route_of = row_teachers(examples, cfg.teachers, list(cfg.teachers.models))
+    contexts = row_contexts(cfg, examples)
+    prompts = row_prompts(examples, contexts) if contexts else [None] * len(examples)
+    texts = [p for p in prompts if p is not None]
+    given = iter(encode_prompts(tok, texts, name="teacher context") if texts else [])
+    out = []
+    for ids, p, t in zip(prompt_ids, prompts, route_of, strict=True):
+        row = RoutedPrompt(ids if p is None else next(given))
+        row.teacher = t
+        out.append(row)
+    return out, RoutedGenerator([build_gen(m) for m in models])
+
+
+def several_write(cfg: DistilConfig) -> bool:
+    """Whether several routed teachers write seq-KD completions."""
+    return bool(cfg.teachers.models and cfg.teachers.column and cfg.train.seq_kd)
+
+
+def writers_side(cfg: DistilConfig, examples, prompt_ids, tok, models, cross) -> Any:
+    """The buffer's teacher side for seq-KD with routed teachers (`models`, in teachers.models
+    order): each row's completion written by its own teacher (`routed_writers`)."""
+    from distil.generation.select import build_generator, teacher_backend
+    from distil.models.tokenizers import stop_token_ids
+    from distil.train.buffer import PromptSide
+
+    if cross is not None:
+        raise ConfigError(
+            f"train.seq_kd with several teachers and loss.name = {cfg.loss.name!r}: routed "
+            "teachers write seq-KD completions in the student's tokens only. Fix: a "
+            "same-tokenizer loss with teachers of the student's tokenizer, or one teacher"
+        )
+
+    def build_gen(model):
+        stops = stop_token_ids(tok, model)
+        gen = build_generator(
+            cfg, model, pad_id=tok.pad_token_id, stop_ids=stops, backend=teacher_backend(cfg)
+        )
+        return gen  # several teachers are whole on a device (placement=replicate)
+
+    ids, generator = routed_writers(cfg, examples, prompt_ids, tok, models, build_gen)
+    return PromptSide(ids, generator)
