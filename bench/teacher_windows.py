@@ -1,8 +1,9 @@
-"""The demo's teacher-written (seq-KD) stages with the teacher writing 1 and K windows per
-generate call (`generation.teacher_windows`), side by side in one run.
+"""The demo's char student trained by sequence-level KD with the teacher writing 1 and K windows
+per generate call (`generation.teacher_windows`), side by side in one run.
 
-For each of the demo's two seq-KD configs (the cross-tokenizer distillation and the sequence-level
-KD control) and each K, `distil train` runs `--steps` steps from a finished demo's models and
+The demo's cross-tokenizer distillation and its sequence-level KD control read completions the
+teacher wrote beforehand; here both write them step by step instead (`train.seq_kd=true` on the
+prompts, as the demo did until 2026-11-26). For each of the two configs and each K, `distil train` runs `--steps` steps from a finished demo's models and
 data, and the mean seconds per step of each phase (generate, teacher, train) over the steps after
 the first block are printed with the ratio to K = 1. Run it on an otherwise idle machine.
 
@@ -29,6 +30,11 @@ def run(demo: Path, config: str, k: int, steps: int, threads: int, out: Path) ->
     student = sorted(demo.glob("**/models/student_char_start"))[0]
     items = [
         f"data.train={demo / 'data' / 'prompts.jsonl'}",
+        "data.template=countdown_plain",
+        "train.seq_kd=true",
+        "train.lambda=0.0",
+        "generation.max_new_tokens=48",
+        "generation.temperature=0.7",
         f"student.path={student}",
         f"teacher.path={demo / 'models' / 'teacher'}",
         f"train.output_dir={out}",

@@ -6,12 +6,15 @@
    the cross-tokenizer student (the same-tokenizer student uses the teacher's BPE).
 3. The teacher (~5M parameters) trained on reference solutions, cached by its settings.
 4. Two students (~1M parameters) with a short supervised start on the labelled set only.
-5. The runs of configs/demo.yaml, in order, from prompts only: the char student distilled
-   across tokenizers (token-level aligned KL on teacher-written completions), then
-   its controls at the same student compute (FLOPs): sequence-level KD and continued
-   supervised training on the labelled set; the bpe student distilled on-policy with the
-   teacher's tokenizer (forward KL), then its continued-SFT control at equal compute.
-6. Every model evaluated with the Countdown checker: a table (accuracy, share of the
+5. The teacher writes a completion for each of the seed's prompts once, in large batches
+   (configs/teacher_writes.yaml, `distil generate`).
+6. The runs of configs/demo.yaml, in order, from prompts only: the char student distilled
+   across tokenizers (token-level aligned KL on those teacher-written completions), then
+   its controls at the same student compute (FLOPs): sequence-level KD (cross-entropy on the
+   same completions) and continued supervised training on the labelled set; the bpe student
+   distilled on-policy with the teacher's tokenizer (forward KL), then its continued-SFT
+   control at equal compute.
+7. Every model evaluated with the Countdown checker: a table (accuracy, share of the
    teacher-student gap recovered, steps, student compute) as Markdown and JSON, and a plot.
 
 Budgets are optimizer steps and the controls' budget is a FLOP count, so the same command on
@@ -19,7 +22,7 @@ the same machine and thread count prints the same table. Every training stage is
 config in distil/demo/configs/ run through `distil train`'s code path; the demo only fills
 paths and budgets, and prints the equivalent commands.
 
-`--seeds N` runs steps 4-5 on N seeds (data order, sampling, the starts' init; the teacher is
+`--seeds N` runs steps 4-6 on N seeds (data order, sampling, the starts' init; the teacher is
 trained once) and reports mean ± sd and paired differences with 95% intervals (stats.py); the
 table also gives each distilled student's compute to match its continued-SFT control.
 

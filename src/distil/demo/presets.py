@@ -60,10 +60,21 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Writes:
+    """The teacher writing completions for a seed's prompts once: configs/<config>.yaml's
+    generation settings, enough rows for the preset's `steps` budget of `batch`-row windows."""
+
+    config: str
+    steps: str
+    batch: int
+
+
+@dataclass(frozen=True)
 class Manifest:
     students: dict[str, Student]
     runs: list[Run]
     presets: dict[str, Preset]
+    writes: Writes | None = None
 
 
 @cache
@@ -81,10 +92,27 @@ def manifest(path: str | Path = MANIFEST) -> Manifest:
     presets = {
         name: _preset(name, p, problems) for name, p in _section(raw, "presets", problems).items()
     }
+    writes = _writes(raw.get("writes"), presets, problems)
     _cross_check(students, runs, presets, problems)
     if problems:
         raise ConfigError(f"{path}: " + "; ".join(problems))
-    return Manifest(students, runs, presets)
+    return Manifest(students, runs, presets, writes)
+
+
+def _writes(raw: Any, presets: dict[str, Preset], problems: list[str]) -> Writes | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"config", "steps", "batch"}:
+        problems.append(f"'writes' needs exactly config, steps and batch, got {raw!r}")
+        return None
+    if not (CONFIG_DIR / f"{raw['config']}.yaml").is_file():
+        problems.append(f"writes: no config {raw['config']}.yaml in {CONFIG_DIR}")
+    if not isinstance(raw["batch"], int) or raw["batch"] <= 0:
+        problems.append(f"writes: batch must be a positive int, got {raw['batch']!r}")
+    for pname, p in presets.items():
+        if raw["steps"] not in p.steps:
+            problems.append(f"preset {pname} has no steps.{raw['steps']} (writes uses it)")
+    return Writes(str(raw["config"]), str(raw["steps"]), raw["batch"])
 
 
 def _section(raw: Any, key: str, problems: list[str]) -> dict[str, Any]:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import random
 import shutil
 from pathlib import Path
 from typing import Any
 
-from distil.demo.presets import CONFIG_DIR, DEMO_ROOT, Run, budget_steps
+from distil.demo.presets import CONFIG_DIR, DEMO_ROOT, Run, Writes, budget_steps
 from distil.demo.run import TEACHER_SUMMARY, DemoRun, copy_tree, last_metrics, settings_key
 from distil.progress import console
 
@@ -272,12 +274,47 @@ def start_students(run: DemoRun) -> None:
 # ----------------------------------------------------------------------------- runs
 
 
+WRITE_BATCH = 512  # prompts per generate call of the teacher writing its completions
+WRITE_MARGIN = 1.05  # rows written beyond the budget's windows
+
+
 def run_all(run: DemoRun) -> None:
-    """Every run of configs/demo.yaml, in order (a control after the run it matches)."""
+    """The teacher's completions (when configs/demo.yaml has `writes:`), then every run of
+    configs/demo.yaml, in order (a control after the run it matches)."""
+    if run.manifest.writes is not None:
+        teacher_writes(run, run.manifest.writes)
     for r in run.manifest.runs:
         budget = _budget(run, r)
         with run.timed(f"{run.tag}{r.student} student: {r.label} ({_describe(budget)})"):
             train_stage(run, r.config, {**_run_overrides(run, r), **budget})
+
+
+def teacher_writes(run: DemoRun, w: Writes) -> None:
+    """The seed's prompts (a seeded sample of prompts.jsonl, as many as the budget's windows
+    read) and the teacher's completion for each, written once in large batches
+    (`distil generate`) to runs/demo/written/teacher.jsonl."""
+    from distil.config import load_config
+    from distil.teacher.generate import generate_completions
+
+    steps = budget_steps(run.preset, Run(w.config, "", "", steps=w.steps), run.distill_scale)
+    prompts = (run.paths["data"] / "prompts.jsonl").read_text().splitlines(keepends=True)
+    random.Random(f"distil-demo-prompts:{run.seed}").shuffle(prompts)
+    n = min(len(prompts), math.ceil(steps * w.batch * WRITE_MARGIN))
+    with run.timed(f"{run.tag}teacher writes {n} completions ({steps} windows)") as stage:
+        subset, out = (
+            demo_path(run, "written/prompts.jsonl"),
+            demo_path(run, "written/teacher.jsonl"),
+        )
+        subset.parent.mkdir(parents=True, exist_ok=True)
+        subset.write_text("".join(prompts[:n]))
+        items = [f"{k}={v}" for k, v in {**moved_paths(run, w.config), **_seed(run)}.items()]
+        path = CONFIG_DIR / f"{w.config}.yaml"
+        cfg = load_config(path, [*items, "logging.progress=false"])
+        counts = generate_completions(cfg, out, batch_size=WRITE_BATCH)
+        run.commands.append(
+            f"distil generate {path} {' '.join(items)} --out {out} --batch-size {WRITE_BATCH}"
+        )
+        stage.note = f"{counts['completions']} completions of {n} prompts: {out}"
 
 
 def _budget(run: DemoRun, r: Run) -> dict[str, Any]:
