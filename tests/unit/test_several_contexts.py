@@ -126,3 +126,30 @@ def test_validate_names_a_field_missing_for_any_teacher_and_a_mixed_context(raw)
         config_with(raw, teachers={**mix, "column": None, "weights": {"a": 1.0, "b": 1.0}})
     same = {n: {**m, "context": SOLUTION} for n, m in mix["models"].items()}
     config_with(raw, teachers={"models": same, "column": None, "weights": {"a": 1.0, "b": 1.0}})
+
+
+def test_across_tokenizers_each_teacher_renders_its_own_context_prompt(
+    raw, tmp_path_factory, unigram_tokenizer
+):
+    """Routed cross-tokenizer teachers: each teacher's rows are collated with its own template
+    after its own teacher prompt, and the printed example shows each row's teacher's prompt."""
+    from distil.data.context import both_prompts
+    from distil.testing import build_peaked_teacher
+
+    other = build_peaked_teacher(tmp_path_factory.mktemp("xt"), unigram_tokenizer, hidden_size=64)
+    raw["teachers"]["models"]["a"] = {"path": str(other), "context": SOLUTION}
+    raw["teachers"]["models"]["b"].pop("top_k")
+    raw["loss"] = {"name": "aligned_kl", "beta": 0.5}
+    c = build(build_config(raw))
+    batches = [b for _ in range(4) for b in c.buffer.next_window().micro_batches]
+    batch = next(b for b in batches if len({s.example_id % 2 for s in b.samples}) == 2)
+    for name, part in batch.parts.items():
+        assert all(s.example_id % 2 == "ab".index(name) for s in part.samples)
+        for row in range(len(part.samples)):
+            ids = part.teacher_input_ids_B_L[row][part.teacher_attention_mask_B_L[row].bool()]
+            seen = (unigram_tokenizer if name == "a" else c.tokenizer).decode(ids)
+            assert ("(a solution:" in seen) == (name == "a"), (name, seen)
+    for i, s in enumerate(batch.samples):
+        student, teacher = both_prompts(batch, i, c.tokenizer, c.cross)
+        assert "(a solution:" not in student
+        assert ("(a solution:" in teacher) == (s.example_id % 2 == 0)
