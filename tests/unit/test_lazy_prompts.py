@@ -98,3 +98,51 @@ def test_a_short_run_encodes_only_what_it_reads_and_trains_as_the_eager_path(
     monkeypatch.setattr(train_setup, "EncodedPrompts", eager)
     loop.train(config_with(raw, train={"output_dir": str(tmp_path / "eager")}))
     assert [m["loss"] for m in read_metrics(tmp_path / "eager")] == lazy
+
+
+def test_routed_writers_prompts_are_lazy_and_the_eager_ones(
+    tmp_path, countdown_dir, make_train_config, pair_dirs, bpe_tokenizer
+):
+    """Routed seq-KD writers: row i's prompt is its teacher's context prompt (teacher a) or the
+    student's (teacher b), encoded only when read, the ids the eager path gave."""
+    import json
+
+    from distil.config import build_config
+    from distil.data.context import context_prompt
+    from distil.tasks.prompts import config_examples
+    from distil.train.several import routed_writers
+
+    rows = [json.loads(x) for x in (countdown_dir / "train.jsonl").read_text().splitlines()]
+    data = tmp_path / "routed.jsonl"
+    data.write_text(
+        "".join(json.dumps({**r, "src": "ab"[i % 2]}) + "\n" for i, r in enumerate(rows))
+    )
+    hint = "{prompt} (a solution: {solution})"
+    raw = make_train_config(train={"lambda": 0.0, "seq_kd": True}, loss={"name": "forward_kl"})
+    raw["data"]["train"] = str(data)
+    raw["teacher"] = {}
+    raw["teachers"] = {
+        "models": {
+            "a": {"path": str(pair_dirs[0]), "context": hint},
+            "b": {"path": str(pair_dirs[0])},
+        },
+        "column": "src",
+    }
+    cfg = build_config(raw)
+    examples = config_examples(cfg.data)
+    student = EncodedPrompts(bpe_tokenizer, [e.prompt for e in examples], max_tokens=8)
+    out, _ = routed_writers(cfg, examples, student, bpe_tokenizer, [], None)
+    assert len(out) == len(examples) and student.encoded() == 1  # nothing read yet
+    got = out[5]
+    assert got.teacher == 1 and got == student[5] and student.encoded() == 2
+    want = [
+        encode_prompts(bpe_tokenizer, [context_prompt(e, hint, None)])[0]
+        if i % 2 == 0
+        else encode_prompts(bpe_tokenizer, [e.prompt], max_tokens=8)[0]
+        for i, e in enumerate(examples)
+    ]
+    assert [list(r) for r in out] == want and [r.teacher for r in out] == [
+        i % 2 for i in range(len(out))
+    ]
+    assert want[0] != student[0]  # the test can tell the context prompt from the student's
+    assert [list(r) for r in out[2:6]] == want[2:6]

@@ -5,6 +5,7 @@ with seq-KD, routed teachers each write their own rows' completions (`RoutedGene
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from distil.config import DistilConfig
@@ -139,20 +140,38 @@ def routed_writers(cfg: DistilConfig, examples, prompt_ids, tok, models, build_g
     in teachers.models order; `build_gen(model)` its generator) after its own privileged
     prompt (the student's where its teacher has none)."""
     from distil.data.context import row_prompts
-    from distil.models.tokenizers import encode_prompts
+    from distil.models.tokenizers import EncodedPrompts
     from distil.teacher.several import row_contexts, row_teachers
 
     route_of = row_teachers(examples, cfg.teachers, list(cfg.teachers.models))
     contexts = row_contexts(cfg, examples)
     prompts = row_prompts(examples, contexts) if contexts else [None] * len(examples)
-    texts = [p for p in prompts if p is not None]
-    given = iter(encode_prompts(tok, texts, name="teacher context") if texts else [])
-    out = []
-    for ids, p, t in zip(prompt_ids, prompts, route_of, strict=True):
-        row = RoutedPrompt(ids if p is None else next(given))
-        row.teacher = t
-        out.append(row)
-    return out, RoutedGenerator([build_gen(m) for m in models])
+    given = None
+    if any(p is not None for p in prompts):  # "" stands where the student's prompt is read
+        filled = [("" if p is None else p) for p in prompts]
+        given = EncodedPrompts(tok, filled, name="teacher context")
+    rows = _RoutedPrompts(prompt_ids, prompts, given, route_of)
+    return rows, RoutedGenerator([build_gen(m) for m in models])
+
+
+class _RoutedPrompts(Sequence):
+    """`routed_writers`' rows, each made (and its prompt encoded) when first read."""
+
+    def __init__(self, student, prompts, given, route_of):
+        self.student, self.prompts, self.given, self.route_of = student, prompts, given, route_of
+        if len(student) != len(prompts) or len(route_of) != len(prompts):
+            raise ValueError("one student prompt, teacher prompt and route per row")
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        p = self.prompts[i]
+        row = RoutedPrompt(self.student[i] if p is None else self.given[i])
+        row.teacher = self.route_of[i]
+        return row
 
 
 def several_write(cfg: DistilConfig) -> bool:
