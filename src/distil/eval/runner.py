@@ -164,6 +164,16 @@ def load_problems(task: Task) -> list[dict[str, Any]]:
     return task.load()[0]
 
 
+def run_template(cfg) -> str | None:
+    """The Countdown template of a training run's prompts: data.template, else (rows holding
+    already rendered prompts, such as `distil generate`'s) the one recorded with its student."""
+    from distil.models.load import read_model_meta
+
+    if cfg.data.template or not cfg.student.path:
+        return cfg.data.template
+    return read_model_meta(cfg.student.path).get("template")
+
+
 def with_model_template(task: Task, model_path: str) -> Task:
     """`task` prompting with the Countdown template recorded with the model when eval.template
     is unset (the same task otherwise)."""

@@ -26,6 +26,7 @@ import torch
 
 from distil.config import DistilConfig, to_yaml
 from distil.config.contexts import has_context
+from distil.eval.runner import run_template
 from distil.train.async_gen import AsyncWindows
 from distil.train.checkpoint import save_checkpoint, save_final_model
 from distil.train.cost import CostMeter
@@ -145,7 +146,7 @@ def _save_final(c: Components, cfg: DistilConfig, step: int) -> None:
         c.model,
         c.tokenizer,
         Path(cfg.train.output_dir) / "final",
-        template=cfg.data.template,
+        template=run_template(cfg),
         student=cfg.student.path,
         teacher=cfg.teacher.path,
         steps=step,
@@ -388,11 +389,11 @@ def _window_seconds(window) -> float:
 
 def _eval_set(cfg: DistilConfig):
     """(task, problems) of the periodic evaluation, built once per run; the prompts use the
-    training data's template unless eval.template names one."""
+    training data's template (`run_template`) unless eval.template names one."""
     from distil.eval.runner import load_problems
     from distil.tasks import make_task
 
-    template = cfg.eval.template or cfg.data.template
+    template = cfg.eval.template or run_template(cfg)
     task = make_task(cfg.eval.model_copy(update={"template": template}))
     return task, load_problems(task)
 
