@@ -61,6 +61,8 @@ def _combine(da: dict, db: dict, size_a: int, size_b: int, same: bool, out: dict
                 continue
             else:
                 hi, nh, lo, nl = b, nb, a, na
+            if hi - lo > cap and hi % lo:  # every result is past cap (a drawn problem's table)
+                continue
             # For + and * the operand order is cosmetic (parentheses are symmetric): put the
             # sub-expression over more numbers first, e.g. "(12 + 7) * 3", else the larger value.
             if size_a == size_b:
