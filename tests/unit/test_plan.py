@@ -289,6 +289,35 @@ def test_a_cached_teacher_holds_no_weights_and_a_teacher_device_gets_its_column(
     )
 
 
+def offloaded(c, *names):
+    models = {n: t.model_copy(update={"offload": n in names}) for n, t in c.teachers.models.items()}
+    return c.model_copy(update={"teachers": c.teachers.model_copy(update={"models": models})})
+
+
+def test_offloaded_teachers_hold_the_largest_ones_weights_while_scoring_only():
+    big, small = model_shape(Q17).params * 2, Q06_PARAMS * 2  # bf16 bytes
+    whole = make_plan(several(), H100)
+    both = make_plan(offloaded(several(), "big", "small"), H100)
+    for p, q in zip(whole.devices[0].phases, both.devices[0].phases, strict=True):
+        names = {t.name for t in q.terms}
+        if p.name == "teacher scoring":  # the largest offloaded teacher, once
+            assert term(both, p.name, "teacher weights (big, offloaded)") == big
+            assert q.peak == p.peak - small, p.name
+        else:  # every other phase: no teacher on the device
+            assert not any(n.startswith("teacher weights") for n in names), p.name
+            assert q.peak == p.peak - big - small, p.name
+    note = next(n for n in both.notes if n.startswith("host memory"))
+    assert f"{(big + small) / 1e9:.2f} GB (big {big / 1e9:.2f} GB, ~{big / 25e9:.2f} s" in note
+    # one offloaded, one resident: the resident one in every phase, the offloaded one scoring
+    one = make_plan(offloaded(several(), "small"), H100)
+    for p in one.devices[0].phases:
+        assert term(one, p.name, "teacher weights (big)") == big
+    assert term(one, "teacher scoring", "teacher weights (small, offloaded)") == small
+    # a mixture's weight-0 teacher never runs, so is never on the device
+    zero = make_plan(offloaded(several({"big": 0.0, "small": 1.0}), "big", "small"), H100)
+    assert term(zero, "teacher scoring", "teacher weights (small, offloaded)") == small
+
+
 def test_privileged_context_lengthens_the_teachers_sequences_only():
     base = cfg(teacher={"path": None, "from_student": "current", "system": "hint"})
     plain = make_plan(base, H100, context_tokens=0)

@@ -316,6 +316,41 @@ def _several_teachers(cfg: DistilConfig):
 
 
 @check
+def _offloaded_teachers(cfg: DistilConfig):
+    """`offload`: a live teacher of several, whole on its device while it scores."""
+    if cfg.teacher.offload:
+        return ("teacher.offload",), (
+            "teacher.offload = true: offload moves each of several teachers to its device only "
+            "while it scores, so that one GPU holds one teacher at a time; one teacher stays "
+            "on its device. Fix: teacher.offload=false, or name the teachers under "
+            "teachers.models with teachers.models.NAME.offload=true"
+        )
+    for name, t in cfg.teachers.models.items():
+        key = f"teachers.models.{name}.offload"
+        if not t.offload:
+            continue
+        if t.cache or t.url:
+            what = f"a cache ({t.cache})" if t.cache else f"a server ({t.url})"
+            return (key,), (
+                f"{key} = true on {what}: it holds no weights here to offload. Fix: "
+                f"{key}=false, or a live teacher (teachers.models.{name}.path)"
+            )
+        if t.placement != "replicate":
+            return (key,), (
+                f"{key} = true with teachers.models.{name}.placement = {t.placement!r}: an "
+                "offloaded teacher is copied whole to its device. Fix: placement=replicate, "
+                f"or {key}=false"
+            )
+        if cfg.train.seq_kd:
+            return (key, "train.seq_kd"), (
+                f"{key} = true with train.seq_kd = true: a teacher that writes seq-KD "
+                f"completions stays whole on its device. Fix: {key}=false, or "
+                "train.seq_kd=false"
+            )
+    return None
+
+
+@check
 def _self_distillation(cfg: DistilConfig):
     t = cfg.teacher
     if t.from_student is None:

@@ -101,6 +101,14 @@ class TeacherConfig(Section):
         "ranks like the student (shard; docs/scaling-out.md)",
     )
     trust_remote_code: bool = Field(False, description="allow model code from the checkpoint")
+    offload: bool = Field(
+        False,
+        description="teachers.models.NAME only: keep this live teacher's weights in host memory "
+        "(pinned with CUDA) and copy them to its device only while it scores a micro-batch "
+        "with rows for it (or takes its turn in a mixture), so a GPU holds the student and one "
+        "teacher at a time; costs one host-to-device copy of its weights per such micro-batch "
+        "(docs/multi-teacher.md, Memory)",
+    )
     top_k: int | None = Field(
         None, gt=0, description="keep the teacher's top-k log-probs + a rest bucket (null: full)"
     )

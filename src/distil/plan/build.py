@@ -127,6 +127,7 @@ def make_plan(cfg: DistilConfig, target: Target, *, context_tokens: int | None =
     notes = _notes(cfg, s, t, z, target) + ([ctx_note] if ctx_note else [])
     notes += [f"teachers.models.{tp.name}.url: that teacher's memory is the server's, not "
               "planned here" for tp in teachers if tp.kind == "remote"]  # fmt: skip
+    notes += several.host_notes(teachers)
     plan = Plan(target, s, t, z, devices, notes=notes, teachers=teachers)
     for d in devices:
         for p in d.phases:

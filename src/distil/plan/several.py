@@ -1,7 +1,10 @@
 """Several teachers (`teachers.models`, teacher/several.py) in a plan.
 
 Every live teacher's weights stay on its device (the student's, or its own `device`) through
-the whole step; a cached or served teacher holds none (its top-k arrives per micro-batch). Per
+the whole step; a cached or served teacher holds none (its top-k arrives per micro-batch). An
+offloaded teacher (`offload`) is on its device only while it scores, one at a time: its weights
+are not counted in any phase but scoring, where the largest offloaded teacher's are counted
+once; they are in host memory (a note), copied in per micro-batch with rows for it. Per
 micro-batch:
 
 - routed (`teachers.column`): only the teachers with rows in it run, each once on its own
@@ -26,6 +29,7 @@ from distil.plan.sizes import Sizes, resolve_dtype
 from distil.plan.target import Target
 
 LOCAL = (None, "", "cuda", "cuda:0", "cpu")  # a teacher `device` that is the student's
+PCIE_BPS = 25e9  # host-to-device bytes/s of pinned memory over PCIe gen4 x16 (offload notes)
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,10 @@ class TeacherPlan:
     shape: ModelShape | None  # None: no weights here (cache, server)
     sizes: Sizes  # the run's sizes with this teacher's kind, dtype and top-k
     weight: float | None = None  # its mixture weight (None: routed)
+
+    @property
+    def offload(self) -> bool:
+        return self.kind == "live" and self.cfg.teacher.offload
 
     @property
     def device(self) -> str | None:
@@ -71,13 +79,41 @@ def largest(plans: list[TeacherPlan]) -> ModelShape | None:
     return max(live, key=lambda t: t.params) if live else None
 
 
-def weight_terms(plans: list[TeacherPlan], phase: ph.Phase) -> None:
-    """Each live teacher's weights, one term apiece."""
+def _weights(tp: TeacherPlan) -> int:
+    assert tp.shape is not None
+    return ph.teacher_weights(tp.cfg, tp.sizes, tp.shape)
+
+
+def weight_terms(plans: list[TeacherPlan], phase: ph.Phase, *, scoring: bool = False) -> None:
+    """Each resident live teacher's weights, one term apiece; while `scoring`, also the
+    largest offloaded teacher that runs (one offloaded teacher on the device at a time)."""
     for tp in plans:
-        if tp.shape is not None:
-            value = ph.teacher_weights(tp.cfg, tp.sizes, tp.shape)
-            phase.add(f"teacher weights ({tp.name})", value,
+        if tp.shape is not None and not tp.offload:
+            phase.add(f"teacher weights ({tp.name})", _weights(tp),
                       f"{tp.shape.params:,} params x {tp.sizes.teacher_bytes} B")  # fmt: skip
+    moved = [tp for tp in plans if tp.offload and (tp.weight is None or tp.weight > 0)]
+    if scoring and moved:
+        tp = max(moved, key=_weights)
+        phase.add(f"teacher weights ({tp.name}, offloaded)", _weights(tp),
+                  "the largest offloaded teacher, on the device while it scores")  # fmt: skip
+
+
+def host_notes(plans: list[TeacherPlan]) -> list[str]:
+    """Where the offloaded teachers' weights live, and what moving them in costs."""
+    moved = [tp for tp in plans if tp.offload]
+    if not moved:
+        return []
+    total = sum(_weights(tp) for tp in moved)
+    each = ", ".join(
+        f"{tp.name} {_weights(tp) / 1e9:.2f} GB, ~{_weights(tp) / PCIE_BPS:.2f} s a copy"
+        for tp in moved
+    )
+    return [
+        f"host memory: offloaded teachers' weights (pinned) {total / 1e9:.2f} GB ({each}); "
+        "each is copied to its device per micro-batch with rows for it (a mixture: every "
+        f"micro-batch) at ~{PCIE_BPS / 1e9:.0f} GB/s over PCIe gen4, a time not in the step "
+        "time here"
+    ]
 
 
 def _alone(tp: TeacherPlan, s: ModelShape, target: Target) -> ph.Phase:
@@ -101,7 +137,7 @@ def scoring(cfg: DistilConfig, z: Sizes, s: ModelShape, plans: list[TeacherPlan]
         return None
     base = ph.resident(cfg, z, s, target, grads=z.accum > 1) if student_here else []
     p = ph.Phase("teacher scoring", base)
-    weight_terms(plans, p)
+    weight_terms(plans, p, scoring=True)
     alone = {tp.name: _alone(tp, s, target) for tp in running}
     worst = max(running, key=lambda tp: alone[tp.name].peak)
     for term in alone[worst.name].terms:

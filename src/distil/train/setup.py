@@ -173,7 +173,12 @@ def load_teacher(cfg: DistilConfig, accelerator):
         model, tok = _load(cfg.teacher, "teacher", dtype=dtype)
         shard_teacher(model, accelerator)
         return model, tok
-    return _load(cfg.teacher, "teacher", device=cfg.teacher.device or accelerator.device)
+    device = cfg.teacher.device or accelerator.device
+    if cfg.teacher.offload:  # loaded in host memory, in its device's dtype (teacher/offload.py)
+        return _load(
+            cfg.teacher, "teacher", dtype=resolve_dtype(cfg.teacher.dtype, cfg.teacher.path, device)
+        )
+    return _load(cfg.teacher, "teacher", device=device)
 
 
 def gathering(generator, model):
@@ -349,8 +354,9 @@ def build(cfg: DistilConfig) -> Components:
         teacher_model, teacher_tok = self_teacher(cfg, model), tok
     if cfg.teachers.models:
         teacher, teacher_tok, cross, vocab_size = several_teachers(
-            cfg, partial(load_teacher, accelerator=accelerator), model, tok, examples, rows
-        )
+            cfg, partial(load_teacher, accelerator=accelerator), model, tok, examples, rows,
+            device=accelerator.device,
+        )  # fmt: skip
     else:
         teacher, teacher_tok, cross, vocab_size = build_scorer(
             cfg, model, tok, teacher_model, teacher_tok, rows=rows

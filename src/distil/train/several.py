@@ -14,12 +14,14 @@ from distil.teacher.cache_sources import one_teacher_config
 from distil.teacher.select import Rows, build_scorer, loads_teacher_model
 
 
-def several_teachers(cfg: DistilConfig, load_teacher, model, tok, examples, rows: Rows) -> tuple:
+def several_teachers(cfg: DistilConfig, load_teacher, model, tok, examples, rows: Rows,
+                     device="cpu") -> tuple:  # fmt: skip
     """`build_scorer` for `teachers.models`: each teacher built as `teacher` alone would be (a
     model, `cache` or `url`; same- or cross-tokenizer), behind one RoutedTeacher or
     MixedTeacher (teacher/several.py). The `cross` returned is a `RoutedCollate` for routed
     cross-tokenizer teachers (each teacher's rows aligned in its own tokens). `load_teacher`
-    (a one-teacher config) -> (model, tokenizer) loads a live teacher."""
+    (a one-teacher config) -> (model, tokenizer) loads a live teacher (in host memory when
+    `offload`: `Offloaded` moves it to its `device`, default the student's, per scoring)."""
     from distil.teacher.several import MixedTeacher, RoutedCollate, RoutedTeacher, row_teachers
 
     names = list(cfg.teachers.models)
@@ -34,6 +36,7 @@ def several_teachers(cfg: DistilConfig, load_teacher, model, tok, examples, rows
         for s in scorers:
             if hasattr(s, "vocab_size"):
                 s.vocab_size = keep
+    scorers = _offloaded(cfg, names, scorers, device)
     if cfg.teachers.weights is not None:
         if crosses[0] is not None:
             _one_teacher_vocabulary(names, crosses)
@@ -43,6 +46,19 @@ def several_teachers(cfg: DistilConfig, load_teacher, model, tok, examples, rows
     teacher = RoutedTeacher(scorers, names, route_of)
     cross = None if crosses[0] is None else RoutedCollate(_shared(crosses), names, route_of)
     return teacher, built[0][1], cross, keep
+
+
+def _offloaded(cfg: DistilConfig, names: list[str], scorers: list, device) -> list:
+    """The scorers, those of `offload` teachers behind `Offloaded` (teacher/offload.py)."""
+    from distil.teacher.offload import Offload, Offloaded
+
+    out = []
+    for name, s in zip(names, scorers, strict=True):
+        tc = cfg.teachers.models[name]
+        if tc.offload:
+            s = Offloaded(s, Offload(s.model, tc.device or device, name))
+        out.append(s)
+    return out
 
 
 def _common_keep(model, built) -> int | None:
