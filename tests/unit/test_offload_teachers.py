@@ -153,7 +153,7 @@ def test_offload_is_refused_where_nothing_can_be_offloaded(
     for extra, key, words in [
         ({"path": None, "cache": "DIR", "top_k": 4}, "a", "on a cache (DIR): it holds no weights"),
         ({"url": "http://h:8000/v1"}, "a", "on a server (http://h:8000/v1)"),
-        ({"placement": "shard"}, "b", "placement = 'shard': an offloaded teacher is copied whole"),
+        ({"placement": "shard"}, "b", "with teachers.models.b.placement = 'shard': an offloaded"),
     ]:
         models = json.loads(json.dumps(raw["teachers"]["models"]))
         models[key] |= extra

@@ -355,8 +355,7 @@ def build(cfg: DistilConfig) -> Components:
     if cfg.teachers.models:
         teacher, teacher_tok, cross, vocab_size = several_teachers(
             cfg, partial(load_teacher, accelerator=accelerator), model, tok, examples, rows,
-            device=accelerator.device,
-        )  # fmt: skip
+            device=accelerator.device)  # fmt: skip
     else:
         teacher, teacher_tok, cross, vocab_size = build_scorer(
             cfg, model, tok, teacher_model, teacher_tok, rows=rows
