@@ -47,6 +47,7 @@ def run_demo(
     distill_scale: float = 1.0,
     command: str = "",
     seeds: int = 1,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run every stage; returns the results (also written to out/results.{md,json}).
 
@@ -54,7 +55,8 @@ def run_demo(
     of the controls that follow them); `command` is printed with the table. `seeds`: the
     students' starts, distillation runs and controls on seeds 0..seeds-1 (the data, tokenizers
     and teacher are shared); the table gives mean ± sd and each distilled student's paired
-    difference to each control with its 95% interval.
+    difference to each control with its 95% interval. `resume`: reuse the stages an earlier
+    run of the same command finished in `out` (a killed demo goes on where it stopped).
     """
     import torch
 
@@ -74,6 +76,7 @@ def run_demo(
         distill_scale=distill_scale,
         command=command,
         n_seeds=seeds,
+        resume=resume,
     )
     run.out.mkdir(parents=True, exist_ok=True)
     stages.make_data(run)

@@ -50,6 +50,13 @@ def add_demo(sub, positive_int) -> None:
         "per row, or self-distillation with privileged context and context distillation "
         "(presets full, smoke; docs/multi-teacher.md, docs/privileged-context.md)",
     )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse the stages that an earlier or killed run of the same command finished in "
+        "--out (each checked against its command and config text); without it every stage "
+        "after the cached teacher runs anew",
+    )
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     p.add_argument(
@@ -101,5 +108,6 @@ def run(args) -> int:
         distill_scale=args.distill_scale,
         command=command,
         seeds=args.seeds,
+        resume=args.resume,
     )
     return 0

@@ -80,10 +80,39 @@ def train_stage(run: DemoRun, config: str, overrides: dict[str, Any]) -> dict[st
     # no checkpoints on the wall clock: nothing in a demo run depends on timing
     items += [f"train.num_threads={run.threads}", "train.resume=never"]
     items += ["train.save_every_minutes=null"]
-    shutil.rmtree(values["train.output_dir"], ignore_errors=True)  # a fresh run each time
-    path = CONFIG_DIR / f"{config}.yaml"
-    run.commands.append(f"distil train {path} " + " ".join(items))
-    return train(load_config(path, items))
+    out, path = Path(values["train.output_dir"]), CONFIG_DIR / f"{config}.yaml"
+    command = f"distil train {path} " + " ".join(items)
+    run.commands.append(command)
+    if finished(run, out, command, path) and (out / "final").is_dir():
+        return last_metrics(out)
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run each time
+    metrics = train(load_config(path, items))
+    mark_finished(out, command, path)
+    return metrics
+
+
+STAGE_RECORD = "demo_stage.json"  # what a finished stage ran: its command and config's sha256
+
+
+def _record(command: str, config: Path) -> dict[str, str]:
+    return {"command": command, "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest()}
+
+
+def finished(run: DemoRun, out: Path, command: str, config: Path) -> bool:
+    """With --resume: whether `out` holds a stage that finished running exactly `command` with
+    this config text (then it is reused and says so)."""
+    record = out / STAGE_RECORD
+    if not (run.resume and record.is_file()):
+        return False
+    if json.loads(record.read_text()) != _record(command, config):
+        return False
+    console.print(f"[dim]reusing the finished stage in {out} (--resume)[/dim]")
+    return True
+
+
+def mark_finished(out: Path, command: str, config: Path) -> None:
+    """Record a finished stage in `out` (written last, atomically: a killed stage has none)."""
+    _write_jsonl_text(out / STAGE_RECORD, json.dumps(_record(command, config)) + "\n")
 
 
 # ----------------------------------------------------------------------------- data
@@ -125,8 +154,12 @@ def make_data(run: DemoRun) -> None:
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    _write_jsonl_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _write_jsonl_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.write_text(text)
     tmp.replace(path)
 
 
@@ -305,15 +338,20 @@ def teacher_writes(run: DemoRun, w: Writes) -> None:
             demo_path(run, "written/prompts.jsonl"),
             demo_path(run, "written/teacher.jsonl"),
         )
-        subset.parent.mkdir(parents=True, exist_ok=True)
-        subset.write_text("".join(prompts[:n]))
         items = [f"{k}={v}" for k, v in {**moved_paths(run, w.config), **_seed(run)}.items()]
         path = CONFIG_DIR / f"{w.config}.yaml"
+        command = f"distil generate {path} {' '.join(items)} --out {out} --batch-size {WRITE_BATCH}"
+        run.commands.append(command)
+        command += f" (prompts: {n} of the seed's order)"
+        if finished(run, out.parent, command, path) and out.is_file():
+            stage.note = f"reused: {out}"
+            return
+        subset.parent.mkdir(parents=True, exist_ok=True)
+        (out.parent / STAGE_RECORD).unlink(missing_ok=True)
+        subset.write_text("".join(prompts[:n]))
         cfg = load_config(path, [*items, "logging.progress=false"])
         counts = generate_completions(cfg, out, batch_size=WRITE_BATCH)
-        run.commands.append(
-            f"distil generate {path} {' '.join(items)} --out {out} --batch-size {WRITE_BATCH}"
-        )
+        mark_finished(out.parent, command, path)
         stage.note = f"{counts['completions']} completions of {n} prompts: {out}"
 
 
