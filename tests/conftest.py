@@ -6,6 +6,7 @@ Tokenizer fixtures are trained once per session, saved, and reloaded with
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -129,6 +130,25 @@ def pair_dirs(tmp_path_factory, bpe_tokenizer) -> tuple[Path, Path]:
     teacher = build_model_dir(root / "teacher", tokenizer=bpe_tokenizer, hidden_size=96, seed=1)
     student = build_model_dir(root / "student", tokenizer=bpe_tokenizer, hidden_size=64, seed=2)
     return teacher, student
+
+
+@pytest.fixture(scope="session")
+def second_teacher(tmp_path_factory, bpe_tokenizer) -> Path:
+    """Another teacher with the pair's tokenizer (other seed, other width): several teachers."""
+    return build_model_dir(
+        tmp_path_factory.mktemp("t2"), tokenizer=bpe_tokenizer, hidden_size=80, seed=7
+    )
+
+
+@pytest.fixture(scope="session")
+def routed_data(tmp_path_factory, countdown_dir) -> Path:
+    """The tests' train rows with a `source` column alternating big, small (routed teachers)."""
+    rows = [json.loads(x) for x in (countdown_dir / "train.jsonl").read_text().splitlines()]
+    for i, r in enumerate(rows):
+        r["source"] = "small" if i % 2 else "big"
+    path = tmp_path_factory.mktemp("routed") / "routed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 @pytest.fixture

@@ -208,6 +208,19 @@ def train_config(tmp_path: Path, countdown_dir: Path, pair_dirs, **sections) -> 
     return cfg
 
 
+def teacher_alone(raw: dict[str, Any], name: str):
+    """`build_config` of a several-teacher config dict with teacher `name` alone as `teacher`
+    (its own path, context, ...), the reference a routed or written row is compared with."""
+    import copy
+
+    from distil.config import build_config
+
+    one = copy.deepcopy(raw)
+    one["teacher"] = dict(one["teachers"].pop("models")[name])
+    one["teachers"] = {}
+    return build_config(one)
+
+
 def config_with(raw: dict[str, Any], **sections: dict[str, Any]):
     """`build_config` of a copy of the config dict `raw`, each section updated with `sections`."""
     import copy

@@ -15,26 +15,9 @@ from distil.config import build_config
 from distil.errors import ConfigError
 from distil.teacher import offload as off
 from distil.teacher.several import _rows
-from distil.testing import build_model_dir, config_with, read_metrics
+from distil.testing import config_with, read_metrics
 from distil.train import loop
 from distil.train.setup import build
-
-
-@pytest.fixture(scope="module")
-def second_teacher(tmp_path_factory, bpe_tokenizer):
-    return build_model_dir(
-        tmp_path_factory.mktemp("t2"), tokenizer=bpe_tokenizer, hidden_size=80, seed=7
-    )
-
-
-@pytest.fixture(scope="module")
-def routed_data(tmp_path_factory, countdown_dir):
-    rows = [json.loads(x) for x in (countdown_dir / "train.jsonl").read_text().splitlines()]
-    for i, r in enumerate(rows):
-        r["source"] = "small" if i % 2 else "big"
-    path = tmp_path_factory.mktemp("routed") / "routed.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def routed(make_train_config, data, a: dict, b: dict, *, offload: bool, **routing) -> dict:

@@ -21,23 +21,6 @@ from distil.train.step import micro_step, teacher_metrics
 K = 4
 
 
-@pytest.fixture(scope="module")
-def second_teacher(tmp_path_factory, bpe_tokenizer):
-    return build_model_dir(
-        tmp_path_factory.mktemp("t2"), tokenizer=bpe_tokenizer, hidden_size=80, seed=7
-    )
-
-
-@pytest.fixture(scope="module")
-def routed_data(tmp_path_factory, countdown_dir):
-    rows = [json.loads(x) for x in (countdown_dir / "train.jsonl").read_text().splitlines()]
-    for i, r in enumerate(rows):
-        r["source"] = "small" if i % 2 else "big"
-    path = tmp_path_factory.mktemp("routed") / "routed.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def routed(make_train_config, data, a: dict, b: dict, **sections) -> dict:
     raw = make_train_config(train={"max_steps": 2, "lambda": 0.0}, **sections)
     raw["data"]["train"] = str(data)

@@ -16,18 +16,11 @@ from distil.config import build_config
 from distil.errors import ConfigError
 from distil.preflight import preflight
 from distil.teacher.writer import cache_teacher
-from distil.testing import build_model_dir, config_with, read_metrics
+from distil.testing import config_with, read_metrics, teacher_alone
 from distil.train import loop
 from distil.train.setup import build
 
 SOLUTION = "{prompt} (a solution: {solution})"
-
-
-@pytest.fixture(scope="module")
-def second_teacher(tmp_path_factory, bpe_tokenizer):
-    return build_model_dir(
-        tmp_path_factory.mktemp("t2"), tokenizer=bpe_tokenizer, hidden_size=80, seed=7
-    )
 
 
 @pytest.fixture
@@ -51,14 +44,6 @@ def raw(tmp_path, countdown_dir, make_train_config, pair_dirs, second_teacher):
     return raw
 
 
-def alone(raw, name: str):
-    """The config of teacher `name` alone, with its own context as teacher.context."""
-    one = copy.deepcopy(raw)
-    one["teacher"] = dict(one["teachers"].pop("models")[name])
-    one["teachers"] = {}
-    return build_config(one)
-
-
 def teacher_prompt(batch, i: int) -> list[int]:
     n = len(batch.samples[i].prompt_ids) + int(batch.context_shift_B[i])
     return batch.context_input_ids_B_L[i, :n].tolist()
@@ -66,7 +51,7 @@ def teacher_prompt(batch, i: int) -> list[int]:
 
 def test_each_routed_row_is_scored_after_its_own_teachers_template(raw):
     c = build(build_config(raw))
-    refs = {n: build(alone(raw, n)) for n in "ab"}
+    refs = {n: build(teacher_alone(raw, n)) for n in "ab"}
     batches = [b for _ in range(4) for b in c.buffer.next_window().micro_batches]
     batch = next(b for b in batches if len({s.example_id % 2 for s in b.samples}) == 2)
     routes = ["ab"[s.example_id % 2] for s in batch.samples]  # both teachers in one batch

@@ -4,7 +4,6 @@ teacher alone writes it for its rows; a mixture, or a cache, cannot write."""
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import replace
 
@@ -14,18 +13,11 @@ from distil.config import build_config
 from distil.errors import ConfigError
 from distil.generation.seeded import sampling_seed
 from distil.preflight import preflight
-from distil.testing import build_model_dir, config_with, read_metrics
+from distil.testing import config_with, read_metrics, teacher_alone
 from distil.train import loop
 from distil.train.setup import build
 
 SOLUTION = "{prompt} (a solution: {solution})"
-
-
-@pytest.fixture(scope="module")
-def second_teacher(tmp_path_factory, bpe_tokenizer):
-    return build_model_dir(
-        tmp_path_factory.mktemp("t2"), tokenizer=bpe_tokenizer, hidden_size=80, seed=7
-    )
 
 
 @pytest.fixture
@@ -53,19 +45,12 @@ def raw(tmp_path, countdown_dir, make_train_config, pair_dirs, second_teacher):
     return raw
 
 
-def alone(raw, name: str):
-    one = copy.deepcopy(raw)
-    one["teacher"] = dict(one["teachers"].pop("models")[name])
-    one["teachers"] = {}
-    return build_config(one)
-
-
 def test_each_row_is_written_by_its_own_teacher_as_that_teacher_alone_writes_it(raw):
     c = build(build_config(raw))
     block = [c.buffer.next_window() for _ in range(2)]  # the first block: one call a teacher
     samples = [s for w in block for b in w.micro_batches for s in b.samples]
     assert {s.source for s in samples} == {"seq_kd"}
-    refs = {n: build(alone(raw, n)).buffer for n in "ab"}
+    refs = {n: build(teacher_alone(raw, n)).buffer for n in "ab"}
     params = replace(refs["a"].params, seed=sampling_seed(0, 0, "teacher-block", 0))
     differs = 0
     for t, name in enumerate("ab"):

@@ -14,17 +14,9 @@ from distil.config import build_config
 from distil.errors import ConfigError, DataError
 from distil.preflight import preflight
 from distil.teacher.several import MixedTeacher, RoutedTeacher, row_teachers
-from distil.testing import build_model_dir, config_with, read_metrics
+from distil.testing import config_with, read_metrics
 from distil.train import loop
 from distil.train.setup import build
-
-
-@pytest.fixture(scope="module")
-def second_teacher(tmp_path_factory, bpe_tokenizer):
-    """Another teacher with the pair's tokenizer (other seed, other width)."""
-    return build_model_dir(
-        tmp_path_factory.mktemp("t2"), tokenizer=bpe_tokenizer, hidden_size=80, seed=7
-    )
 
 
 @pytest.fixture

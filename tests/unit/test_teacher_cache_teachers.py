@@ -20,19 +20,11 @@ from distil.teacher.base import sparse_topk
 from distil.teacher.cached import CachedTeacher
 from distil.teacher.live import LiveTeacher
 from distil.teacher.writer import cache_teacher, prepare_rows
-from distil.testing import build_model_dir, read_metrics
+from distil.testing import read_metrics
 from distil.train import loop
 from distil.types import Sample
 
 K = 8
-
-
-@pytest.fixture(scope="module")
-def second_teacher(tmp_path_factory, bpe_tokenizer):
-    """Another teacher with the pair's tokenizer (other seed, other width)."""
-    return build_model_dir(
-        tmp_path_factory.mktemp("t2"), tokenizer=bpe_tokenizer, hidden_size=80, seed=7
-    )
 
 
 @pytest.fixture
