@@ -15,6 +15,7 @@ from typing import Any
 
 from distil.demo.presets import CONFIG_DIR, DEMO_ROOT, Run, Writes, budget_steps
 from distil.demo.run import TEACHER_SUMMARY, DemoRun, copy_tree, last_metrics, settings_key
+from distil.files import atomic_write
 from distil.progress import console
 
 SEED = 0
@@ -112,7 +113,8 @@ def finished(run: DemoRun, out: Path, command: str, config: Path) -> bool:
 
 def mark_finished(out: Path, command: str, config: Path) -> None:
     """Record a finished stage in `out` (written last, atomically: a killed stage has none)."""
-    _write_jsonl_text(out / STAGE_RECORD, json.dumps(_record(command, config)) + "\n")
+    text = json.dumps(_record(command, config)) + "\n"
+    atomic_write(out / STAGE_RECORD, lambda tmp: Path(tmp).write_text(text))
 
 
 # ----------------------------------------------------------------------------- data
@@ -154,13 +156,8 @@ def make_data(run: DemoRun) -> None:
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    _write_jsonl_text(path, "".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _write_jsonl_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def make_tokenizers(run: DemoRun) -> None:
@@ -331,7 +328,6 @@ def teacher_writes(run: DemoRun, w: Writes) -> None:
 
     steps = budget_steps(run.preset, Run(w.config, "", "", steps=w.steps), run.distill_scale)
     prompts = (run.paths["data"] / "prompts.jsonl").read_text().splitlines(keepends=True)
-    random.Random(f"distil-demo-prompts:{run.seed}").shuffle(prompts)
     n = min(len(prompts), math.ceil(steps * w.batch * WRITE_MARGIN))
     with run.timed(f"{run.tag}teacher writes {n} completions ({steps} windows)") as stage:
         subset, out = (
@@ -348,6 +344,7 @@ def teacher_writes(run: DemoRun, w: Writes) -> None:
             return
         subset.parent.mkdir(parents=True, exist_ok=True)
         (out.parent / STAGE_RECORD).unlink(missing_ok=True)
+        random.Random(f"distil-demo-prompts:{run.seed}").shuffle(prompts)
         subset.write_text("".join(prompts[:n]))
         cfg = load_config(path, [*items, "logging.progress=false"])
         counts = generate_completions(cfg, out, batch_size=WRITE_BATCH)

@@ -167,9 +167,7 @@ class GenerationBuffer:
         st = self.state
         if self.ahead > 1 and (st.windows % self.ahead == 0 or st.block_window is None):
             st.block_window, st.block_epoch, st.block_position = st.windows, st.epoch, st.position
-        prompts, self.state.epoch, self.state.position = self._advance(
-            self.state.epoch, self.state.position
-        )
+        prompts, st.epoch, st.position = self._advance(st.epoch, st.position)
         return prompts
 
     def close(self, wait: bool = True) -> None:
@@ -305,12 +303,12 @@ class GenerationBuffer:
         out = _Written(side.generator.generate([side.prompt_ids[i] for i in unique], block))
         at = 0
         for w, w_rows, w_picked in plan:
-            w_samples: list[Sample | None] = [None] * len(w_rows)
-            w_metrics: dict[str, float] = {}
-            self._fill(side, SEQ_KD, out, at, w_rows, w_picked, w_samples, w_metrics)
-            at += len(w_picked)
-            if w >= index:
+            if w >= index:  # a resumed run's windows before `index` are trained already
+                w_samples: list[Sample | None] = [None] * len(w_rows)
+                w_metrics: dict[str, float] = {}
+                self._fill(side, SEQ_KD, out, at, w_rows, w_picked, w_samples, w_metrics)
                 self._written[w] = (w_rows, w_samples, w_metrics)
+            at += len(w_picked)
 
     def _reference(self, ex: int) -> Sample:
         ids = self.completion_ids[ex]
