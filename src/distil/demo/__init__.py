@@ -27,9 +27,10 @@ trained once) and reports mean ± sd and paired differences with 95% intervals (
 table also gives each distilled student's compute to match its continued-SFT control.
 
 Modules: presets.py (configs/demo.yaml), run.py (the run's state), stages.py, report.py,
-summary.py (rows over seeds, paired differences, compute to match), stats.py, plot.py, cli.py
-(`distil demo` arguments). Imports point one way: cli -> here -> stages -> report -> summary
--> run -> presets.
+lanes.py (the students' stages in order or in worker processes side by side), summary.py (rows
+over seeds, paired differences, compute to match), stats.py, plot.py, cli.py (`distil demo`
+arguments). Imports point one way: cli -> here -> lanes -> stages -> report -> summary -> run
+-> presets.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def run_demo(
     command: str = "",
     seeds: int = 1,
     resume: bool = False,
+    lanes: int = 1,
 ) -> dict[str, Any]:
     """Run every stage; returns the results (also written to out/results.{md,json}).
 
@@ -57,9 +59,12 @@ def run_demo(
     and teacher are shared); the table gives mean ± sd and each distilled student's paired
     difference to each control with its 95% interval. `resume`: reuse the stages an earlier
     run of the same command finished in `out` (a killed demo goes on where it stopped).
+    `lanes`: the students' stages in that many worker processes side by side, the threads
+    split among them (lanes.py); the same table as one after another.
     """
     import torch
 
+    from distil.demo import lanes as lanes_
     from distil.demo import stages
     from distil.demo.presets import manifest
     from distil.demo.run import DemoRun, default_cache_dir
@@ -77,13 +82,12 @@ def run_demo(
         command=command,
         n_seeds=seeds,
         resume=resume,
+        lanes=lanes,
     )
     run.out.mkdir(parents=True, exist_ok=True)
     stages.make_data(run)
     stages.make_tokenizers(run)
     stages.train_teacher(run)
     seeded = [run.for_seed(k) for k in range(seeds)]
-    for r in seeded:
-        stages.start_students(r)
-        stages.run_all(r)
+    lanes_.run_seeds(seeded, lanes)
     return stages.report(seeded)

@@ -57,6 +57,16 @@ def add_demo(sub, positive_int) -> None:
         "--out (each checked against its command and config text); without it every stage "
         "after the cached teacher runs anew",
     )
+    p.add_argument(
+        "--lanes",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="run the students' stages in N processes side by side, the threads split among "
+        "them (default 2 when --threads is 2 or more: on 2 cores two one-thread lanes train "
+        "~1.4x faster than one two-thread process; 1: one after another). The table is the "
+        "same either way",
+    )
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     p.add_argument(
@@ -100,6 +110,14 @@ def run(args) -> int:
         command += f" --distill-scale {args.distill_scale:g}"
     if args.seeds != 1:
         command += f" --seeds {args.seeds}"
+    lanes = args.lanes or min(2, args.threads)
+    if lanes > args.threads:
+        raise ConfigError(
+            f"--lanes {lanes} with --threads {args.threads}: each lane needs a thread. Fix: "
+            f"--lanes {args.threads} or fewer, or more --threads"
+        )
+    if args.lanes is not None:
+        command += f" --lanes {lanes}"
     run_demo(
         args.out,
         preset=preset,
@@ -109,5 +127,6 @@ def run(args) -> int:
         command=command,
         seeds=args.seeds,
         resume=args.resume,
+        lanes=lanes,
     )
     return 0

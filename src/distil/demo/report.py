@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -220,7 +221,9 @@ def write_outputs(runs: list[DemoRun], results: list[list]) -> dict[str, Any]:
         "seeds": len(runs),
         "rows": per_seed[0] if len(runs) == 1 else agg,
         "paired_leads": leads,
+        "lanes": run.lanes,
         "stages": [s.__dict__ for s in run.stages],
+        "wall_seconds": wall_seconds(run),
         "commands": run.commands,
     }
     (run.out / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
@@ -230,6 +233,11 @@ def write_outputs(runs: list[DemoRun], results: list[list]) -> dict[str, Any]:
     print(f"\n{head}\n{text}\n", flush=True)  # stdout, unwrapped: the table is the result
     _print_summary(run, plot)
     return payload
+
+
+def wall_seconds(run: DemoRun) -> float:
+    """Seconds since the demo started (its stages' sum with one lane, less with several)."""
+    return time.perf_counter() - run.t0
 
 
 def categories(results: list[tuple[str, dict[str, Any]]]) -> str:
@@ -249,7 +257,9 @@ def _print_summary(run: DemoRun, plot: Path | None) -> None:
     lines = ["where the time went:"]
     for s in run.stages:
         lines.append(f"  {s.seconds / 60:6.2f} min  {s.name}" + (f"  ({s.note})" if s.note else ""))
-    lines.append(f"  {total / 60:6.2f} min  total")
+    if run.lanes > 1:
+        lines.append(f"  {total / 60:6.2f} min  all stages (the students' in {run.lanes} lanes)")
+    lines.append(f"  {wall_seconds(run) / 60:6.2f} min  total, on the clock")
     lines.append(
         f"\nresults: {run.out / 'results.md'}, {run.out / 'results.json'}"
         + (f", {plot}" if plot else "")

@@ -39,6 +39,7 @@ class DemoRun:
     seed: int = 0  # this run's seed (data order, sampling, the starts' init); see for_seed
     n_seeds: int = 1
     resume: bool = False  # reuse the stages an earlier run of the same command finished
+    lanes: int = 1  # worker processes running the students' stages side by side (lanes.py)
     stages: list[Stage] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     t0: float = field(default_factory=time.perf_counter)

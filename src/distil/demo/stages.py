@@ -272,33 +272,35 @@ def keep_teacher(run: DemoRun, out: Path, final: Path, cached: Path, stage) -> N
 
 
 def start_students(run: DemoRun) -> None:
+    for name in run.manifest.students:
+        start_student(run, name)
+
+
+def start_student(run: DemoRun, name: str) -> None:
+    """The student's supervised start on the labelled set (its seed's init)."""
     p = run.preset
     steps = p.steps["start"]
-    for name, student in run.manifest.students.items():
-        label = f"{run.tag}{name} student: supervised start on {p.n_labelled} labelled problems"
-        with run.timed(f"{label} ({steps} steps)"):
-            seed = student.seed + SEED_STRIDE * run.seed
-            init = _init(
-                run,
-                student.tokenizer,
-                run.paths["models"] / f"student_{name}_init",
-                p.student,
-                seed,
-            )
-            train_stage(
-                run,
-                "student_start",
-                {
-                    "student.path": init,
-                    "train.output_dir": run.paths["runs"] / f"student_{name}_start",
-                    "train.max_steps": steps,
-                    **_seed(run),
-                },
-            )
-            copy_tree(
-                run.paths["runs"] / f"student_{name}_start" / "final",
-                run.paths["models"] / f"student_{name}_start",
-            )
+    student = run.manifest.students[name]
+    label = f"{run.tag}{name} student: supervised start on {p.n_labelled} labelled problems"
+    with run.timed(f"{label} ({steps} steps)"):
+        seed = student.seed + SEED_STRIDE * run.seed
+        init = _init(
+            run, student.tokenizer, run.paths["models"] / f"student_{name}_init", p.student, seed
+        )
+        train_stage(
+            run,
+            "student_start",
+            {
+                "student.path": init,
+                "train.output_dir": run.paths["runs"] / f"student_{name}_start",
+                "train.max_steps": steps,
+                **_seed(run),
+            },
+        )
+        copy_tree(
+            run.paths["runs"] / f"student_{name}_start" / "final",
+            run.paths["models"] / f"student_{name}_start",
+        )
 
 
 # ----------------------------------------------------------------------------- runs
@@ -314,9 +316,20 @@ def run_all(run: DemoRun) -> None:
     if run.manifest.writes is not None:
         teacher_writes(run, run.manifest.writes)
     for r in run.manifest.runs:
-        budget = _budget(run, r)
-        with run.timed(f"{run.tag}{r.student} student: {r.label} ({_describe(budget)})"):
-            train_stage(run, r.config, {**_run_overrides(run, r), **budget})
+        run_one(run, r)
+
+
+def run_one(run: DemoRun, r: Run) -> None:
+    """One run of configs/demo.yaml (a control after the run whose compute it gets)."""
+    budget = _budget(run, r)
+    with run.timed(f"{run.tag}{r.student} student: {r.label} ({_describe(budget)})"):
+        train_stage(run, r.config, {**_run_overrides(run, r), **budget})
+
+
+def reads_written(r: Run) -> bool:
+    """Whether the run trains on the teacher's written completions (runs/demo/written/)."""
+    train = (_config(r.config).get("data") or {}).get("train")
+    return isinstance(train, str) and train.startswith(f"{DEMO_ROOT}/written/")
 
 
 def teacher_writes(run: DemoRun, w: Writes) -> None:
