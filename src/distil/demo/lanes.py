@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -145,7 +146,11 @@ def _work(run: DemoRun, task: Task, log: Path) -> tuple[list[Stage], list[str]]:
     torch.set_num_threads(run.threads)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f, _output_to(f):
-        do(run, task)
+        try:
+            do(run, task)
+        except BaseException:
+            traceback.print_exc()  # into the log, next to the stage's output
+            raise
     return run.stages, run.commands
 
 

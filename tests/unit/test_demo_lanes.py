@@ -1,0 +1,58 @@
+"""The demo's students' stages as a graph (what each waits for, the order one lane runs them
+in), and a stage that fails in a lane: the error reaches the demo and the stage's log keeps it."""
+
+from pathlib import Path
+
+import pytest
+
+from distil.demo.lanes import run_seeds, seed_tasks
+from distil.demo.presets import manifest
+from distil.demo.run import DemoRun
+
+
+def _run(out: Path, seeds: int = 1) -> DemoRun:
+    m = manifest()
+    return DemoRun(out, "smoke", m.presets["smoke"], m, 2, out / "cache", n_seeds=seeds)
+
+
+def test_each_stage_waits_for_what_it_reads(tmp_path):
+    tasks = seed_tasks(_run(tmp_path).for_seed(1))
+    assert all(t.seed == 1 for t in tasks)
+    got = {t.key: set(t.after) for t in tasks}
+    # the order one lane runs them in: the starts, the teacher's completions, demo.yaml's runs
+    assert list(got) == [
+        "start:char",
+        "start:bpe",
+        "writes:teacher_writes",
+        "run:distill_cross_tokenizer",
+        "run:control_seqkd",
+        "run:control_sft",
+        "run:distill_same_tokenizer",
+        "run:control_sft_bpe",
+    ]
+    assert got == {
+        "start:char": set(),
+        "start:bpe": set(),
+        "writes:teacher_writes": set(),
+        # trains on the teacher's written completions
+        "run:distill_cross_tokenizer": {"start:char", "writes:teacher_writes"},
+        # ... and gets the distillation's student compute
+        "run:control_seqkd": {
+            "start:char",
+            "writes:teacher_writes",
+            "run:distill_cross_tokenizer",
+        },
+        "run:control_sft": {"start:char", "run:distill_cross_tokenizer"},  # the labelled set
+        "run:distill_same_tokenizer": {"start:bpe"},  # on-policy: prompts only
+        "run:control_sft_bpe": {"start:bpe", "run:distill_same_tokenizer"},
+    }
+
+
+def test_a_stage_that_fails_in_a_lane_stops_the_demo_and_keeps_its_error(tmp_path):
+    # no data, tokenizers or teacher: every start fails in its worker process
+    run = _run(tmp_path / "demo")
+    with pytest.raises(Exception, match=r"tokenizer|No such file|not found|does not exist"):
+        run_seeds([run], lanes=2)
+    logs = sorted((tmp_path / "demo" / "logs").glob("*.log"))
+    assert logs and "Traceback" in logs[0].read_text()
+    assert run.stages == []  # nothing finished
