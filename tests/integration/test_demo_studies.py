@@ -76,6 +76,17 @@ def test_self_distill_study_table(tmp_path):
     assert (
         cfg["teacher"]["from_student"] == "current" and "{completion}" in cfg["teacher"]["context"]
     )
+    # the start reads the labelled rows as the student sees them and as each teacher does
+    start = yaml.safe_load((out / "runs" / "student_bpe_start" / "config.yaml").read_text())
+    assert start["data"]["train"] == str(out / "data" / "labelled_context.jsonl")
+    plain = (out / "data" / "labelled.jsonl").read_text().splitlines()
+    mixed = [
+        json.loads(x) for x in (out / "data" / "labelled_context.jsonl").read_text().splitlines()
+    ]
+    assert len(mixed) == 3 * len(plain) and mixed[0] == json.loads(plain[0])
+    shown = mixed[1]["prompt"][-1]["content"]  # the context teacher's prompt of the first row
+    assert mixed[1]["completion"] in shown and shown.count(mixed[0]["prompt"][-1]["content"]) == 2
+    assert mixed[2]["prompt"][0]["role"] == "system"  # the context-distillation teacher's
     rows = {r["model"]: r for r in results["rows"]}
     control = rows["bpe student: control, continued SFT"]["student_flops"]
     sd = "bpe student: self-distilled, reference solution as privileged context"

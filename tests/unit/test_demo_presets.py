@@ -56,6 +56,10 @@ def _write(tmp_path, change):
         (lambda r: r["presets"]["smoke"]["steps"].pop("cross"), "preset smoke has no steps.cross"),
         (lambda r: r["presets"]["smoke"]["steps"].update(start=0), "positive ints"),
         (lambda r: r["presets"]["smoke"].update(minutes=3), "preset smoke"),
+        (
+            lambda r: r["students"]["char"].update(start_data="/data/x.jsonl"),
+            "students.char.start_data must be a path under runs/demo/",
+        ),
     ],
 )
 def test_a_bad_manifest_is_a_config_error_naming_the_entry(tmp_path, change, message):

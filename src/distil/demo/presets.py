@@ -39,6 +39,7 @@ class Student:
     name: str
     tokenizer: str  # bpe | char
     seed: int
+    start_data: str | None = None  # its supervised start's data.train (default: the config's)
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,15 @@ def manifest(path: str | Path = MANIFEST) -> Manifest:
     raw = yaml.safe_load(Path(path).read_text())
     problems: list[str] = []
     students = {
-        name: Student(name, s["tokenizer"], int(s["seed"]))
+        name: Student(name, s["tokenizer"], int(s["seed"]), s.get("start_data"))
         for name, s in _section(raw, "students", problems).items()
     }
+    for name, s in students.items():
+        if s.start_data is not None and not str(s.start_data).startswith(DEMO_ROOT + "/"):
+            problems.append(
+                f"students.{name}.start_data must be a path under {DEMO_ROOT}/ (moved under "
+                f"--out), got {s.start_data!r}"
+            )
     runs = [_run(i, r, problems) for i, r in enumerate(raw.get("runs") or [])]
     presets = {
         name: _preset(name, p, problems) for name, p in _section(raw, "presets", problems).items()

@@ -73,6 +73,7 @@ def run_study(
     else:
         stages.make_data(run)
         stages.make_tokenizers(run)
+        context_start_data(run)
     stages.start_students(run)
     run_all(run)
     return report(name, run)
@@ -127,6 +128,32 @@ def make_slices(run: DemoRun) -> None:
             f"train and {p.n_test} test each; {p.n_labelled} labelled ({SLICE_COLUMN} column)"
         )
         console.print(stage.note)
+
+
+CONTEXT_START = "data/labelled_context.jsonl"  # the self-distillation study's start data
+
+
+def context_start_data(run: DemoRun) -> None:
+    """The self-distillation study's start data: the labelled rows as they are, and again with
+    the prompt each run's teacher is shown (its context template filled from the row, its
+    system text), interleaved. A start that never saw such prompts reads them worse than none:
+    the demo's start scores the reference answer at -11.0 nats with it in context against
+    -4.8 without (docs/LOG.md), so its own teacher would only confuse it."""
+    from distil.data.context import context_prompt
+    from distil.data.datasets import load_examples
+
+    labelled = run.paths["data"] / "labelled.jsonl"
+    rows = [json.loads(line) for line in labelled.read_text().splitlines()]
+    examples = load_examples(str(labelled))
+    parts = [rows]
+    for r in run.manifest.runs:
+        t = stages._config(r.config).get("teacher") or {}
+        if t.get("context") or t.get("system"):
+            shown = [context_prompt(e, t.get("context"), t.get("system")) for e in examples]
+            parts.append([{**row, "prompt": p} for row, p in zip(rows, shown, strict=True)])
+    with run.timed("start data: the labelled rows, also as each teacher sees them") as stage:
+        stages._write_jsonl(run.paths["data"] / CONTEXT_START.split("/", 1)[1], _interleave(*parts))
+        stage.note = f"{len(rows)} rows x {len(parts)} prompts (the student's, each teacher's)"
 
 
 # ----------------------------------------------------------------------------- teachers
