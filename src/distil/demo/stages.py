@@ -84,7 +84,7 @@ def train_stage(run: DemoRun, config: str, overrides: dict[str, Any]) -> dict[st
     out, path = Path(values["train.output_dir"]), CONFIG_DIR / f"{config}.yaml"
     command = f"distil train {path} " + " ".join(items)
     run.commands.append(command)
-    if finished(run, out, command, path) and (out / "final").is_dir():
+    if (out / "final").is_dir() and finished(run, out, command, path):
         return last_metrics(out)
     shutil.rmtree(out, ignore_errors=True)  # a fresh run each time
     metrics = train(load_config(path, items))
@@ -107,7 +107,10 @@ def finished(run: DemoRun, out: Path, command: str, config: Path) -> bool:
         return False
     if json.loads(record.read_text()) != _record(command, config):
         return False
-    console.print(f"[dim]reusing the finished stage in {out} (--resume)[/dim]")
+    note = f"reusing the finished stage in {out} (--resume)"
+    console.print(f"[dim]{note}[/dim]")
+    if run.stages:  # the stage running it (in a lane: what the demo prints when it ends)
+        run.stages[-1].note = note
     return True
 
 
@@ -287,10 +290,13 @@ def start_student(run: DemoRun, name: str) -> None:
         init = _init(
             run, student.tokenizer, run.paths["models"] / f"student_{name}_init", p.student, seed
         )
+        own = student.start_data  # a study's own start data (runs/demo/...), moved
+        data = {"data.train": demo_path(run, own[len(DEMO_ROOT) + 1 :])} if own else {}
         train_stage(
             run,
             "student_start",
             {
+                **data,
                 "student.path": init,
                 "train.output_dir": run.paths["runs"] / f"student_{name}_start",
                 "train.max_steps": steps,
@@ -352,8 +358,7 @@ def teacher_writes(run: DemoRun, w: Writes) -> None:
         command = f"distil generate {path} {' '.join(items)} --out {out} --batch-size {WRITE_BATCH}"
         run.commands.append(command)
         command += f" (prompts: {n} of the seed's order)"
-        if finished(run, out.parent, command, path) and out.is_file():
-            stage.note = f"reused: {out}"
+        if out.is_file() and finished(run, out.parent, command, path):
             return
         subset.parent.mkdir(parents=True, exist_ok=True)
         (out.parent / STAGE_RECORD).unlink(missing_ok=True)
