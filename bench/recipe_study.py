@@ -8,8 +8,9 @@ problems, greedy, 32 new tokens).
     python bench/recipe_study.py table --demo runs/demo3 [NAME ...]
 
 `run` takes the demo's own `distil train` command of the same-tokenizer stage for seed k (from
-results.json), moves its output under --root, appends the overrides and evaluates the final
-model. `table` prints, per recipe: accuracy per seed, mean ± sd, the gap recovered (teacher and
+results.json), moves its output under --root, appends the overrides (`{seed_dir}` in one reads
+as that seed's directory, e.g. `data.train={seed_dir}/written/teacher.jsonl`: the seed's
+teacher-written completions) and evaluates the final model. `table` prints, per recipe: accuracy per seed, mean ± sd, the gap recovered (teacher and
 start from the demo's results.json), student compute relative to the demo's recipe, and the
 paired lead (95% t interval) over the demo's continued-SFT control and over the demo's recipe.
 A recipe with more student compute than the demo's is marked: its comparison is not at equal
@@ -78,7 +79,8 @@ def run(
             from distil.demo.presets import CONFIG_DIR
 
             cmd[2] = str(CONFIG_DIR / Path(cmd[2]).name)
-        cmd += [f"train.output_dir={out / 'run'}", "train.resume=never", *overrides]
+        own = [o.replace("{seed_dir}", str(dirs[k])) for o in overrides]
+        cmd += [f"train.output_dir={out / 'run'}", "train.resume=never", *own]
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "distil", *cmd[1:]], check=True)
         train_s = time.perf_counter() - t0
