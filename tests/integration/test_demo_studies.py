@@ -79,6 +79,7 @@ def test_self_distill_study_table(tmp_path):
     # the start reads the labelled rows as the student sees them and as each teacher does
     start = yaml.safe_load((out / "runs" / "student_bpe_start" / "config.yaml").read_text())
     assert start["data"]["train"] == str(out / "data" / "labelled_context.jsonl")
+    assert start["data"]["template"] is None  # a template would render every row alike
     plain = (out / "data" / "labelled.jsonl").read_text().splitlines()
     mixed = [
         json.loads(x) for x in (out / "data" / "labelled_context.jsonl").read_text().splitlines()

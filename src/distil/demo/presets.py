@@ -39,7 +39,9 @@ class Student:
     name: str
     tokenizer: str  # bpe | char
     seed: int
-    start_data: str | None = None  # its supervised start's data.train (default: the config's)
+    # its supervised start's data.train, prompts as written (data.template null); default: the
+    # start config's labelled set, rendered by its template
+    start_data: str | None = None
 
 
 @dataclass(frozen=True)

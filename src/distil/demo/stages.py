@@ -290,8 +290,14 @@ def start_student(run: DemoRun, name: str) -> None:
         init = _init(
             run, student.tokenizer, run.paths["models"] / f"student_{name}_init", p.student, seed
         )
-        own = student.start_data  # a study's own start data (runs/demo/...), moved
-        data = {"data.train": demo_path(run, own[len(DEMO_ROOT) + 1 :])} if own else {}
+        # a study's own start data (runs/demo/...), moved; its prompts read as written (a
+        # template would render every row from nums and target alike)
+        own = student.start_data
+        data = (
+            {"data.train": demo_path(run, own[len(DEMO_ROOT) + 1 :]), "data.template": "null"}
+            if own
+            else {}
+        )
         train_stage(
             run,
             "student_start",
