@@ -74,7 +74,7 @@ def test_self_distill_study_table(tmp_path):
     assert labels(lines) == SD_ROWS
     cfg = yaml.safe_load((out / "runs" / "study_sd_context" / "config.yaml").read_text())
     assert (
-        cfg["teacher"]["from_student"] == "current" and "{completion}" in cfg["teacher"]["context"]
+        cfg["teacher"]["from_student"] == "initial" and "{completion}" in cfg["teacher"]["context"]
     )
     # the start reads the labelled rows as the student sees them and as each teacher does
     start = yaml.safe_load((out / "runs" / "student_bpe_start" / "config.yaml").read_text())

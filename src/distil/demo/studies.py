@@ -8,7 +8,7 @@ data, tokenizers, students' starts and `distil train` stages), outside the defau
   alone and continued SFT at equal student compute. Each model is scored per slice and on the
   mix.
 - `self-distill` (configs/study_self_distill.yaml): the demo's data and bpe student, its own
-  teacher (`teacher.from_student: current`) given the row's reference answer (privileged
+  teacher (`teacher.from_student: initial`, its frozen starting weights) given the row's reference answer (privileged
   context) or worked examples as a system prompt (context distillation), against its start
   and continued SFT on the same labelled problems at equal student compute.
 
