@@ -1,4 +1,4 @@
-"""The demo recipe study (issue 15): runs demo stages with overrides through distil's own
+"""The demo recipe study: runs demo stages with overrides through distil's own
 training API, then tabulates accuracy against steps and against student cost.
 
     OMP_NUM_THREADS=2 python bench/demo_study.py setup --root /work/study-runs --teacher-steps 1500

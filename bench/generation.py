@@ -255,7 +255,7 @@ def headline(rows, preset, device: str) -> str:
     if static is None or "hf" not in at:
         return "RESULT generation: hf and hf_static were not both measured"
     gen = f", plain generate {at['generate'] / at['hf']:.2f}x" if "generate" in at else ""
-    if "generate_static" in at:  # issue 28's goal: at least 0.5x
+    if "generate_static" in at:  # the goal: at least 0.5x
         gen += f", {static} {at[static] / at['generate_static']:.2f}x transformers' static cache"
     return (
         f"RESULT generation: {static} {at[static] / at['hf']:.2f}x the tokens/s of hf{gen} "

@@ -1,4 +1,4 @@
-"""The same-tokenizer recipe study (issue 32, part 3): one recipe of the demo's on-policy
+"""The same-tokenizer recipe study: one recipe of the demo's on-policy
 distillation of the bpe student, run on every seed of a multi-seed demo from that seed's own
 start, with the demo's teacher, data and budgets, then judged as the demo judges (500 test
 problems, greedy, 32 new tokens).

@@ -266,7 +266,7 @@ def test_mean_pass_at_k():
     assert mean_pass_at_k([], 1) == 0.0
 
 
-# --- answer-tag rule (issue 16, item 11 and the tag fuzz classes) -------------------------------
+# --- answer-tag rule (and the tag fuzz classes) -------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -329,7 +329,7 @@ def test_lone_surrogates_and_odd_text_get_a_verdict():
     assert tinyzero_score(P + "\ud800<answer>44 + 19 - 35</answer>", NUMS, TARGET) == 1.0
 
 
-# --- numbers: plain decimal integers, any size (issue 16, item 12) ------------------------------
+# --- numbers: plain decimal integers, any size ------------------------------------------------
 
 
 @pytest.mark.parametrize(

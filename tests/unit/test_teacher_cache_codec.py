@@ -100,7 +100,7 @@ def test_sqrt_codec_at_k64_on_128k_vocabulary_is_small_and_close(kind):
     # uniform rounding of sqrt p costs ~ k d^2 / 6 = the budget (5e-4)
     assert 0.5 * codec.SQRT_KL_BUDGET < kl < 1.5 * codec.SQRT_KL_BUDGET < 1e-3
     per_token = sum(a.nbytes for a in arrays.values()) / len(ids)
-    assert per_token <= 128  # issue 13's goal (bench/cache.py: ~124 random, ~83 zipf)
+    assert per_token <= 128  # the cache's size goal (bench/cache.py: ~124 random, ~83 zipf)
     q8 = codec.encode_tokens(ids, vals, rest, token, "q8")
     assert per_token < sum(a.nbytes for a in q8.values()) / len(ids)
 
