@@ -10,8 +10,8 @@ problems, greedy, 32 new tokens).
 `run` takes the demo's own `distil train` command of the same-tokenizer stage for seed k (from
 results.json), moves its output under --root, appends the overrides (`{seed_dir}` in one reads
 as that seed's directory, e.g. `data.train={seed_dir}/written/teacher.jsonl`: the seed's
-teacher-written completions) and evaluates the final model. `table` prints, per recipe: accuracy per seed, mean ± sd, the gap recovered (teacher and
-start from the demo's results.json), student compute relative to the demo's recipe, and the
+teacher-written completions) and evaluates the final model. `table` prints, per recipe:
+accuracy per seed, mean ± sd, the gap recovered (teacher and start from the demo's results.json), student compute relative to the demo's recipe, and the
 paired lead (95% t interval) over the demo's continued-SFT control and over the demo's recipe.
 A recipe with more student compute than the demo's is marked: its comparison is not at equal
 cost.

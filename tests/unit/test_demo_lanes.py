@@ -10,9 +10,11 @@ from distil.demo.presets import manifest
 from distil.demo.run import DemoRun
 
 
-def _run(out: Path, seeds: int = 1) -> DemoRun:
+def _run(out: Path, seeds: int = 1, lanes: int = 1) -> DemoRun:
     m = manifest()
-    return DemoRun(out, "smoke", m.presets["smoke"], m, 2, out / "cache", n_seeds=seeds)
+    return DemoRun(
+        out, "smoke", m.presets["smoke"], m, 2, out / "cache", n_seeds=seeds, lanes=lanes
+    )
 
 
 def test_each_stage_waits_for_what_it_reads(tmp_path):
@@ -50,9 +52,9 @@ def test_each_stage_waits_for_what_it_reads(tmp_path):
 
 def test_a_stage_that_fails_in_a_lane_stops_the_demo_and_keeps_its_error(tmp_path):
     # no data, tokenizers or teacher: every start fails in its worker process
-    run = _run(tmp_path / "demo")
+    run = _run(tmp_path / "demo", lanes=2)
     with pytest.raises(Exception, match=r"tokenizer|No such file|not found|does not exist"):
-        run_seeds([run], lanes=2)
+        run_seeds([run])
     logs = sorted((tmp_path / "demo" / "logs").glob("*.log"))
     assert logs and "Traceback" in logs[0].read_text()
     assert run.stages == []  # nothing finished

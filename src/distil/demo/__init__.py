@@ -89,5 +89,5 @@ def run_demo(
     stages.make_tokenizers(run)
     stages.train_teacher(run)
     seeded = [run.for_seed(k) for k in range(seeds)]
-    lanes_.run_seeds(seeded, lanes)
+    lanes_.run_seeds(seeded)
     return stages.report(seeded)

@@ -63,15 +63,16 @@ def do(run: DemoRun, task: Task) -> None:
         assert run.manifest.writes is not None
         stages.teacher_writes(run, run.manifest.writes)
     else:
-        stages.run_one(run, next(r for r in run.manifest.runs if r.key == task.name))
+        stages.run_one(run, _run(run, task))
 
 
-def run_seeds(seeded: list[DemoRun], lanes: int) -> None:
-    """Every seed's stages: in this process, in order, with one lane; else in `lanes` worker
-    processes. The stages and commands land in the runs' shared lists (commands in the order
+def run_seeds(seeded: list[DemoRun]) -> None:
+    """Every seed's stages: in this process, in order, with one lane (`DemoRun.lanes`); else
+    in that many worker processes. The stages and commands land in the runs' shared lists (commands in the order
     one lane would have run them, so the printed recipe does not depend on timing)."""
     todo = [t for r in seeded for t in seed_tasks(r)]
     by_seed = {r.seed: r for r in seeded}
+    lanes = seeded[0].lanes
     if lanes <= 1:
         for t in todo:
             do(by_seed[t.seed], t)
@@ -132,11 +133,15 @@ def _report(run: DemoRun, new: list[Stage]) -> None:
 
 
 def _label(run: DemoRun, t: Task) -> str:
-    kind = {"start": "supervised start", "writes": "the teacher writes its completions"}
-    if t.kind == "run":
-        r = next(r for r in run.manifest.runs if r.key == t.name)
-        return f"{run.tag}{r.student} student: {r.label}"
-    return f"{run.tag}{t.name + ' student: ' if t.kind == 'start' else ''}{kind[t.kind]}"
+    if t.kind == "start":
+        return stages.start_label(run, t.name)
+    if t.kind == "writes":
+        return f"{run.tag}the teacher writes its completions"
+    return stages.run_label(run, _run(run, t))
+
+
+def _run(run: DemoRun, t: Task):
+    return next(r for r in run.manifest.runs if r.key == t.name)
 
 
 def _work(run: DemoRun, task: Task, log: Path) -> tuple[list[Stage], list[str]]:

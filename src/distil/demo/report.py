@@ -223,7 +223,8 @@ def write_outputs(runs: list[DemoRun], results: list[list]) -> dict[str, Any]:
         "paired_leads": leads,
         "lanes": run.lanes,
         "stages": [s.__dict__ for s in run.stages],
-        "wall_seconds": wall_seconds(run),
+        # seconds since the demo started (its stages' sum with one lane, less with several)
+        "wall_seconds": time.perf_counter() - run.t0,
         "commands": run.commands,
     }
     (run.out / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
@@ -231,13 +232,8 @@ def write_outputs(runs: list[DemoRun], results: list[list]) -> dict[str, Any]:
 
     plot = plot_curves(runs, [{r.name: r.summary["accuracy"] for r in x} for x in results])
     print(f"\n{head}\n{text}\n", flush=True)  # stdout, unwrapped: the table is the result
-    _print_summary(run, plot)
+    _print_summary(run, plot, payload["wall_seconds"])
     return payload
-
-
-def wall_seconds(run: DemoRun) -> float:
-    """Seconds since the demo started (its stages' sum with one lane, less with several)."""
-    return time.perf_counter() - run.t0
 
 
 def categories(results: list[tuple[str, dict[str, Any]]]) -> str:
@@ -252,14 +248,14 @@ def categories(results: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def _print_summary(run: DemoRun, plot: Path | None) -> None:
+def _print_summary(run: DemoRun, plot: Path | None, wall: float) -> None:
     total = sum(s.seconds for s in run.stages)
     lines = ["where the time went:"]
     for s in run.stages:
         lines.append(f"  {s.seconds / 60:6.2f} min  {s.name}" + (f"  ({s.note})" if s.note else ""))
     if run.lanes > 1:
         lines.append(f"  {total / 60:6.2f} min  all stages (the students' in {run.lanes} lanes)")
-    lines.append(f"  {wall_seconds(run) / 60:6.2f} min  total, on the clock")
+    lines.append(f"  {wall / 60:6.2f} min  total, on the clock")
     lines.append(
         f"\nresults: {run.out / 'results.md'}, {run.out / 'results.json'}"
         + (f", {plot}" if plot else "")

@@ -34,7 +34,7 @@ def moved_paths(run: DemoRun, config: str) -> dict[str, Any]:
         section, name = key.split(".")
         value = (raw.get(section) or {}).get(name)
         if isinstance(value, str) and value.startswith(DEMO_ROOT + "/"):
-            out[key] = demo_path(run, value[len(DEMO_ROOT) + 1 :])
+            out[key] = moved(run, value)
     return out
 
 
@@ -48,6 +48,11 @@ def demo_path(run: DemoRun, rel: str) -> Path:
         base = run.paths["teacher" if head == "models" else "teacher_run"]
         return base / tail if tail else base
     return run.paths[head] / rest if head in run.paths else run.seed_dir / rel
+
+
+def moved(run: DemoRun, value: str) -> Path:
+    """A config's `runs/demo/...` path in this run (see demo_path)."""
+    return demo_path(run, value[len(DEMO_ROOT) + 1 :])
 
 
 def _config(name: str) -> dict[str, Any]:
@@ -279,13 +284,20 @@ def start_students(run: DemoRun) -> None:
         start_student(run, name)
 
 
+def start_label(run: DemoRun, name: str) -> str:
+    return f"{run.tag}{name} student: supervised start on {run.preset.n_labelled} labelled problems"
+
+
+def run_label(run: DemoRun, r: Run) -> str:
+    return f"{run.tag}{r.student} student: {r.label}"
+
+
 def start_student(run: DemoRun, name: str) -> None:
     """The student's supervised start on the labelled set (its seed's init)."""
     p = run.preset
     steps = p.steps["start"]
     student = run.manifest.students[name]
-    label = f"{run.tag}{name} student: supervised start on {p.n_labelled} labelled problems"
-    with run.timed(f"{label} ({steps} steps)"):
+    with run.timed(f"{start_label(run, name)} ({steps} steps)"):
         seed = student.seed + SEED_STRIDE * run.seed
         init = _init(
             run, student.tokenizer, run.paths["models"] / f"student_{name}_init", p.student, seed
@@ -293,11 +305,7 @@ def start_student(run: DemoRun, name: str) -> None:
         # a study's own start data (runs/demo/...), moved; its prompts read as written (a
         # template would render every row from nums and target alike)
         own = student.start_data
-        data = (
-            {"data.train": demo_path(run, own[len(DEMO_ROOT) + 1 :]), "data.template": "null"}
-            if own
-            else {}
-        )
+        data = {"data.train": moved(run, own), "data.template": "null"} if own else {}
         train_stage(
             run,
             "student_start",
@@ -334,7 +342,7 @@ def run_all(run: DemoRun) -> None:
 def run_one(run: DemoRun, r: Run) -> None:
     """One run of configs/demo.yaml (a control after the run whose compute it gets)."""
     budget = _budget(run, r)
-    with run.timed(f"{run.tag}{r.student} student: {r.label} ({_describe(budget)})"):
+    with run.timed(f"{run_label(run, r)} ({_describe(budget)})"):
         train_stage(run, r.config, {**_run_overrides(run, r), **budget})
 
 

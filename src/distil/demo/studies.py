@@ -8,8 +8,8 @@ data, tokenizers, students' starts and `distil train` stages), outside the defau
   alone and continued SFT at equal student compute. Each model is scored per slice and on the
   mix.
 - `self-distill` (configs/study_self_distill.yaml): the demo's data and bpe student, its own
-  teacher (`teacher.from_student: initial`, its frozen starting weights) given the row's reference answer (privileged
-  context) or worked examples as a system prompt (context distillation), against its start
+  teacher (`teacher.from_student: initial`, its frozen starting weights) given the row's
+  reference answer (privileged context) or worked examples as a system prompt (context distillation), against its start
   and continued SFT on the same labelled problems at equal student compute.
 
 Each study is a manifest in demo.yaml's format (students, runs, presets: `smoke` for tests,
@@ -130,11 +130,8 @@ def make_slices(run: DemoRun) -> None:
         console.print(stage.note)
 
 
-CONTEXT_START = "data/labelled_context.jsonl"  # the self-distillation study's start data
-
-
 def context_start_data(run: DemoRun) -> None:
-    """The self-distillation study's start data: the labelled rows as they are, and again with
+    """Each student's `start_data` in the self-distillation study: the labelled rows as they are, and again with
     the prompt each run's teacher is shown (its context template filled from the row, its
     system text), interleaved. A start that never saw such prompts reads them worse than none:
     the demo's start scores the reference answer at -11.0 nats with it in context against
@@ -152,7 +149,9 @@ def context_start_data(run: DemoRun) -> None:
             shown = [context_prompt(e, t.get("context"), t.get("system")) for e in examples]
             parts.append([{**row, "prompt": p} for row, p in zip(rows, shown, strict=True)])
     with run.timed("start data: the labelled rows, also as each teacher sees them") as stage:
-        stages._write_jsonl(run.paths["data"] / CONTEXT_START.split("/", 1)[1], _interleave(*parts))
+        for s in run.manifest.students.values():
+            if s.start_data:
+                stages._write_jsonl(stages.moved(run, s.start_data), _interleave(*parts))
         stage.note = f"{len(rows)} rows x {len(parts)} prompts (the student's, each teacher's)"
 
 
@@ -198,7 +197,7 @@ def nested_paths(run: DemoRun, raw: dict[str, Any], prefix: str = "") -> dict[st
         if isinstance(value, dict):
             out.update(nested_paths(run, value, dotted + "."))
         elif isinstance(value, str) and value.startswith(DEMO_ROOT + "/"):
-            out[dotted] = stages.demo_path(run, value[len(DEMO_ROOT) + 1 :])
+            out[dotted] = stages.moved(run, value)
     return out
 
 
