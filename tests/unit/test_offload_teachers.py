@@ -149,3 +149,34 @@ def test_offload_is_refused_where_nothing_can_be_offloaded(
         ConfigError, match=r"teacher\.offload = true: .*Fix: teacher\.offload=false"
     ):
         build_config(one)
+
+
+@pytest.mark.parametrize("routing", [{}, {"weights": {"a": 1.0, "b": 2.0}}], ids=["routed", "mixed"])
+def test_cache_teacher_offloads_each_teacher_and_writes_the_same_cache(
+    moves, tmp_path, make_train_config, pair_dirs, second_teacher, routed_data, routing
+):
+    from distil.teacher import cache as fmt
+    from distil.teacher.cached import CachedTeacher
+    from distil.teacher.writer import cache_teacher
+
+    k = None if routing else 4  # a mixture's teachers give full distributions, cut to --top-k
+    a, b = {"path": str(pair_dirs[0]), "top_k": k}, {"path": str(second_teacher), "top_k": k}
+    caches = {}
+    for offload in (False, True):
+        moves.clear()
+        out = tmp_path / f"cache_{offload}"
+        cfg = build_config(routed(make_train_config, routed_data, a, b, offload=offload, **routing))
+        cache_teacher(cfg, out, values="fp32", shard_rows=24, batch_size=8, top_k=k or 4)
+        caches[offload] = CachedTeacher(out, fmt.read_manifest(out))
+        if offload:  # in and out in pairs, one teacher at a time (the fixture checks)
+            assert {n for n, _ in moves} == {"a", "b"} and len(moves) % 2 == 0
+            assert moves[::2] == [(n, "in") for n, _ in moves[::2]]
+            assert moves[1::2] == [(n, "out") for n, _ in moves[::2]]
+        else:
+            assert moves == []
+    rows = len(routed_data.read_text().splitlines())
+    for i in range(rows):
+        for got, want in zip(caches[True].row(i), caches[False].row(i), strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        if not routing:
+            assert caches[True].route(i) == caches[False].route(i)

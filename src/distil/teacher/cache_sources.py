@@ -100,20 +100,40 @@ def open_source(cfg: DistilConfig, tok, examples, k: int, keep_student: int | No
     return _single(cfg, tok, k, keep_student)
 
 
-def _load(t, key: str):
-    from distil.models.load import load_model, load_tokenizer
+def _device(t) -> str:
+    return t.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
-    device = t.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+def _load(t, key: str, offload: bool = False):
+    """(model, tokenizer) of teacher config `t`: on its device, or, `offload` (one of several
+    teachers), in host memory in its device's dtype (`Offloaded` moves it in per scoring,
+    teacher/offload.py); one teacher alone stays on its device."""
+    from distil.models.load import load_model, load_tokenizer, resolve_dtype
+
+    device = _device(t)
+    dtype = resolve_dtype(t.dtype, t.path, device) if offload else t.dtype
     t_tok = load_tokenizer(t.tokenizer or t.path, key=key.replace(".path", ".tokenizer"))
     model = load_model(
         t.path,
         key=key,
-        dtype=t.dtype,
+        dtype=dtype,
         attn_implementation=t.attn_implementation,
-        device=device,
+        device="cpu" if offload else device,
         trust_remote_code=t.trust_remote_code,
     )
     return model, t_tok
+
+
+def _offloaded(r, names: list[str], scorers: list) -> list:
+    """The scorers, those of `offload` teachers behind `Offloaded`: a device holds one
+    offloaded teacher at a time, as in training (train/several.py)."""
+    from distil.teacher.offload import Offload, Offloaded
+
+    out = []
+    for name, s in zip(names, scorers, strict=True):
+        t = r.models[name]
+        out.append(Offloaded(s, Offload(s.model, _device(t), name)) if t.offload else s)
+    return out
 
 
 def _describe(t, t_tok) -> dict[str, Any]:
@@ -174,7 +194,7 @@ def _several(cfg: DistilConfig, tok, examples, k: int, s_rows: int | None) -> So
     loaded, described = [], {}
     for name in names:
         t = r.models[name]
-        model, t_tok = _load(t, f"teachers.models.{name}.path")
+        model, t_tok = _load(t, f"teachers.models.{name}.path", offload=t.offload)
         if t_tok.get_vocab() != tok.get_vocab():
             raise ConfigError(
                 f"teachers.models.{name} has another tokenizer than the student's: a cache of "
@@ -194,12 +214,12 @@ def _several(cfg: DistilConfig, tok, examples, k: int, s_rows: int | None) -> So
         "teachers": described,
     }
     if routes is not None:
-        scorers = [_live(cfg, m, k, keep) for m, _ in loaded]
+        scorers = _offloaded(r, names, [_live(cfg, m, k, keep) for m, _ in loaded])
         scorer = RoutedTeacher(scorers, names, routes)
         counts = {n: routes.count(i) for i, n in enumerate(names)}
         header["routes"] = {"column": r.column, "map": dict(r.map), "names": names, "rows": counts}
     else:  # full distributions, mixed, cut to k by the writer (`topk_targets`)
-        scorers = [_live(cfg, m, None, keep) for m, _ in loaded]
+        scorers = _offloaded(r, names, [_live(cfg, m, None, keep) for m, _ in loaded])
         weights = [float((r.weights or {}).get(n, 0.0)) for n in names]
         scorer = MixedTeacher(scorers, weights)
         header["mixture"] = {"weights": dict(zip(names, weights, strict=True))}
