@@ -151,7 +151,9 @@ def test_offload_is_refused_where_nothing_can_be_offloaded(
         build_config(one)
 
 
-@pytest.mark.parametrize("routing", [{}, {"weights": {"a": 1.0, "b": 2.0}}], ids=["routed", "mixed"])
+@pytest.mark.parametrize(
+    "routing", [{}, {"weights": {"a": 1.0, "b": 2.0}}], ids=["routed", "mixed"]
+)
 def test_cache_teacher_offloads_each_teacher_and_writes_the_same_cache(
     moves, tmp_path, make_train_config, pair_dirs, second_teacher, routed_data, routing
 ):

@@ -347,3 +347,22 @@ def test_a_students_copy_is_in_the_dtype_the_student_loads_in():
         cfg(student={"dtype": "auto"}, teacher=ema, train={"bf16_weights": True}), H100
     )
     assert term(bf16, "teacher scoring", "teacher weights") == Q06_PARAMS * 2
+
+
+def test_several_teachers_writing_seq_kd_plan_the_largest_writer_or_every_mixed_one():
+    seq_kd = {"train": {"seq_kd": True, "lambda": 0.0}}
+    one = make_plan(cfg(**seq_kd), H100)  # Q17 alone writes the window's rows
+    kv = term(one, "teacher generation (seq-KD)", "teacher KV cache")
+    routed = make_plan(several(**seq_kd), H100)
+    assert term(routed, "teacher generation (seq-KD)", "teacher KV cache (big)") == kv
+    writing = next(p for p in routed.devices[0].phases if p.name == "teacher generation (seq-KD)")
+    w_one = next(p for p in one.devices[0].phases if p.name == "teacher generation (seq-KD)")
+    assert writing.flops == w_one.flops
+    assert term(routed, "teacher generation (seq-KD)", "teacher weights (small)") == Q06_PARAMS * 2
+    mixed = make_plan(several({"big": 1.0, "small": 1.0}, **seq_kd), H100)
+    small_kv = 2 * 28 * 8 * 128 * 8 * 512 * 2  # Qwen3-0.6B: 28 layers, 8 KV heads of 128
+    assert term(mixed, "teacher generation (seq-KD)", "teacher KV cache (small)") == small_kv
+    assert term(mixed, "teacher generation (seq-KD)", "teacher KV cache (big)") == kv
+    writing = next(p for p in mixed.devices[0].phases if p.name == "teacher generation (seq-KD)")
+    big, small = model_shape(Q17).active_params, model_shape(Q06).active_params
+    assert writing.flops == 2 * (big + small) * 8 * 512

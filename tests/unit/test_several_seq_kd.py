@@ -1,6 +1,8 @@
 """seq-KD with several routed teachers (`teachers.column` + `train.seq_kd=true`): each row's
 completion is written by its own teacher, after its own privileged prompt, exactly as that
-teacher alone writes it for its rows; a mixture, or a cache, cannot write."""
+teacher alone writes it for its rows; a mixture's completions are drawn from the mixture of
+both teachers (generation/mixture.py), as its generator writes them for the same prompts; a cache
+cannot write."""
 
 from __future__ import annotations
 
@@ -81,10 +83,42 @@ def test_routed_seq_kd_trains_and_logs_each_teacher(tmp_path, raw):
     assert any("loss/teacher/a" in m and "loss/teacher/b" in m for m in metrics)
 
 
-def test_a_mixture_or_a_cache_cannot_write(raw):
+def mixture(raw, weights: dict) -> dict:
+    """The fixture's teachers mixed (one shared context: a's solution prompt for both)."""
+    models = {n: {**m, "context": SOLUTION} for n, m in raw["teachers"]["models"].items()}
+    return {**raw, "teachers": {"models": models, "weights": weights}}
+
+
+def test_a_mixtures_rows_are_drawn_from_the_mixture_of_its_teachers(tmp_path, raw):
+    from distil.generation.mixture import mixture_generator
+
+    mixed = mixture(raw, {"a": 1.0, "b": 3.0})
+    assert preflight(build_config(mixed))[0] == []  # distil config validate: ok
+    c = build(build_config(mixed))
+    block = [c.buffer.next_window() for _ in range(2)]  # the first block: one generate call
+    samples = [s for w in block for b in w.micro_batches for s in b.samples]
+    assert {s.source for s in samples} == {"seq_kd"}
+    side = c.buffer.teacher
+    prompts = [side.prompt_ids[s.example_id] for s in samples]
+    assert all("(a solution:" in c.tokenizer.decode(p) for p in prompts)  # the shared context
+    params = replace(c.buffer.params, seed=sampling_seed(0, 0, "teacher-block", 0))
+    models = [t.model for t in c.teacher.teachers]
+    tok = c.tokenizer
+    want = mixture_generator(
+        models, [1.0, 3.0], pad_id=tok.pad_token_id, stop_ids=side.generator.stop_ids
+    )
+    assert [s.completion_ids for s in samples] == want.generate(prompts, params).completion_lists()
+    for alone in ({"a": 1.0, "b": 0.0}, {"a": 0.0, "b": 1.0}):  # neither teacher alone
+        ref = build(build_config(mixture(raw, alone))).buffer
+        got = ref.teacher.generator.generate(prompts, params).completion_lists()
+        assert got != [s.completion_ids for s in samples], alone
+    raw = mixed | {"train": {**mixed["train"], "output_dir": str(tmp_path / "run")}}
+    loop.train(build_config(raw))
+    assert all(m["policy/seq_kd_share"] == 1.0 for m in read_metrics(tmp_path / "run"))
+
+
+def test_a_cache_cannot_write(raw):
     models = raw["teachers"]["models"]
-    with pytest.raises(ConfigError, match=r"train\.seq_kd = true with a mixture"):
-        config_with(raw, teachers={"models": models, "column": None, "weights": {"a": 1.0}})
     cached = {**models, "b": {"cache": "x"}}
     with pytest.raises(ConfigError, match=r"teachers\.models\.b, a cache or a server"):
         config_with(raw, teachers={"models": cached, "column": "src"})

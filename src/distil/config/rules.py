@@ -301,16 +301,11 @@ def _several_teachers(cfg: DistilConfig):
             "distillation loss such as jsd, or one teacher"
         )
     writers = [n for n, t in cfg.teachers.models.items() if t.cache or t.url or not t.path]
-    if cfg.train.seq_kd and (r.weights is not None or writers):
-        what = (
-            "a mixture (teachers.weights), whose teachers all score every row"
-            if r.weights is not None
-            else f"teachers.models.{writers[0]}, a cache or a server"
-        )
+    if cfg.train.seq_kd and writers:  # a mixture's are live models (above)
         return ("teachers", "train.seq_kd"), (
-            f"train.seq_kd = true with {what}: with seq-KD each routed row's completion is "
-            "written by its own teacher, a live model. Fix: route rows (teachers.column) to "
-            "teachers with a path, or train.seq_kd=false"
+            f"train.seq_kd = true with teachers.models.{writers[0]}, a cache or a server: with "
+            "seq-KD each routed row's completion is written by its own teacher, a live model. "
+            "Fix: route rows (teachers.column) to teachers with a path, or train.seq_kd=false"
         )
     return None
 

@@ -171,6 +171,7 @@ def _several_devices(cfg: DistilConfig, z: Sizes, s: ModelShape,
     here = [tp for tp in teachers if tp.device is None]
     main = [
         ph.generation(cfg, z, s, target),
+        several.writing(cfg, z, s, here, target),
         several.scoring(cfg, z, s, here, target),
         several.student_step(cfg, z, s, teachers, here, target),
         ph.optimizer_step(cfg, z, s, target),
@@ -183,10 +184,12 @@ def _several_devices(cfg: DistilConfig, z: Sizes, s: ModelShape,
     devices = [DevicePlan(rank, target.usable, main)]
     for dev in dict.fromkeys(tp.device for tp in teachers if tp.device is not None):
         on = [tp for tp in teachers if tp.device == dev]
+        writing = several.writing(cfg, z, s, on, target, student_here=False)
         scoring = several.scoring(cfg, z, s, on, target, student_here=False)
-        if scoring is not None:
+        phases = [p for p in (writing, scoring) if p is not None]
+        if phases:
             names = ", ".join(tp.name for tp in on)
-            devices.append(DevicePlan(f"{dev} (teachers {names})", target.usable, [scoring]))
+            devices.append(DevicePlan(f"{dev} (teachers {names})", target.usable, phases))
     return devices
 
 

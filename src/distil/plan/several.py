@@ -167,3 +167,33 @@ def student_step(cfg: DistilConfig, z: Sizes, s: ModelShape, plans: list[Teacher
     p = ph.student_step(cfg, big.sizes, s, big.shape, target, teacher_here=False)
     weight_terms(here, p)
     return p
+
+
+def writing(cfg: DistilConfig, z: Sizes, s: ModelShape, plans: list[TeacherPlan],
+            target: Target, *, student_here: bool = True) -> ph.Phase | None:  # fmt: skip
+    """`train.seq_kd` with the several live teachers of `plans` (one device's: on the
+    student's, `weight_terms` adds their weights to each phase; on a teacher device, here).
+    Routed: each teacher writes its own rows, planned as
+    the teacher with the largest writing peak writing every row (an upper bound). Mixed: every
+    teacher with a weight runs at once on every row (generation/mixture.py), each with its
+    KV cache, prefill and sampling logits."""
+    running = [tp for tp in plans if tp.shape is not None and (tp.weight is None or tp.weight > 0)]
+    if not cfg.train.seq_kd or not running:
+        return None
+    alone = {}
+    for tp in running:
+        q = ph.teacher_generation(tp.cfg, tp.sizes, s, tp.shape, target, student_here=False)
+        assert q is not None
+        q.terms = [t for t in q.terms if t.name != "teacher weights"]
+        alone[tp.name] = q
+    base = ph.resident(cfg, z, s, target, grads=False) if student_here else []
+    p = ph.Phase("teacher generation (seq-KD)", base)
+    if not student_here:
+        weight_terms(plans, p)
+    together = running if mixed(cfg) else [max(running, key=lambda tp: alone[tp.name].peak)]
+    for tp in together:
+        for term in alone[tp.name].terms:
+            p.add(f"{term.name} ({tp.name})", term.bytes, term.note)
+        p.flops += alone[tp.name].flops
+        p.bytes_moved += alone[tp.name].bytes_moved
+    return p

@@ -154,12 +154,15 @@ def routed_writers(cfg: DistilConfig, examples, prompt_ids, tok, models, build_g
     """(teacher prompt ids per example as `RoutedPrompt`s, `RoutedGenerator`) for seq-KD with
     routed teachers of the student's tokenizer: each row written by its own teacher (`models`,
     in teachers.models order; `build_gen(model)` its generator) after its own privileged
-    prompt (the student's where its teacher has none)."""
+    prompt (the student's where its teacher has none). A mixture's rows (no teachers.column)
+    are all teacher 0's, after the context its teachers share."""
     from distil.data.context import row_prompts
     from distil.models.tokenizers import EncodedPrompts
     from distil.teacher.several import row_contexts, row_teachers
 
-    route_of = row_teachers(examples, cfg.teachers, list(cfg.teachers.models))
+    names = list(cfg.teachers.models)
+    route_of = row_teachers(examples, cfg.teachers, names) if cfg.teachers.column else None
+    route_of = route_of or [0] * len(examples)  # a mixture: every teacher writes every row
     contexts = row_contexts(cfg, examples)
     prompts = row_prompts(examples, contexts) if contexts else [None] * len(examples)
     given = None
@@ -191,20 +194,22 @@ class _RoutedPrompts(Sequence):
 
 
 def several_write(cfg: DistilConfig) -> bool:
-    """Whether several routed teachers write seq-KD completions."""
-    return bool(cfg.teachers.models and cfg.teachers.column and cfg.train.seq_kd)
+    """Whether several teachers write seq-KD completions (routed or mixed)."""
+    return bool(cfg.teachers.models and cfg.train.seq_kd)
 
 
 def writers_side(cfg: DistilConfig, examples, prompt_ids, tok, models, cross) -> Any:
-    """The buffer's teacher side for seq-KD with routed teachers (`models`, in teachers.models
-    order): each row's completion written by its own teacher (`routed_writers`)."""
+    """The buffer's teacher side for seq-KD with several teachers (`models`, in
+    teachers.models order): routed, each row's completion written by its own teacher
+    (`routed_writers`); mixed, every token drawn from the teachers' mixture
+    (generation/mixture.py), one generate call per window."""
     from distil.generation.select import build_generator, teacher_backend
     from distil.models.tokenizers import stop_token_ids
     from distil.train.buffer import PromptSide
 
     if cross is not None:
         raise ConfigError(
-            f"train.seq_kd with several teachers and loss.name = {cfg.loss.name!r}: routed "
+            f"train.seq_kd with several teachers and loss.name = {cfg.loss.name!r}: several "
             "teachers write seq-KD completions in the student's tokens only. Fix: a "
             "same-tokenizer loss with teachers of the student's tokenizer, or one teacher"
         )
@@ -216,5 +221,14 @@ def writers_side(cfg: DistilConfig, examples, prompt_ids, tok, models, cross) ->
         )
         return gen  # several teachers are whole on a device (placement=replicate)
 
-    ids, generator = routed_writers(cfg, examples, prompt_ids, tok, models, build_gen)
+    mixed = cfg.teachers.weights is not None
+    ids, generator = routed_writers(
+        cfg, examples, prompt_ids, tok, [] if mixed else models, build_gen
+    )
+    if mixed:  # transformers generate, whatever generation.backend (generation/mixture.py)
+        from distil.generation.mixture import mixture_generator
+
+        weights = [cfg.teachers.weights.get(n, 0.0) for n in cfg.teachers.models]
+        stops = stop_token_ids(tok, models[0])
+        generator = mixture_generator(models, weights, pad_id=tok.pad_token_id, stop_ids=stops)
     return PromptSide(ids, generator)
