@@ -95,3 +95,28 @@ def test_fsdp_mixed_precision_reduces_gradients_in_fp32(fsdp, precision, low):
     plugin.set_mixed_precision(precision)
     assert plugin.mixed_precision_policy.reduce_dtype == torch.float32
     assert fsdp_plugin("no").mixed_precision_policy is None
+
+
+def several(**b):
+    """Two teachers routed by a column; `b` is teachers.models.b's extra keys."""
+    models = {"a": {"path": "t"}, "b": {"path": "t2", **b}}
+    return {"teacher": {"path": None}, "teachers": {"models": models, "column": "src"}}
+
+
+def test_a_sharded_teacher_of_several_needs_fsdp_and_no_device(monkeypatch, fsdp):
+    check_launch(cfg(**several(placement="shard")))
+    with pytest.raises(ConfigError, match=r"teachers\.models\.b\.device = 'cpu' with .*Fix"):
+        check_launch(cfg(**several(placement="shard", device="cpu")))
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    with pytest.raises(ConfigError, match=r"teachers\.models\.b\.placement = 'shard' shards"):
+        check_launch(cfg(**several(placement="shard")))
+
+
+def test_a_sharded_teacher_of_several_is_a_live_one_that_does_not_write():
+    with pytest.raises(ConfigError, match=r"models\.b\.placement = 'shard' on a cache or a server"):
+        cfg(**several(placement="shard", path=None, cache="DIR", top_k=4))
+    raw = several(placement="shard")
+    with pytest.raises(ConfigError, match=r"models\.b\.placement = 'shard' on train\.seq_kd"):
+        cfg(**raw, train={"seq_kd": True, "lambda": 0.0}, loss={"name": "forward_kl"})
+    weights = {**raw["teachers"], "column": None, "weights": {"a": 1.0, "b": 1.0}}
+    assert cfg(teacher=raw["teacher"], teachers=weights).teachers.models["b"].placement == "shard"

@@ -366,3 +366,20 @@ def test_several_teachers_writing_seq_kd_plan_the_largest_writer_or_every_mixed_
     writing = next(p for p in mixed.devices[0].phases if p.name == "teacher generation (seq-KD)")
     big, small = model_shape(Q17).active_params, model_shape(Q06).active_params
     assert writing.flops == 2 * (big + small) * 8 * 512
+
+
+def test_a_sharded_teacher_of_several_holds_its_share_of_the_weights():
+    c = several()
+    models = dict(c.teachers.models)
+    models["big"] = models["big"].model_copy(update={"placement": "shard"})
+    c = c.model_copy(update={"teachers": c.teachers.model_copy(update={"models": models})})
+    plan = make_plan(c, make_target("h100", gpus=4, fsdp=True))
+    big, small = model_shape(Q17).params * 2, Q06_PARAMS * 2  # bf16 bytes
+    seen = 0
+    for p in plan.devices[0].phases:
+        named = {t.name: t.bytes for t in p.terms}
+        if "teacher weights (big)" in named:
+            seen += 1
+            assert named["teacher weights (big)"] == pytest.approx(big / 4, abs=4), p.name
+            assert named["teacher weights (small)"] == small, p.name
+    assert seen >= 3  # in every phase, as a replicated teacher's

@@ -307,3 +307,36 @@ def test_the_printed_line_shows_each_teachers_loss(capsys, monkeypatch):
     line.update(1, metrics)
     err = capsys.readouterr().err
     assert "| loss[a] 0.75 |" in err and "loss[b]" not in err
+
+
+def test_a_teacher_without_rows_runs_only_its_idle_forward(tiny_llama_model, monkeypatch):
+    """A sharded teacher with no rows in a rank's micro-batch runs `idle` (one forward, so the
+    ranks' all-gathers match: tests/integration/test_fsdp_teachers.py); a replicated one runs
+    nothing at all."""
+    from distil.data.collate import collate
+    from distil.teacher import live
+    from distil.teacher.several import RoutedTeacher
+    from distil.types import Sample
+
+    class Fake:
+        temperature = 1.0
+
+        def __init__(self):
+            self.calls = []
+
+        def score(self, batch):
+            self.calls.append("score")
+            return live.LiveTeacher(tiny_llama_model).score(batch)
+
+        def idle(self):
+            self.calls.append("idle")
+
+    a, b = Fake(), Fake()
+    routed = RoutedTeacher([a, b], ["a", "b"], route_of=[0, 0, 1])
+    batch = collate([Sample(i, [5, 6], [7, 8, 9], "off_policy") for i in (0, 1)], 0)
+    routed.score(batch)
+    assert a.calls == ["score"] and b.calls == ["idle"]
+    forwards = []
+    monkeypatch.setattr(tiny_llama_model, "forward", lambda *x, **k: forwards.append(1))
+    live.LiveTeacher(tiny_llama_model).idle()  # not sharded: no forward
+    assert forwards == []

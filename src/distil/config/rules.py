@@ -280,11 +280,22 @@ def _several_teachers(cfg: DistilConfig):
                 f"{key}.from_student = {t.from_student!r}: self-distillation is for one teacher "
                 f"(teacher.from_student). Fix: {key}.from_student=null"
             )
-        if not (t.path or t.cache or t.url) or t.placement != "replicate":
+        if not (t.path or t.cache or t.url):
             return keys, (
-                f"{key}: each teacher is a model (path), a cache or a url, placed whole on a "
-                f"device (no placement=shard with several teachers). Fix: set {key}.path, "
-                f"{key}.cache or {key}.url (placement=replicate)"
+                f"{key}: each teacher is a model (path), a cache or a url. Fix: set {key}.path, "
+                f"{key}.cache or {key}.url"
+            )
+        if t.placement == "shard" and (t.cache or t.url or cfg.train.seq_kd):
+            what = (
+                "a cache or a server, with no weights here"
+                if t.cache or t.url
+                else (
+                    "train.seq_kd = true: a routed teacher writes only its own rows, which the "
+                    "ranks do not share"
+                )
+            )
+            return (f"{key}.placement",), (
+                f"{key}.placement = 'shard' on {what}. Fix: {key}.placement=replicate"
             )
         if r.weights is not None and (t.top_k is not None or t.cache or t.url):
             return keys, (

@@ -85,6 +85,15 @@ class LiveTeacher:
             return x[:, :-1], head
 
     @torch.no_grad()
+    def idle(self) -> None:
+        """A sharded (FSDP) teacher with no rows in this rank's micro-batch: one forward of a
+        single token, so that this rank joins the all-gathers of the ranks that score (each
+        `score` is one forward: the same collectives in the same order). Nothing otherwise."""
+        if _is_fsdp(self.model):
+            ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+            self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+
+    @torch.no_grad()
     def score(self, batch: Batch) -> TeacherTargets:
         """Full log-probs (in the teacher's dtype) or top-k + rest at the scored positions."""
         training = self.model.training

@@ -149,7 +149,8 @@ class RoutedTeacher:
 
     def score_parts(self, batch: Batch) -> list[Part]:
         """Per teacher with rows in `batch`, in teacher order: its rows and its targets (each
-        teacher runs once, on its rows only; a teacher without rows does not run)."""
+        teacher runs once, on its rows only; a teacher without rows does not run, except a
+        sharded one, whose `idle` forward keeps the ranks' all-gathers in step)."""
         routes = [self.route_of[s.example_id] for s in batch.samples]
         self.last_routes = [self.names[r] for r in routes]
         given = getattr(batch, "parts", None)  # a RoutedBatch: collated per teacher
@@ -157,6 +158,8 @@ class RoutedTeacher:
         for t, teacher in enumerate(self.teachers):
             picked = [i for i, r in enumerate(routes) if r == t]
             if not picked:
+                if hasattr(teacher, "idle"):  # a sharded teacher: every rank runs its forward
+                    teacher.idle()
                 continue
             if given is not None:
                 sub = given[self.names[t]]

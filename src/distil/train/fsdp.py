@@ -95,13 +95,20 @@ def check_launch(cfg: DistilConfig) -> None:
             "states) or configs/accelerate/fsdp_zero2_8gpu.yaml (ZeRO-2: gradients and "
             "optimizer states); docs/scaling-out.md"
         )
-    if cfg.teacher.placement == "shard" and not fsdp_requested():
-        raise ConfigError(
-            "teacher.placement = 'shard' shards the teacher with FSDP, but this run was not "
-            "launched with FSDP. Fix: launch with accelerate launch --config_file "
-            "configs/accelerate/fsdp_8gpu.yaml (or another FSDP config), or set "
-            "teacher.placement=replicate"
-        )
+    for key, t in _teacher_sections(cfg):
+        if t.placement == "shard" and not fsdp_requested():
+            raise ConfigError(
+                f"{key}.placement = 'shard' shards the teacher with FSDP, but this run was not "
+                "launched with FSDP. Fix: launch with accelerate launch --config_file "
+                "configs/accelerate/fsdp_8gpu.yaml (or another FSDP config), or set "
+                f"{key}.placement=replicate"
+            )
+        if t.placement == "shard" and t.device:
+            raise ConfigError(
+                f"{key}.device = {t.device!r} with {key}.placement = 'shard': a sharded "
+                f"teacher lives on every rank's own device. Fix: unset {key}.device, or set "
+                f"{key}.placement=replicate to keep a whole teacher on that device"
+            )
     if fsdp_requested() and cfg.student.lora.enabled:
         raise ConfigError(
             "student.lora.enabled = true under FSDP: distil merges LoRA adapters into the final "
@@ -115,16 +122,18 @@ def check_launch(cfg: DistilConfig) -> None:
             "generation.async=false under FSDP, or launch with DDP "
             "(configs/accelerate/ddp_8gpu.yaml)"
         )
-    if cfg.teacher.placement == "shard" and cfg.teacher.device:
-        raise ConfigError(
-            f"teacher.device = {cfg.teacher.device!r} with teacher.placement = 'shard': a "
-            "sharded teacher lives on every rank's own device. Fix: unset teacher.device, or "
-            "set teacher.placement=replicate to keep a whole teacher on that device"
-        )
 
 
-def report_sharding(accelerator, student, teacher) -> None:
-    """One line on the main process saying what FSDP sharded (nothing under DDP)."""
+def _teacher_sections(cfg: DistilConfig) -> list[tuple[str, Any]]:
+    """(config key, teacher section) of the run's teacher and of each of teachers.models."""
+    return [("teacher", cfg.teacher)] + [
+        (f"teachers.models.{name}", t) for name, t in cfg.teachers.models.items()
+    ]
+
+
+def report_sharding(accelerator, student, teacher, several: dict | None = None) -> None:
+    """One line on the main process saying what FSDP sharded (nothing under DDP); `several`:
+    teachers.models' live models by name."""
     if not accelerator.is_main_process or not is_sharded(student):
         return
     n = accelerator.num_processes
@@ -133,6 +142,9 @@ def report_sharding(accelerator, student, teacher) -> None:
         parts.append(f"teacher sharded ({count_units(teacher)} units)")
     elif teacher is not None:
         parts.append("teacher replicated on every rank")
+    for name, m in (several or {}).items():
+        how = f"sharded ({count_units(m)} units)" if is_sharded(m) else "replicated on every rank"
+        parts.append(f"teacher {name} {how}")
     print("; ".join(parts), flush=True)
 
 

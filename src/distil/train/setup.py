@@ -367,7 +367,9 @@ def build(cfg: DistilConfig) -> Components:
     optimizer = build_optimizer(model, cfg.train, device=accelerator.device)
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
-    report_sharding(accelerator, unwrapped, teacher_model)
+    live = {n: t.model for n, t in zip(cfg.teachers.models, getattr(teacher, "teachers", []),
+                                       strict=False) if getattr(t, "model", None) is not None}  # fmt: skip
+    report_sharding(accelerator, unwrapped, teacher_model, live if cfg.teachers.models else None)
     generator = build_generator(
         cfg, unwrapped, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, unwrapped)
     )
