@@ -181,6 +181,14 @@ def load_teacher(cfg: DistilConfig, accelerator):
     return _load(cfg.teacher, "teacher", device=device)
 
 
+def _live_models(cfg: DistilConfig, teacher) -> dict | None:
+    """teachers.models' live models by name (a cache or a server has none); None: one teacher."""
+    if not cfg.teachers.models:
+        return None
+    scorers = zip(cfg.teachers.models, teacher.teachers, strict=True)
+    return {n: s.model for n, s in scorers if getattr(s, "model", None) is not None}
+
+
 def gathering(generator, model):
     """`generator` as is, or, for a sharded model, one that generates on gathered weights."""
     return GatheringGenerator(generator, model) if is_sharded(model) else generator
@@ -367,9 +375,7 @@ def build(cfg: DistilConfig) -> Components:
     optimizer = build_optimizer(model, cfg.train, device=accelerator.device)
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
-    live = {n: t.model for n, t in zip(cfg.teachers.models, getattr(teacher, "teachers", []),
-                                       strict=False) if getattr(t, "model", None) is not None}  # fmt: skip
-    report_sharding(accelerator, unwrapped, teacher_model, live if cfg.teachers.models else None)
+    report_sharding(accelerator, unwrapped, teacher_model, _live_models(cfg, teacher))
     generator = build_generator(
         cfg, unwrapped, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, unwrapped)
     )

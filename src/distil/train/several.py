@@ -160,9 +160,9 @@ def routed_writers(cfg: DistilConfig, examples, prompt_ids, tok, models, build_g
     from distil.models.tokenizers import EncodedPrompts
     from distil.teacher.several import row_contexts, row_teachers
 
-    names = list(cfg.teachers.models)
+    names = list(cfg.teachers.models)  # a mixture: all rows teacher 0's (all teachers write)
     route_of = row_teachers(examples, cfg.teachers, names) if cfg.teachers.column else None
-    route_of = route_of or [0] * len(examples)  # a mixture: every teacher writes every row
+    route_of = [0] * len(examples) if route_of is None else route_of
     contexts = row_contexts(cfg, examples)
     prompts = row_prompts(examples, contexts) if contexts else [None] * len(examples)
     given = None
