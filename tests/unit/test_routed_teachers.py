@@ -340,3 +340,55 @@ def test_a_teacher_without_rows_runs_only_its_idle_forward(tiny_llama_model, mon
     monkeypatch.setattr(tiny_llama_model, "forward", lambda *x, **k: forwards.append(1))
     live.LiveTeacher(tiny_llama_model).idle()  # not sharded: no forward
     assert forwards == []
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["routed", "mixed"])
+def test_cross_tokenizer_teachers_write_seq_kd_as_each_alone_writes(
+    make_train_config, pair_dirs, routed_data, unigram_teachers, mixed
+):
+    """seq-KD across tokenizers with several teachers: routed, each row is written by its own
+    teacher in its own tokens (one of another vocabulary, one of the student's), then turned
+    into student tokens, exactly as that teacher alone writes it; mixed (two teachers of one
+    other tokenizer), drawn from their mixture in the teachers' tokens."""
+    from dataclasses import replace
+
+    from distil.generation.mixture import mixture_generator
+    from distil.generation.seeded import sampling_seed
+
+    a = {"path": str(unigram_teachers[0])}
+    b = {"path": str(unigram_teachers[1] if mixed else pair_dirs[0])}
+    gen = {"num_generations": 1, "max_new_tokens": 10, "teacher_windows": 2}
+    raw = routed(make_train_config, routed_data, a, b, loss={"name": "aligned_kl"},
+                 generation=gen)  # fmt: skip
+    raw["train"] |= {"seq_kd": True, "lambda": 0.0}
+    if mixed:
+        raw["teachers"] |= {"column": None, "map": {}, "weights": {"a": 1.0, "b": 2.0}}
+    c = build(build_config(raw))
+    block = [c.buffer.next_window() for _ in range(2)]  # the first block: one call a teacher
+    samples = [s for w in block for b in w.micro_batches for s in b.samples]
+    assert {s.source for s in samples} == {"seq_kd"} and all(s.completion_text for s in samples)
+    params = replace(c.buffer.params, seed=sampling_seed(0, 0, "teacher-block", 0))
+    singles = {n: build(config_with(alone(raw, t))).buffer for n, t in (("a", a), ("b", b))}
+    if mixed:  # the mixture's generator over both, in the teachers' tokens
+        ref = singles["a"].teacher
+        models = [t.model for t in c.teacher.teachers]
+        writer = mixture_generator(models, [1.0, 2.0], pad_id=ref.generator.pad_id,
+                                   stop_ids=ref.generator.stop_ids)  # fmt: skip
+        prompts = [ref.prompt_ids[s.example_id] for s in samples]
+        written = writer.generate(prompts, params).completion_lists()
+        want = [ref.to_student(w, chat=False)[0] for w in written]
+        assert [s.completion_ids for s in samples] == want
+        return
+    route = {s.example_id: c.teacher.route_of[s.example_id] for s in samples}
+    assert set(route.values()) == {0, 1}
+    for t, name in enumerate("ab"):
+        mine = [s for s in samples if route[s.example_id] == t]
+        ref = singles[name].teacher  # that teacher alone, writing its rows in this order
+        written = ref.generator.generate([ref.prompt_ids[s.example_id] for s in mine], params)
+        want = [ref.to_student(w, chat=False) if ref.to_student else (w, None)
+                for w in written.completion_lists()]  # fmt: skip
+        assert [s.completion_ids for s in mine] == [w[0] for w in want], name
+    loop.train(build_config(raw))  # and it trains: each teacher scores what it wrote
+    metrics = read_metrics(raw["train"]["output_dir"])
+    assert all(m["policy/seq_kd_share"] == 1.0 for m in metrics)
+    assert any("loss/teacher/a" in m and "loss/teacher/b" in m for m in metrics)

@@ -169,10 +169,11 @@ class CrossTokenizer:
         return out, np.asarray(prefix, np.bool_)
 
     def to_student(
-        self, teacher_completion_ids: Sequence[int], *, chat: bool = False
+        self, teacher_completion_ids: Sequence[int], *, chat: bool = False, example=None
     ) -> tuple[list[int], str]:
         """A teacher-written completion (seq-KD) in student tokens; when the teacher stopped,
-        the student's own end (its turn terminator after chat prompts, else EOS) follows."""
+        the student's own end (its turn terminator after chat prompts, else EOS) follows.
+        `example` (the row's index) is not read: routed teachers' converter picks by it."""
         ids = list(teacher_completion_ids)
         stopped = bool(ids) and ids[-1] in self.teacher_stops
         text = self.teacher_tok.decode(ids, skip_special_tokens=True)

@@ -202,33 +202,91 @@ def writers_side(cfg: DistilConfig, examples, prompt_ids, tok, models, cross) ->
     """The buffer's teacher side for seq-KD with several teachers (`models`, in
     teachers.models order): routed, each row's completion written by its own teacher
     (`routed_writers`); mixed, every token drawn from the teachers' mixture
-    (generation/mixture.py), one generate call per window."""
+    (generation/mixture.py), one generate call per window. Across tokenizers (`cross`: a
+    RoutedCollate, or a mixture's one CrossTokenizer) each teacher writes after its own
+    tokens of the row's prompt, and the text it wrote becomes the student's completion
+    (`RoutedToStudent`), as one cross-tokenizer teacher's does."""
     from distil.generation.select import build_generator, teacher_backend
     from distil.models.tokenizers import stop_token_ids
     from distil.train.buffer import PromptSide
 
-    if cross is not None:
-        raise ConfigError(
-            f"train.seq_kd with several teachers and loss.name = {cfg.loss.name!r}: several "
-            "teachers write seq-KD completions in the student's tokens only. Fix: a "
-            "same-tokenizer loss with teachers of the student's tokenizer, or one teacher"
-        )
+    mixed = cfg.teachers.weights is not None
+    crosses = None if cross is None else getattr(cross, "crosses", [cross] * len(models))
+    toks = [tok] * len(models) if crosses is None else [c.teacher_tok for c in crosses]
 
-    def build_gen(model):
-        stops = stop_token_ids(tok, model)
+    def build_gen(model, t_tok=tok):
+        stops = stop_token_ids(t_tok, model)
         gen = build_generator(
-            cfg, model, pad_id=tok.pad_token_id, stop_ids=stops, backend=teacher_backend(cfg)
+            cfg, model, pad_id=t_tok.pad_token_id, stop_ids=stops, backend=teacher_backend(cfg)
         )
         return gen  # several teachers are whole on a device (placement=replicate)
 
-    mixed = cfg.teachers.weights is not None
-    ids, generator = routed_writers(
-        cfg, examples, prompt_ids, tok, [] if mixed else models, build_gen
-    )
+    if crosses is None:
+        ids, generator = routed_writers(
+            cfg, examples, prompt_ids, tok, [] if mixed else models, build_gen
+        )
+        to_student = None
+    else:
+        ids, to_student = _teacher_token_rows(cfg, examples, crosses)
+        generator = RoutedGenerator([build_gen(m, t) for m, t in zip(models, toks, strict=True)])
     if mixed:  # transformers generate, whatever generation.backend (generation/mixture.py)
         from distil.generation.mixture import mixture_generator
 
         weights = [cfg.teachers.weights.get(n, 0.0) for n in cfg.teachers.models]
-        stops = stop_token_ids(tok, models[0])
-        generator = mixture_generator(models, weights, pad_id=tok.pad_token_id, stop_ids=stops)
-    return PromptSide(ids, generator)
+        stops = stop_token_ids(toks[0], models[0])
+        generator = mixture_generator(models, weights, pad_id=toks[0].pad_token_id, stop_ids=stops)
+    return PromptSide(ids, generator, to_student=to_student)
+
+
+def _teacher_token_rows(cfg: DistilConfig, examples, crosses: list) -> tuple:
+    """(rows, to_student) for teachers of other tokenizers: each row's prompt (its teacher's
+    privileged one, else the student's) in its teacher's tokens, as a `RoutedPrompt`."""
+    from distil.data.context import row_prompts
+    from distil.models.tokenizers import EncodedPrompts
+    from distil.teacher.several import row_contexts, row_teachers
+
+    names = list(cfg.teachers.models)
+    route_of = row_teachers(examples, cfg.teachers, names) if cfg.teachers.column else None
+    route_of = [0] * len(examples) if route_of is None else route_of
+    contexts = row_contexts(cfg, examples)
+    given = row_prompts(examples, contexts) if contexts else [None] * len(examples)
+    prompts = [e.prompt if p is None else p for e, p in zip(examples, given, strict=True)]
+    encoded: dict[int, Any] = {}  # one per distinct teacher tokenizer (crosses are shared)
+    per_teacher = []
+    for t, c in enumerate(crosses):
+        if id(c) not in encoded:
+            name = f"teachers.models.{names[t]} tokenizer"
+            encoded[id(c)] = EncodedPrompts(
+                c.teacher_tok, prompts, max_tokens=cfg.data.max_prompt_tokens, name=name
+            )
+        per_teacher.append(encoded[id(c)])
+    return _TeacherRows(per_teacher, route_of), RoutedToStudent(crosses, route_of)
+
+
+class _TeacherRows(Sequence):
+    """Row i: its prompt in its own teacher's tokens, as a `RoutedPrompt` (made when read)."""
+
+    def __init__(self, per_teacher: list, route_of: Sequence[int]):
+        self.per_teacher, self.route_of = per_teacher, route_of
+
+    def __len__(self) -> int:
+        return len(self.route_of)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        row = RoutedPrompt(self.per_teacher[self.route_of[i]][i])
+        row.teacher = self.route_of[i]
+        return row
+
+
+class RoutedToStudent:
+    """A seq-KD completion its row's teacher wrote in its own tokens -> (student ids, text),
+    by that teacher's CrossTokenizer."""
+
+    def __init__(self, crosses: list, route_of: Sequence[int]):
+        self.crosses, self.route_of = crosses, route_of
+
+    def __call__(self, ids, *, chat: bool = False, example: int | None = None):
+        assert example is not None, "routed teachers convert a row by its example index"
+        return self.crosses[self.route_of[example]].to_student(ids, chat=chat)
