@@ -1,7 +1,8 @@
 """A mixture of teachers writing seq-KD completions (generation/mixture.py): each token drawn
 from M = sum_i w_i T_i. References: the log-prob recorded for every written token equals log M
-computed by hand from each teacher's full forward over the finished row; a teacher mixed with
-itself, or alone with weight 1, writes exactly what that teacher writes alone."""
+computed by hand from each teacher's full forward over the finished row (also when a teacher's
+own generation config asks for a repetition penalty); a teacher mixed with itself, or alone
+with weight 1, writes exactly what that teacher writes alone (transformers' generate)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,12 @@ def test_the_recorded_log_prob_of_each_written_token_is_the_mixtures(
     teachers, prompts, bpe_tokenizer
 ):
     pad, stops = bpe_tokenizer.pad_token_id, stop_token_ids(bpe_tokenizer, teachers[0])
-    out = write(mixture_generator(teachers, [3.0, 1.0], pad_id=pad, stop_ids=stops), prompts)
+    config = teachers[0].generation_config
+    own, config.repetition_penalty = config.repetition_penalty, 3.0  # a model's own generation config does not touch M
+    try:
+        out = write(mixture_generator(teachers, [3.0, 1.0], pad_id=pad, stop_ids=stops), prompts)
+    finally:
+        config.repetition_penalty = own
     assert out.completion_mask_B_C.sum() > 20
     for r, i in enumerate(out.prompt_index):
         c = out.completion_mask_B_C[r].sum().item()

@@ -75,9 +75,6 @@ class HFGenerator:
         self.stop_ids = list(stop_ids)
         self.max_batch = max_batch  # split very large windows into several calls
         self.calls = 0  # number of generate calls made (tests assert one per window)
-        # (prompt ids, attention mask) -> logits processors that run before the warpers (a
-        # mixture of teachers: generation/mixture.py); None: none
-        self.first_processors = None
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -110,7 +107,6 @@ class HFGenerator:
         # Warpers are passed explicitly (and the config's left neutral) so that the recorder
         # runs after them and sees the distribution the token is actually drawn from.
         warpers = sampling_warpers(params)
-        first = self.first_processors(ids, attn) if self.first_processors else []
         was_training = self.model.training
         self.model.eval()
         try:
@@ -124,7 +120,7 @@ class HFGenerator:
                 max_new_tokens=params.max_new_tokens,
                 do_sample=not params.greedy and not seeded,
                 **({} if seeded else sampling),
-                logits_processor=LogitsProcessorList([*first, *warpers, recorder, *seeded]),
+                logits_processor=LogitsProcessorList([*warpers, recorder, *seeded]),
                 eos_token_id=self.stop_ids,
                 pad_token_id=self.pad_id,
                 use_cache=True,

@@ -2,86 +2,150 @@
 drawn from M(v) = sum_i w_i T_i(v | prefix), the mixture the teachers' targets are (teacher/
 several.py's MixedTeacher), here of the teachers' own distributions (temperature 1).
 
-One transformers `generate` call runs on the first teacher with a weight (the driver). Its
-scores reach `MixtureLogits` first of the logits processors, which runs every other teacher on
-the same tokens (a KV cache each, the prompt's left padding and position ids as the driver's)
-and returns log M; the sampling warpers (temperature, top-k, top-p), the log-prob recorder and
-the seeded sampler then act on log M as they act on one model's logits. Every teacher shares
-the student's tokenizer; their output rows are cut to the smallest (rows past a tokenizer's
-vocabulary are padding) and log M is -inf past it.
+`MixtureGenerator` runs its own decode loop: every teacher with a weight reads the same
+left-padded tokens through its own KV cache (only the last position's logits computed), their
+log-softmaxes are mixed in fp32, and the sampling warpers (temperature, top-k, top-p: the ones
+`HFGenerator` applies), the log-prob record and the seeded Gumbel-max draw act on log M as they
+act on one model's logits. No model's own generation_config (repetition penalties, suppressed
+tokens) touches the mixture. Rows that stopped are fed the pad id, as transformers' generate
+does. Every teacher shares one tokenizer; their output rows are cut to the smallest (rows past
+a tokenizer's vocabulary are padding) and log M is -inf past it. One teacher of weight 1 is
+an HFGenerator over it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 
 import torch
 
-from distil.generation.hf import HFGenerator
+from distil.generation.base import SamplingParams, mask_after_eos
+from distil.generation.hf import HFGenerator, sampling_warpers
+from distil.generation.seeded import seeded_processors
 from distil.generation.static import cache_argument
+from distil.models.tokenizers import left_pad
+from distil.types import Rollout
 
 
 def _positions(attn_B_L: torch.Tensor) -> torch.Tensor:
     """Position ids of a left-padded batch (0 at each row's first real token), as generate
-    makes them for the driver."""
+    makes them."""
     pos = attn_B_L.long().cumsum(-1) - 1
     return pos.masked_fill(attn_B_L == 0, 1)
 
 
-class MixtureLogits:
-    """Logits processor: the driver's scores (B, V) -> log M over the first `keep` rows."""
+class MixtureGenerator:
+    """Generator over several teachers' mixture (`models`, `log_w`: their log weights)."""
 
-    def __init__(self, others: Sequence, log_w: Sequence[float], keep: int, prompt_attn_B_P):
-        self.others, self.log_w, self.keep = list(others), list(log_w), keep
-        self.prompt_attn = prompt_attn_B_P
-        self.caches: list = [None] * len(self.others)
-        self.seen = 0  # tokens of input_ids the other teachers have read
+    def __init__(self, models: Sequence, log_w: Sequence[float], *, pad_id: int,
+                 stop_ids: Sequence[int]):  # fmt: skip
+        self.models, self.log_w = list(models), list(log_w)
+        self.pad_id, self.stop_ids = pad_id, list(stop_ids)
+        self.keep = min(m.get_output_embeddings().weight.shape[0] for m in self.models)
+        self.calls = 0
 
-    def __call__(self, input_ids_B_L: torch.Tensor, scores_B_V: torch.Tensor) -> torch.Tensor:
+    def sync_weights(self, model) -> None:  # the teachers do not follow the student
+        pass
+
+    def scratch_caches(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # the KV caches live for one call
+
+    def _log_mixture(self, new_B_N, attn_B_L, pos_B_N, caches) -> torch.Tensor:
+        """log M (B, keep) at the last position, after every teacher reads `new_B_N`."""
         from transformers import DynamicCache
 
-        B, L = input_ids_B_L.shape
-        grown = L - self.prompt_attn.shape[1]
-        attn = torch.cat([self.prompt_attn, self.prompt_attn.new_ones(B, grown)], dim=1)
-        new = input_ids_B_L[:, self.seen :]
-        pos = _positions(attn)[:, self.seen :]
-        k = self.keep
-        mixed = torch.log_softmax(scores_B_V[:, :k].float(), dim=-1) + self.log_w[0]
-        for i, model in enumerate(self.others):
-            if self.caches[i] is None:  # filled in place by each forward
-                self.caches[i] = DynamicCache(config=model.config)
-            kv = {cache_argument(model): self.caches[i]}
+        mixed = None
+        for i, (model, log_w) in enumerate(zip(self.models, self.log_w, strict=True)):
+            if caches[i] is None:  # filled in place by each forward
+                caches[i] = DynamicCache(config=model.config)
             d = next(model.parameters()).device  # a teacher on its own device reads there
-            out = model(input_ids=new.to(d), attention_mask=attn.to(d), position_ids=pos.to(d),
-                        use_cache=True, **kv)  # fmt: skip
-            lp = torch.log_softmax(out.logits[:, -1, :k].float(), dim=-1).to(mixed.device)
-            mixed = torch.logaddexp(mixed, lp + self.log_w[i + 1])
-        self.seen = L
-        full = mixed.new_full((B, scores_B_V.shape[1]), -math.inf)
-        full[:, :k] = mixed
-        return full
+            kw = {cache_argument(model): caches[i], "use_cache": True}
+            if "logits_to_keep" in _arguments(model):
+                kw["logits_to_keep"] = 1  # no (B, prompt, V) logits at the prefill
+            logits = model(input_ids=new_B_N.to(d), attention_mask=attn_B_L.to(d),
+                           position_ids=pos_B_N.to(d), **kw).logits  # fmt: skip
+            lp = torch.log_softmax(logits[:, -1, : self.keep].float(), dim=-1) + log_w
+            lp = lp.to(new_B_N.device)
+            mixed = lp if mixed is None else torch.logaddexp(mixed, lp)
+        return mixed
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollout:
+        rows = [list(p) for p in prompt_ids for _ in range(params.n)]
+        index = [i for i in range(len(prompt_ids)) for _ in range(params.n)]
+        device = next(self.models[0].parameters()).device
+        ids, attn = (t.to(device) for t in left_pad(rows, self.pad_id))
+        modes = [m.training for m in self.models]
+        for m in self.models:
+            m.eval()
+        try:
+            tokens, chosen = self._decode(ids, attn, params, device)
+        finally:
+            for m, was in zip(self.models, modes, strict=True):
+                m.train(was)
+        self.calls += 1
+        B = len(rows)
+        out = torch.stack(tokens, 1).cpu() if tokens else torch.empty((B, 0), dtype=torch.long)
+        lps = torch.stack(chosen, 1).cpu() if chosen else torch.zeros(out.shape)
+        mask = mask_after_eos(out, self.stop_ids)
+        stopped = (torch.isin(out, torch.tensor(self.stop_ids)) & mask).any(dim=1)
+        return Rollout(
+            index, out.masked_fill(~mask, self.pad_id), mask, lps.masked_fill(~mask, 0.0), stopped
+        )
+
+    def _decode(self, ids, attn, params: SamplingParams, device):
+        warpers = sampling_warpers(params)
+        seeded = seeded_processors(params, device)
+        stops = torch.tensor(self.stop_ids, device=device)
+        caches: list = [None] * len(self.models)
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
+        seq, new, tokens, chosen = ids, ids, [], []
+        V = self.models[0].get_output_embeddings().weight.shape[0]
+        for _ in range(params.max_new_tokens):
+            pos = _positions(attn)[:, -new.shape[1] :]
+            scores = torch.full((ids.shape[0], V), -math.inf, device=device)
+            scores[:, : self.keep] = self._log_mixture(new, attn, pos, caches)
+            for w in warpers:
+                scores = w(seq, scores)
+            lp = torch.log_softmax(scores, dim=-1)
+            if params.greedy:
+                token = scores.argmax(-1)
+            elif seeded:
+                token = seeded[0](seq, scores).argmax(-1)
+            else:
+                token = torch.multinomial(lp.exp(), 1)[:, 0]
+            chosen.append(lp.gather(1, token[:, None])[:, 0])
+            token = token.masked_fill(done, self.pad_id)
+            tokens.append(token)
+            done |= torch.isin(token, stops)
+            if done.all():
+                break
+            new = token[:, None]
+            seq = torch.cat([seq, new], dim=1)
+            attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
+        return tokens, chosen
+
+
+def _arguments(model) -> set[str]:
+    import inspect
+
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
 
 
 def mixture_generator(models: Sequence, weights: Sequence[float], *, pad_id: int,
-                      stop_ids: Sequence[int]) -> HFGenerator:  # fmt: skip
-    """An HFGenerator that samples from the teachers' mixture (weights normalised; a teacher of
-    weight 0 is not run). One teacher of weight 1 is an HFGenerator over it."""
+                      stop_ids: Sequence[int]):  # fmt: skip
+    """The generator of the teachers' mixture (weights normalised; a teacher of weight 0 is
+    not run): a MixtureGenerator, or an HFGenerator over the one teacher with a weight."""
     if len(models) != len(weights) or min(weights, default=0) < 0 or not sum(weights) > 0:
         raise ValueError("one weight >= 0 per teacher, with a positive sum")
     total = float(sum(weights))
     used = [(m, math.log(w / total)) for m, w in zip(models, weights, strict=True) if w > 0]
-    driver, others = used[0][0], [m for m, _ in used[1:]]
-    if not others:
-        return HFGenerator(driver, pad_id=pad_id, stop_ids=stop_ids)
-    keep = min(m.get_output_embeddings().weight.shape[0] for m, _ in used)
-    log_w = [lw for _, lw in used]
-
-    def processors(ids_B_P: torch.Tensor, attn_B_P: torch.Tensor) -> list:
-        for m in others:
-            m.eval()
-        return [MixtureLogits(others, log_w, keep, attn_B_P)]
-
-    gen = HFGenerator(driver, pad_id=pad_id, stop_ids=stop_ids)
-    gen.first_processors = processors
-    return gen
+    if len(used) == 1:
+        return HFGenerator(used[0][0], pad_id=pad_id, stop_ids=stop_ids)
+    return MixtureGenerator([m for m, _ in used], [lw for _, lw in used], pad_id=pad_id,
+                            stop_ids=stop_ids)  # fmt: skip

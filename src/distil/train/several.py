@@ -221,19 +221,21 @@ def writers_side(cfg: DistilConfig, examples, prompt_ids, tok, models, cross) ->
         )
         return gen  # several teachers are whole on a device (placement=replicate)
 
+    writers = [] if mixed else models
     if crosses is None:
-        ids, generator = routed_writers(
-            cfg, examples, prompt_ids, tok, [] if mixed else models, build_gen
-        )
+        ids, generator = routed_writers(cfg, examples, prompt_ids, tok, writers, build_gen)
         to_student = None
     else:
         ids, to_student = _teacher_token_rows(cfg, examples, crosses)
-        generator = RoutedGenerator([build_gen(m, t) for m, t in zip(models, toks, strict=True)])
-    if mixed:  # transformers generate, whatever generation.backend (generation/mixture.py)
+        generator = RoutedGenerator([build_gen(m, t) for m, t in zip(writers, toks, strict=False)])
+    if mixed:  # its own decode loop, whatever generation.backend (generation/mixture.py)
         from distil.generation.mixture import mixture_generator
 
         weights = [cfg.teachers.weights.get(n, 0.0) for n in cfg.teachers.models]
-        stops = stop_token_ids(toks[0], models[0])
+        stops = sorted(  # any weighted teacher's end ends the row
+            {s for m, t, w in zip(models, toks, weights, strict=True) if w > 0
+             for s in stop_token_ids(t, m)}
+        )  # fmt: skip
         generator = mixture_generator(models, weights, pad_id=toks[0].pad_token_id, stop_ids=stops)
     return PromptSide(ids, generator, to_student=to_student)
 
