@@ -51,7 +51,10 @@ def test_the_recorded_log_prob_of_each_written_token_is_the_mixtures(
 ):
     pad, stops = bpe_tokenizer.pad_token_id, stop_token_ids(bpe_tokenizer, teachers[0])
     config = teachers[0].generation_config
-    own, config.repetition_penalty = config.repetition_penalty, 3.0  # a model's own generation config does not touch M
+    own, config.repetition_penalty = (
+        config.repetition_penalty,
+        3.0,
+    )  # a model's own generation config does not touch M
     try:
         out = write(mixture_generator(teachers, [3.0, 1.0], pad_id=pad, stop_ids=stops), prompts)
     finally:

@@ -125,13 +125,17 @@ def unpack(y_R_P: torch.Tensor, plan: PackPlan) -> torch.Tensor:
 @contextmanager
 def head_bypassed(model: torch.nn.Module):
     """Temporarily replace the output embedding with identity, so `model_forward` returns the
-    final hidden states; yields the real head (teachers apply it to the rows they need)."""
-    head = model.get_output_embeddings()
-    model.set_output_embeddings(torch.nn.Identity())
-    try:
-        yield head
-    finally:
-        model.set_output_embeddings(head)
+    final hidden states; yields the real head (teachers apply it to the rows they need). Holds
+    the module's lock (models/inuse.py): a generate call on another thread waits for it."""
+    from distil.models.inuse import module_lock
+
+    with module_lock(model):
+        head = model.get_output_embeddings()
+        model.set_output_embeddings(torch.nn.Identity())
+        try:
+            yield head
+        finally:
+            model.set_output_embeddings(head)
 
 
 def sequence_lengths(attention_mask_B_L: torch.Tensor) -> list[int]:

@@ -15,6 +15,7 @@ import torch
 
 from distil.generation.base import SamplingParams, mask_after_eos
 from distil.generation.seeded import seeded_processors
+from distil.models.inuse import module_lock
 from distil.models.tokenizers import left_pad
 from distil.types import Rollout
 
@@ -85,6 +86,10 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollout:
+        with module_lock(self.model):  # not while scoring swaps its head (models/inuse.py)
+            return self._generate(prompt_ids, params)
+
+    def _generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollout:
         rows = [list(p) for p in prompt_ids for _ in range(params.n)]
         index = [i for i in range(len(prompt_ids)) for _ in range(params.n)]
         step = self.max_batch or len(rows)

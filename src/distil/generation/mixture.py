@@ -25,6 +25,7 @@ from distil.generation.base import SamplingParams, mask_after_eos
 from distil.generation.hf import HFGenerator, sampling_warpers
 from distil.generation.seeded import seeded_processors
 from distil.generation.static import cache_argument
+from distil.models.inuse import module_lock
 from distil.models.tokenizers import left_pad
 from distil.types import Rollout
 
@@ -78,13 +79,15 @@ class MixtureGenerator:
         device = next(self.models[0].parameters()).device
         ids, attn = (t.to(device) for t in left_pad(rows, self.pad_id))
         modes = [m.training for m in self.models]
-        for m in self.models:
-            m.eval()
-        try:
-            tokens, chosen = self._decode(ids, attn, params, device)
-        finally:
-            for m, was in zip(self.models, modes, strict=True):
-                m.train(was)
+        with contextlib.ExitStack() as held:  # not while scoring swaps a head (models/inuse.py)
+            for m in self.models:
+                held.enter_context(module_lock(m))
+                m.eval()
+            try:
+                tokens, chosen = self._decode(ids, attn, params, device)
+            finally:
+                for m, was in zip(self.models, modes, strict=True):
+                    m.train(was)
         self.calls += 1
         B = len(rows)
         out = torch.stack(tokens, 1).cpu() if tokens else torch.empty((B, 0), dtype=torch.long)
