@@ -149,3 +149,32 @@ def test_a_teacher_without_a_local_module_counts_no_teacher_flops(tiny_llama_mod
         meter = CostMeter.for_components(c)
         assert meter.teacher_params == 0 and not meter.teacher_scores
         assert meter.student_params == count_parameters(tiny_llama_model)
+
+
+def test_several_teachers_count_the_mixtures_sum_or_the_largest_routed_one(
+    tiny_llama_model, pair_dirs, second_teacher
+):
+    from types import SimpleNamespace
+
+    from distil.teacher.live import LiveTeacher
+    from distil.teacher.several import MixedTeacher, RoutedTeacher
+
+    a, b = (load_model(str(p)) for p in (pair_dirs[0], second_teacher))
+    na, nb = count_parameters(a), count_parameters(b)
+    assert na != nb
+    cached = SimpleNamespace(temperature=1.0)  # no local module
+    cases = [
+        (MixedTeacher([LiveTeacher(a), LiveTeacher(b)], [1.0, 2.0]), na + nb),
+        (MixedTeacher([LiveTeacher(a), LiveTeacher(b)], [1.0, 0.0]), na),  # weight 0: never runs
+        (RoutedTeacher([LiveTeacher(a), LiveTeacher(b)], ["a", "b"], [0, 1]), max(na, nb)),
+        (RoutedTeacher([cached, LiveTeacher(b)], ["a", "b"], [0, 1]), nb),
+    ]
+    for teacher, want in cases:
+        c = SimpleNamespace(teacher=teacher, buffer=SimpleNamespace(teacher=None),
+                            unwrapped=tiny_llama_model)  # fmt: skip
+        meter = CostMeter.for_components(c)
+        assert meter.teacher_params == want and meter.teacher_scores
+    c = SimpleNamespace(teacher=RoutedTeacher([cached], ["a"], [0]), buffer=SimpleNamespace(teacher=None),
+                        unwrapped=tiny_llama_model)  # fmt: skip
+    meter = CostMeter.for_components(c)
+    assert meter.teacher_params == 0 and not meter.teacher_scores

@@ -14,6 +14,10 @@ forward (its own tokens across tokenizers). N counts each parameter once (tied e
 once: the output head's matmul is the real cost, the embedding lookup is not). Attention's
 T^2 term is left out: at these lengths it is a few percent. A cached teacher costs nothing at
 training time (the cache was paid for once by `distil cache-teacher`).
+
+Several teachers (`teachers.models`): N_teacher of a mixture is the sum of its weighted live
+teachers' (each runs on every token, scoring and writing); of routed teachers, the largest live
+teacher's, an upper bound (each row runs on its own teacher only).
 """
 
 from __future__ import annotations
@@ -66,7 +70,10 @@ class CostMeter:
         writer = _module(getattr(getattr(c.buffer.teacher, "generator", None), "model", None))
         teacher = scorer if scorer is not None else writer
         n_teacher = 0 if teacher is None else count_parameters(teacher)
-        meter = cls(count_parameters(c.unwrapped), n_teacher, teacher_scores=scorer is not None)
+        scores = scorer is not None
+        if getattr(c.teacher, "teachers", None) is not None:  # several: see the docstring
+            n_teacher, scores = _several_params(c.teacher)
+        meter = cls(count_parameters(c.unwrapped), n_teacher, teacher_scores=scores)
         meter.totals.update({k: float(v) for k, v in (saved or {}).items() if k in meter.totals})
         return meter
 
@@ -130,3 +137,18 @@ class CostMeter:
 
 def _module(obj: Any) -> torch.nn.Module | None:
     return obj if isinstance(obj, torch.nn.Module) else None
+
+
+def _several_params(teacher: Any) -> tuple[int, bool]:
+    """(N_teacher, whether a live one scores) of a RoutedTeacher or MixedTeacher: a mixture's
+    weighted live teachers summed, routed teachers' largest (cached or served ones count 0)."""
+    import math
+
+    mixed = hasattr(teacher, "log_w")
+    log_w = teacher.log_w if mixed else [0.0] * len(teacher.teachers)
+    counts = [
+        count_parameters(m)
+        for t, lw in zip(teacher.teachers, log_w, strict=True)
+        if lw != -math.inf and (m := _module(getattr(t, "model", None))) is not None
+    ]
+    return (sum(counts) if mixed else max(counts, default=0)), bool(counts)
