@@ -290,8 +290,8 @@ def _several_teachers(cfg: DistilConfig):
                 "a cache or a server, with no weights here"
                 if t.cache or t.url
                 else (
-                    "train.seq_kd = true: a routed teacher writes only its own rows, which the "
-                    "ranks do not share"
+                    "train.seq_kd = true: a teacher that writes seq-KD completions is whole "
+                    "on each rank's device"
                 )
             )
             return (f"{key}.placement",), (
