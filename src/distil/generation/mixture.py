@@ -24,7 +24,7 @@ import torch
 from distil.generation.base import SamplingParams, mask_after_eos
 from distil.generation.hf import HFGenerator, sampling_warpers
 from distil.generation.seeded import seeded_processors
-from distil.generation.static import cache_argument
+from distil.generation.static import _forward_arguments, cache_argument
 from distil.models.inuse import module_lock
 from distil.models.tokenizers import left_pad
 from distil.types import Rollout
@@ -63,7 +63,7 @@ class MixtureGenerator:
                 caches[i] = DynamicCache(config=model.config)
             d = next(model.parameters()).device  # a teacher on its own device reads there
             kw = {cache_argument(model): caches[i], "use_cache": True}
-            if "logits_to_keep" in _arguments(model):
+            if "logits_to_keep" in _forward_arguments(model):
                 kw["logits_to_keep"] = 1  # no (B, prompt, V) logits at the prefill
             logits = model(input_ids=new_B_N.to(d), attention_mask=attn_B_L.to(d),
                            position_ids=pos_B_N.to(d), **kw).logits  # fmt: skip
@@ -129,15 +129,6 @@ class MixtureGenerator:
             seq = torch.cat([seq, new], dim=1)
             attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
         return tokens, chosen
-
-
-def _arguments(model) -> set[str]:
-    import inspect
-
-    try:
-        return set(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        return set()
 
 
 def mixture_generator(models: Sequence, weights: Sequence[float], *, pad_id: int,

@@ -156,21 +156,28 @@ def routed_writers(cfg: DistilConfig, examples, prompt_ids, tok, models, build_g
     in teachers.models order; `build_gen(model)` its generator) after its own privileged
     prompt (the student's where its teacher has none). A mixture's rows (no teachers.column)
     are all teacher 0's, after the context its teachers share."""
-    from distil.data.context import row_prompts
     from distil.models.tokenizers import EncodedPrompts
-    from distil.teacher.several import row_contexts, row_teachers
 
-    names = list(cfg.teachers.models)  # a mixture: all rows teacher 0's (all teachers write)
-    route_of = row_teachers(examples, cfg.teachers, names) if cfg.teachers.column else None
-    route_of = [0] * len(examples) if route_of is None else route_of
-    contexts = row_contexts(cfg, examples)
-    prompts = row_prompts(examples, contexts) if contexts else [None] * len(examples)
+    route_of, prompts = _writer_rows(cfg, examples)
     given = None
     if any(p is not None for p in prompts):  # "" stands where the student's prompt is read
         filled = [("" if p is None else p) for p in prompts]
         given = EncodedPrompts(tok, filled, name="teacher context")
     rows = _RoutedPrompts(prompt_ids, prompts, given, route_of)
     return rows, RoutedGenerator([build_gen(m) for m in models])
+
+
+def _writer_rows(cfg: DistilConfig, examples) -> tuple[list[int], list]:
+    """(each row's writing teacher, its teacher prompt or None for the student's): a mixture's
+    rows are all teacher 0's (every teacher writes), after the context its teachers share."""
+    from distil.data.context import row_prompts
+    from distil.teacher.several import row_contexts, row_teachers
+
+    names = list(cfg.teachers.models)
+    route_of = row_teachers(examples, cfg.teachers, names) if cfg.teachers.column else None
+    route_of = [0] * len(examples) if route_of is None else route_of
+    contexts = row_contexts(cfg, examples)
+    return route_of, row_prompts(examples, contexts) if contexts else [None] * len(examples)
 
 
 class _RoutedPrompts(Sequence):
@@ -243,15 +250,10 @@ def writers_side(cfg: DistilConfig, examples, prompt_ids, tok, models, cross) ->
 def _teacher_token_rows(cfg: DistilConfig, examples, crosses: list) -> tuple:
     """(rows, to_student) for teachers of other tokenizers: each row's prompt (its teacher's
     privileged one, else the student's) in its teacher's tokens, as a `RoutedPrompt`."""
-    from distil.data.context import row_prompts
     from distil.models.tokenizers import EncodedPrompts
-    from distil.teacher.several import row_contexts, row_teachers
 
     names = list(cfg.teachers.models)
-    route_of = row_teachers(examples, cfg.teachers, names) if cfg.teachers.column else None
-    route_of = [0] * len(examples) if route_of is None else route_of
-    contexts = row_contexts(cfg, examples)
-    given = row_prompts(examples, contexts) if contexts else [None] * len(examples)
+    route_of, given = _writer_rows(cfg, examples)
     prompts = [e.prompt if p is None else p for e, p in zip(examples, given, strict=True)]
     encoded: dict[int, Any] = {}  # one per distinct teacher tokenizer (crosses are shared)
     per_teacher = []
