@@ -135,11 +135,11 @@ def first_row(cfg: DistilConfig, toks: dict, examples) -> str | None:
     ]
     if teacher and t_tok is None:
         lines.append("  teacher prompt: not shown (its tokenizer was not read)")
-    elif teacher and (pair.privileged or t_tok is not s_tok or cfg.teachers.models):
+    elif teacher and pair.teacher_prompt == pair.student:
+        lines.append("  teacher prompt: the same text as the student's")
+    elif teacher:
         who = f" (teacher {pair.teacher})" if pair.teacher else ""
         lines += [f"  teacher prompt{who}:", _indent(pair.teacher_prompt)]
-    elif teacher:
-        lines.append("  teacher prompt: the student's (one tokenizer, no privileged context)")
     lines.append(_completion_line(s_tok, e, cfg))
     return "\n".join(lines)
 

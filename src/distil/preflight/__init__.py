@@ -280,7 +280,8 @@ def _check_source(key: str, value: str, kind: str, problems: list[str], notes: l
         )
         problems.append(f"{key} = {value!r}: no such local {what}. Fix: check the path ({fix})")
     else:
-        notes.append(f"{key} = {value!r} is taken as a hub id; not checked (no network access)")
+        what = "not checked beyond its tokenizer" if kind == "model" else "not read here"
+        notes.append(f"{key} = {value!r} is taken as a hub id; {what} (no weights or data rows)")
 
 
 class _Problems(list):

@@ -216,7 +216,7 @@ def open_cache(cfg: DistilConfig, tok, model, rows: Rows) -> tuple:
     tokenizers (and the teacher's chat template for a cross cache), k, temperature, vocabulary
     and the data `rows` exactly as the buffer tokenizes them; every shard's checksum is checked
     before the first step."""
-    from distil.teacher.cached import context_expect
+    from distil.teacher.cached import prompt_format_header
 
     cross, keep = None, None
     if is_cross_tokenizer(cfg.loss.name):
@@ -237,7 +237,8 @@ def open_cache(cfg: DistilConfig, tok, model, rows: Rows) -> tuple:
         "temperature": cfg.loss.temperature,
         "template": cfg.data.template,
         "cross_tokenizer": True if cross is not None else None,
-        **context_expect(cfg),  # the teacher's prompts: privileged context, prompt format
+        # how the teacher's prompts were rendered (privileged context: checked per row, cached.py)
+        "prompt_format": prompt_format_header(cfg),
     }
     if cross is not None:
         expect["teacher_tokenizer_sha256"] = tokenizer_sha256(cross.teacher_tok)
