@@ -46,9 +46,8 @@ def fill_hub_cache(root: Path, ids) -> Path:
     return root
 
 
-@pytest.fixture
 def offline_hub(tmp_path_factory, monkeypatch):
-    """offline_hub(*ids) -> the list of repo ids requested from the hub from then on: the hub
+    """The body of a test's `offline_hub` fixture: offline_hub(*ids) -> the list of repo ids requested from the hub from then on: the hub
     cache holds `ids` only and the hub is offline (a request for anything else fails at once,
     as with HF_HUB_OFFLINE=1)."""
     import huggingface_hub.constants as constants

@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
-from hub_fakes import ROOT, needs_real_tokenizers, offline_hub  # noqa: F401 (a fixture)
+import hub_fakes
+from hub_fakes import ROOT, needs_real_tokenizers
 
 from distil.cli import main
 
@@ -24,6 +25,11 @@ PAIRS = {
 QUESTION = "Natalia sold clips to 48 of her friends in April. How many clips did she sell?"
 
 pytestmark = needs_real_tokenizers
+
+
+@pytest.fixture
+def offline_hub(tmp_path_factory, monkeypatch):
+    return hub_fakes.offline_hub(tmp_path_factory, monkeypatch)
 
 
 @pytest.fixture
