@@ -10,8 +10,8 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 import hub_fakes
+import pytest
 from hub_fakes import ROOT, needs_real_tokenizers
 
 from distil.cli import main
