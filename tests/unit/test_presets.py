@@ -97,7 +97,9 @@ def test_the_readme_quotes_the_plans_of_the_presets(preset, offline_hub, capsys)
     assert re.search(r": fits;", one) and re.search(r": fits;", eight)
 
 
-def test_no_command_asks_the_hub_for_a_teacher_it_does_not_load(offline_hub, capsys, tmp_path):
+def test_no_command_asks_the_hub_for_a_teacher_it_does_not_load(
+    offline_hub, gsm8k_rows, capsys, tmp_path
+):
     """Training from a cross-tokenizer teacher cache with the preset's hub teacher.path left in
     place: validate and plan read the student only; the plan takes the teacher's vocabulary
     from the cache's manifest."""
@@ -130,8 +132,14 @@ def test_no_command_asks_the_hub_for_a_teacher_it_does_not_load(offline_hub, cap
     assert "teacher: top-k targets read from" in out and "vocabulary 128,256" in out
     assert line.startswith("memory plan: peak")
     code, out, err = run(capsys, "config", "validate", str(ROOT / LLAMA), *over,
-                         f"train.output_dir={tmp_path / 'run'}")  # fmt: skip
-    assert "teacher prompt:" in out and "<|start_header_id|>" in out  # the cache's tokenizer? no:
+                         f"data.train={gsm8k_rows}", f"train.output_dir={tmp_path / 'run'}")  # fmt: skip
+    assert code == 0, err  # the cache saved no tokenizer here: the teacher's prompt is not shown
+    assert "teacher prompt: not shown (its tokenizer was not read)" in out
+    # the data's answer in student tokens, ended by the template's turn end (a chat prompt)
+    assert (
+        "completion, from the data (first 12 of 12 tokens): 'She sold 48 clips.\\n#### 48<|im_end|>'"
+        in out
+    )
     assert "meta-llama/Llama-3.1-8B-Instruct" not in requested, requested
     # the control: without the cache the plan reads the teacher's config.json from the hub
     code, out, err = run(capsys, "plan", str(ROOT / LLAMA), "generation.backend=hf")
