@@ -103,8 +103,10 @@ def test_no_command_asks_the_hub_for_a_teacher_it_does_not_load(
     """Training from a cross-tokenizer teacher cache with the preset's hub teacher.path left in
     place: validate and plan read the student only; the plan takes the teacher's vocabulary
     from the cache's manifest."""
+    from distil.plan.shapes import model_shape
     from distil.teacher.cache import FORMAT
 
+    model_shape.cache_clear()  # shapes other tests read from their hub caches
     requested = offline_hub("Qwen/Qwen3-0.6B")  # the teacher is not in the hub cache
     cache = tmp_path / "cache"
     cache.mkdir()
