@@ -82,8 +82,11 @@ class CrossTokenizer:
         """The prompt rendered with the teacher's own chat template (cached per example)."""
         text = self._teacher_prompts.get(sample.example_id)
         if text is None:
-            prompt = sample.prompt if sample.prompt is not None else ""
-            text = render_prompt(self.teacher_tok, prompt, name="teacher tokenizer", fmt=self.fmt)
+            text = ""  # a sample without a prompt (a bare completion) stays bare
+            if sample.prompt is not None:
+                text = render_prompt(
+                    self.teacher_tok, sample.prompt, name="teacher tokenizer", fmt=self.fmt
+                )
             self._teacher_prompts[sample.example_id] = text
         return text
 
@@ -124,7 +127,7 @@ class CrossTokenizer:
             # zero bytes: trailing text the teacher's tokenizer drops (WordPiece strips a final
             # '\n') stays in no teacher token, so the student's tokens for it are masked, and
             # the two EOS still pair by role at the end of the text (align_completion)
-            chat = self.fmt.chat(self.teacher_tok, sample.prompt or "")
+            chat = sample.prompt is not None and self.fmt.chat(self.teacher_tok, sample.prompt)
             t_ids = [*t_ids, self.teacher_ends[chat]]
             ends = np.append(ends, ends[-1] if len(ends) else 0)
         if self.max_prompt_tokens is not None:
@@ -190,13 +193,17 @@ class CrossTokenizer:
         return out, np.asarray(prefix, np.bool_)
 
     def to_student(
-        self, teacher_completion_ids: Sequence[int], *, prompt: Messages | str = "", example=None
+        self,
+        teacher_completion_ids: Sequence[int],
+        *,
+        prompt: Messages | str | None = None,
+        example=None,
     ) -> tuple[list[int], str]:
         """A teacher-written completion (seq-KD) in student tokens; when the teacher stopped,
         the student's own end (its turn terminator after a chat-rendered `prompt`, the row's
         prompt, else EOS) follows. `example` (the row's index) is not read: routed teachers'
         converter picks by it."""
-        chat = self.fmt.chat(self.student_tok, prompt)
+        chat = prompt is not None and self.fmt.chat(self.student_tok, prompt)
         ids = list(teacher_completion_ids)
         stopped = bool(ids) and ids[-1] in self.teacher_stops
         text = self.teacher_tok.decode(ids, skip_special_tokens=True)

@@ -295,6 +295,6 @@ class RoutedToStudent:
     def __init__(self, crosses: list, route_of: Sequence[int]):
         self.crosses, self.route_of = crosses, route_of
 
-    def __call__(self, ids, *, prompt="", example: int | None = None):
+    def __call__(self, ids, *, prompt=None, example: int | None = None):
         assert example is not None, "routed teachers convert a row by its example index"
         return self.crosses[self.route_of[example]].to_student(ids, prompt=prompt)
