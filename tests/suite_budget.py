@@ -5,7 +5,8 @@ A pytest plugin, loaded by tests/conftest.py: each test's allowance rides on its
 user property, so it reaches the xdist controller), the controller sums each test's phases,
 and at the end of the session a test over its allowance is listed and the run fails, even when
 every assertion passed. `--test-budget SECONDS` changes the default (0 turns the check off,
-e.g. to step through one test in a debugger). The check itself is `over_budget`, a pure
+e.g. to step through one test in a debugger); `--test-budget-scale X` multiplies every
+allowance, on a machine slower or busier than the 2-core CI machine the budgets are set for. The check itself is `over_budget`, a pure
 function over (test, seconds, allowance) records, tested on synthetic reports in
 tests/test_suite_budget.py.
 """
@@ -27,14 +28,18 @@ class Record:
     allowance: float | None = None  # from the test's budget mark; None: the default
 
 
-def over_budget(records: list[Record], default: float = DEFAULT_SECONDS) -> list[str]:
+def over_budget(
+    records: list[Record], default: float = DEFAULT_SECONDS, scale: float = 1.0
+) -> list[str]:
     """One line per test that took longer than its allowance (its budget mark's seconds, else
-    `default`), slowest first; [] when every test kept to its allowance."""
-    late = [r for r in records if r.seconds > (r.allowance or default)]
+    `default`; times `scale`), slowest first; [] when every test kept to its allowance."""
+    late = [r for r in records if r.seconds > scale * (r.allowance or default)]
     late.sort(key=lambda r: -r.seconds)
+    times = "" if scale == 1 else f" x {scale:g}"
     return [
         f"{r.nodeid} took {r.seconds:.1f} s, over its "
         + (f"budget mark's {r.allowance:g} s" if r.allowance else f"{default:g} s default")
+        + times
         for r in late
     ]
 
@@ -65,6 +70,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="fail the run when a test without a budget mark takes longer than this "
         f"(default {DEFAULT_SECONDS:g}; 0: no check)",
     )
+    parser.addoption(
+        "--test-budget-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="multiply every test's allowance (the default and the budget marks') by X, on a "
+        "machine slower or busier than the 2-core CI machine the budgets are set for",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -73,14 +86,15 @@ def pytest_configure(config: pytest.Config) -> None:
         "budget(seconds, reason): this test may take up to `seconds` instead of the default "
         "60 (tests/suite_budget.py)",
     )
-    config.pluginmanager.register(Budget(config.getoption("--test-budget")), "suite_budget_check")
+    budget = Budget(config.getoption("--test-budget"), config.getoption("--test-budget-scale"))
+    config.pluginmanager.register(budget, "suite_budget_check")
 
 
 class Budget:
     """Sums each test's phases from its reports; the session fails on a test over budget."""
 
-    def __init__(self, default: float):
-        self.default = default
+    def __init__(self, default: float, scale: float = 1.0):
+        self.default, self.scale = default, scale
         self.records: dict[str, Record] = {}
         self.late: list[str] = []
 
@@ -100,7 +114,7 @@ class Budget:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(session.config, "workerinput") or not self.default:
             return  # an xdist worker: the controller, which sees every report, decides
-        self.late = over_budget(list(self.records.values()), self.default)
+        self.late = over_budget(list(self.records.values()), self.default, self.scale)
         if self.late and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

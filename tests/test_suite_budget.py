@@ -27,6 +27,10 @@ def test_over_budget_lists_exactly_the_tests_over_their_allowance():
     assert over_budget([Record("t.py::a", 30.0)], default=20.0) == [
         "t.py::a took 30.0 s, over its 20 s default"
     ]
+    assert over_budget(records, scale=2.0) == []  # 130 s <= 2 x 120 s, 61 s <= 2 x 60 s
+    assert over_budget(records, scale=1.05) == [
+        "t.py::over_its_mark took 130.0 s, over its budget mark's 120 s x 1.05"
+    ]
 
 
 # the inner run's tests say how long their reports claim they took; the phases add up
@@ -99,6 +103,8 @@ def test_a_slow_unmarked_test_fails_a_run_whose_tests_all_passed(inner):
     assert [x.split(" took")[0] for x in outcome_lines(wider)] == [
         "test_inner.py::test_over_its_mark"
     ]
+    busy = inner.runpytest("-p", "suite_budget", "--test-budget-scale", "1.6")
+    assert busy.ret == pytest.ExitCode.OK and outcome_lines(busy) == []
     off = inner.runpytest("-p", "suite_budget", "--test-budget", "0")
     assert off.ret == pytest.ExitCode.OK and outcome_lines(off) == []
 
