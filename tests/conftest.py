@@ -30,8 +30,9 @@ torch.set_num_threads(int(os.environ.get("DISTIL_TEST_THREADS", "1")))
 
 MAIN_FAMILIES = ("bpe", "unigram", "wordpiece")
 
-# a test over 60 s without @pytest.mark.budget(seconds, reason) fails the run (issue #45)
-pytest_plugins = ["suite_budget"]
+# suite_budget: a test over 60 s without @pytest.mark.budget(seconds, reason) fails the run;
+# suite_parallel: how the tests are shared between xdist's two workers (issue #45)
+pytest_plugins = ["suite_budget", "suite_parallel"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

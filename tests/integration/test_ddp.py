@@ -10,7 +10,8 @@ import pytest
 import torch
 import yaml
 
-pytestmark = pytest.mark.slow
+# two ranks on fixed ports: one after another with the other such tests (tests/suite_parallel.py)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 
 
 def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, make_train_config):

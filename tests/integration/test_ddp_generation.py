@@ -20,7 +20,8 @@ from distil.testing import run_process_group
 from distil.train import loop
 from distil.train.buffer import GenerationBuffer
 
-pytestmark = pytest.mark.slow
+# two ranks on fixed ports: one after another with the other such tests (tests/suite_parallel.py)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 
 # torchrun's worker: records, per rank, every generate call (prompts -> completions) and every
 # window's samples, then writes them to <out>/rank<R>.json

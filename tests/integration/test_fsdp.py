@@ -17,7 +17,8 @@ import yaml
 from distil.testing import run_process_group
 from distil.train import loop
 
-pytestmark = pytest.mark.slow
+# two ranks on fixed ports: one after another with the other such tests (tests/suite_parallel.py)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 
 CONFIGS = Path(__file__).parents[2] / "configs" / "accelerate"
 

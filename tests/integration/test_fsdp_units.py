@@ -16,7 +16,8 @@ from datetime import timedelta
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow
+# two ranks on fixed ports: one after another with the other such tests (tests/suite_parallel.py)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 
 VOCAB = 64
 

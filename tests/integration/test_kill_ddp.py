@@ -13,7 +13,8 @@ import yaml
 from distil.testing import run_process_group
 from distil.train import loop
 
-pytestmark = pytest.mark.slow
+# two ranks on fixed ports: one after another with the other such tests (tests/suite_parallel.py)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 
 # torchrun's worker: on rank 1, kill the whole job (SIGKILL to the process group) in the N-th
 # micro-batch (N > 0), or make every loss from micro-batch -N on NaN (N < 0)

@@ -11,7 +11,8 @@ import yaml
 
 from distil.testing import run_process_group
 
-pytestmark = pytest.mark.slow
+# two ranks on fixed ports: one after another with the other such tests (tests/suite_parallel.py)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 
 
 def run(tmp_path, raw, name, ranks):
