@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from distil.teacher import cache as fmt
+from distil.testing import train_config
 
 pytestmark = pytest.mark.slow
 
@@ -49,13 +50,21 @@ def run(kill_at: str, cfg_file: Path, out: Path) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("kill_at", ["shard:2", "manifest:2", "manifest:0"])
-def test_sigkill_then_rerun_equals_an_uninterrupted_cache(tmp_path, make_train_config, kill_at):
-    raw = make_train_config(teacher={"top_k": 8}, train={"lambda": 0.0})
-    cfg_file = tmp_path / "cfg.yaml"
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, countdown_dir, pair_dirs):
+    """(config file, its cache written without interruption): once, for every kill below."""
+    root = tmp_path_factory.mktemp("cache_kill")
+    raw = train_config(root, countdown_dir, pair_dirs, teacher={"top_k": 8}, train={"lambda": 0.0})
+    cfg_file = root / "cfg.yaml"
     cfg_file.write_text(yaml.safe_dump(raw))
-    full = run("none", cfg_file, tmp_path / "full")
+    full = run("none", cfg_file, root / "full")
     assert full.returncode == 0, full.stderr
+    return cfg_file, root / "full"
+
+
+@pytest.mark.parametrize("kill_at", ["shard:2", "manifest:2", "manifest:0"])
+def test_sigkill_then_rerun_equals_an_uninterrupted_cache(tmp_path, uninterrupted, kill_at):
+    cfg_file, full = uninterrupted
     out = tmp_path / "killed"
     killed = run(kill_at, cfg_file, out)
     assert killed.returncode == -9, killed.stderr
@@ -67,7 +76,7 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_cache(tmp_path, make_train_c
     assert len(listed) == int(kill_at.split(":")[1])  # the cut shard is not listed
     again = run("none", cfg_file, out)
     assert again.returncode == 0, again.stderr
-    want, got = fmt.read_manifest(tmp_path / "full"), fmt.read_manifest(out)
+    want, got = fmt.read_manifest(full), fmt.read_manifest(out)
     assert got["complete"] and got["tokens"] == want["tokens"]
     assert [e["sha256"] for e in got["shards"]] == [e["sha256"] for e in want["shards"]]
     assert not list(out.glob("*.tmp"))

@@ -1,4 +1,7 @@
-"""`distil train` and `distil eval` end to end through the real CLI on tiny models (CPU)."""
+"""`distil train` and `distil eval` end to end through the real CLI on tiny models (CPU): train,
+resume and eval through the CLI's entry point in this process (what a subprocess would add is
+the interpreter start; the process itself is tested by the bad config's exit status below,
+tests/integration/test_kill.py and test_tasks_cli.py); a bad config in a real process."""
 
 import json
 import os
@@ -7,6 +10,8 @@ import sys
 
 import pytest
 import yaml
+
+from distil.cli import main
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +30,14 @@ REQUIRED = {
 }
 
 
+def in_process(capsys, *args) -> tuple[int, str, str]:
+    """`distil *args` through the CLI's entry point: (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def distil(*args, cwd):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
@@ -37,12 +50,15 @@ def distil(*args, cwd):
     )
 
 
-def test_train_then_resume_then_eval(tmp_path, make_train_config, countdown_dir):
+def test_train_then_resume_then_eval(
+    tmp_path, make_train_config, countdown_dir, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(make_train_config(logging={"print_example": True})))
-    run = distil("train", str(cfg_path), "train.max_steps=3", cwd=tmp_path)
-    assert run.returncode == 0, run.stderr
-    assert "training example" in run.stderr and "trained on" in run.stderr
+    code, _, err = in_process(capsys, "train", str(cfg_path), "train.max_steps=3")
+    assert code == 0, err
+    assert "training example" in err and "trained on" in err
     run_dir = tmp_path / "run"
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
@@ -65,13 +81,14 @@ def test_train_then_resume_then_eval(tmp_path, make_train_config, countdown_dir)
         == "countdown_plain"
     )
 
-    more = distil("train", str(cfg_path), "train.max_steps=5", cwd=tmp_path)
-    assert more.returncode == 0, more.stderr
-    assert "resumed from" in more.stdout and "step-00000003" in more.stdout
+    code, out, err = in_process(capsys, "train", str(cfg_path), "train.max_steps=5")
+    assert code == 0, err
+    assert "resumed from" in out and "step-00000003" in out
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
 
-    ev = distil(
+    code, out, err = in_process(
+        capsys,
         "eval",
         "--model",
         str(run_dir / "final"),
@@ -84,10 +101,9 @@ def test_train_then_resume_then_eval(tmp_path, make_train_config, countdown_dir)
         "--no-progress",
         "--out",
         "report",
-        cwd=tmp_path,
     )
-    assert ev.returncode == 0, ev.stderr
-    assert ev.stdout.startswith("| Model | Correct | Accuracy |") and "| run/final | " in ev.stdout
+    assert code == 0, err
+    assert out.startswith("| Model | Correct | Accuracy |") and "| run/final | " in out
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["models"][0]["total"] == 8
 
