@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.slow
+# the smoke demo of tests/integration/conftest.py is shared with test_demo_resume and
+# test_demo_seeds: one worker runs them all (tests/suite_parallel.py)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [
@@ -59,18 +61,8 @@ def last_metrics(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def first(tmp_path_factory):
-    """One smoke demo from the checkout: (output dir, cache dir, completed process)."""
-    root = tmp_path_factory.mktemp("demo")
-    out, cache = root / "demo", root / "cache"
-    run = run_demo(out, cache, root)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return out, cache, run
-
-
-def test_demo_pipeline_writes_models_metrics_table_and_plot(first):
-    out, _, run = first
+def test_demo_pipeline_writes_models_metrics_table_and_plot(smoke_demo):
+    out, _, run = smoke_demo
     lines = table_lines(run.stdout)
     assert lines[0] == (
         "| Model | Accuracy | Gap Recovered | Steps | Student Cost (TFLOP) | Compute to Match |"
@@ -101,8 +93,8 @@ def test_demo_pipeline_writes_models_metrics_table_and_plot(first):
     assert cfg["train"]["max_minutes"] is None and cfg["train"]["max_steps"] == 3
 
 
-def test_controls_get_the_distillation_student_compute(first):
-    out, _, _ = first
+def test_controls_get_the_distillation_student_compute(smoke_demo):
+    out, _, _ = smoke_demo
     for control, distilled in (
         ("control_seqkd", "distill_cross_tokenizer"),
         ("control_sft", "distill_cross_tokenizer"),
@@ -120,8 +112,8 @@ def test_controls_get_the_distillation_student_compute(first):
     assert row[ROWS[2]]["student_flops"] == pytest.approx(spent)
 
 
-def test_the_same_command_prints_the_same_table_in_lanes_or_one_after_another(first, tmp_path):
-    _, _, run = first
+def test_the_same_command_prints_the_same_table_in_lanes_or_one_after_another(smoke_demo, tmp_path):
+    _, _, run = smoke_demo
     # a fresh cache: the teacher is trained again, everything else too; the first run's
     # students trained in two one-thread lanes (the default at --threads 2), these one after
     # another in this process at two threads
@@ -129,12 +121,12 @@ def test_the_same_command_prints_the_same_table_in_lanes_or_one_after_another(fi
     assert again.returncode == 0, again.stderr[-3000:]
     assert "using the cached teacher" not in again.stderr
     assert "2 lanes of 1 thread" in run.stderr and "lanes of" not in again.stderr
-    assert (first[0] / "logs" / "run_distill_cross_tokenizer.log").read_text().strip()
+    assert (smoke_demo[0] / "logs" / "run_distill_cross_tokenizer.log").read_text().strip()
     assert table_lines(again.stdout) == table_lines(run.stdout)
     assert len(table_lines(run.stdout)) == len(ROWS) + 2 + 5  # the table, the paired leads
     # the smoke models score 0%: the training trajectories are the sharper check
     for name in RUNS:
-        a, b = (d / "runs" / name / "metrics.jsonl" for d in (first[0], tmp_path / "demo"))
+        a, b = (d / "runs" / name / "metrics.jsonl" for d in (smoke_demo[0], tmp_path / "demo"))
         keys = ("step", "loss", "cost/student_flops", "eval/accuracy")
         trace = [[json.loads(x).get(k) for k in keys] for x in a.read_text().splitlines()]
         assert trace == [
@@ -155,8 +147,8 @@ def _wheel(tmp_path: Path) -> Path:
     return next((tmp_path / "whl").glob("distil-*.whl"))
 
 
-def test_demo_runs_from_an_installed_wheel_outside_the_checkout(first, tmp_path):
-    _, cache, run = first
+def test_demo_runs_from_an_installed_wheel_outside_the_checkout(smoke_demo, tmp_path):
+    _, cache, run = smoke_demo
     wheel = _wheel(tmp_path)
     site = tmp_path / "site"
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", site, wheel]

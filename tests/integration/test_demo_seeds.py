@@ -9,15 +9,16 @@ import pytest
 import yaml
 from test_demo import ROWS, run_demo, table_lines
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]
 
 
 @pytest.fixture(scope="module")
-def seeds2(tmp_path_factory):
+def seeds2(tmp_path_factory, smoke_demo):
+    """`--seeds 2` with the shared smoke demo's cache: its trained teacher, reused."""
     root = tmp_path_factory.mktemp("demo_seeds")
     out = root / "demo"
     # twice the students' stages of a smoke demo: over 20 minutes when the VM is shared
-    run = run_demo(out, root / "cache", root, "--seeds", "2", timeout=3600)
+    run = run_demo(out, smoke_demo[1], root, "--seeds", "2", timeout=3600)
     assert run.returncode == 0, run.stderr[-3000:]
     return out, run
 
