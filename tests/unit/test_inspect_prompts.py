@@ -1,16 +1,16 @@
 """`distil inspect pair --config CONFIG`: the first rows' prompts side by side, the teacher's
 with its privileged context (teacher.context / teacher.system), the student's without; the
-tokenizer comparison of `--student/--teacher` is unchanged."""
+tokenizer comparison of `--student/--teacher` is unchanged. The command runs through the
+CLI's entry point in this process (its arguments and output are what is tested)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
 
+from distil.cli import main
 from distil.config import build_config
 from distil.inspect_prompts import prompt_pairs
 from distil.models.load import load_tokenizer
@@ -46,35 +46,45 @@ def test_without_context_the_teacher_reads_the_students_prompt(make_train_config
     assert all(not p.privileged and p.teacher_prompt == p.student for p in pairs)
 
 
-def run_inspect(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "distil", "inspect", "pair", *args],
-        capture_output=True,
-        text=True,
-        env={"COLUMNS": "400", "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)},
-    )
+@pytest.fixture
+def run_inspect(capsys, monkeypatch):
+    """run_inspect(*args) -> (exit status, stdout, stderr) of `distil inspect pair *args`
+    through the CLI's entry point, 400 columns wide (no line is wrapped)."""
+    monkeypatch.setenv("COLUMNS", "400")
+
+    def run(*args):
+        capsys.readouterr()
+        try:
+            code = main(["inspect", "pair", *args])
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
 
 
 def test_inspect_pair_with_a_config_prints_both_prompts(
-    make_train_config, pair_dirs, rows, tmp_path
+    make_train_config, pair_dirs, rows, tmp_path, run_inspect
 ):
     raw = make_train_config(teacher={"system": "Think."})
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
-    done = run_inspect("--config", str(path), "teacher.context=" + json.dumps(HINT), "--rows", "2")
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+    code, out, err = run_inspect(
+        "--config", str(path), "teacher.context=" + json.dumps(HINT), "--rows", "2"
+    )
+    assert code == 0, err
     assert "the student sees" in out and "the teacher sees" in out
     assert "shared by bytes" in out  # the tokenizer comparison still runs first
     for row in rows[:2]:
         assert f"(a solution: {row['solution']})" in out
     assert rows[2]["solution"] not in out
     # the --student/--teacher form is unchanged and prints no prompts
-    plain = run_inspect(f"--student={pair_dirs[1]}", f"--teacher={pair_dirs[0]}")
-    assert plain.returncode == 0 and "shared by bytes" in plain.stdout
-    assert "the teacher sees" not in plain.stdout
-    missing = run_inspect(f"--student={pair_dirs[1]}")
-    assert missing.returncode != 0 and "--config CONFIG" in missing.stderr
+    code, plain, _ = run_inspect(f"--student={pair_dirs[1]}", f"--teacher={pair_dirs[0]}")
+    assert code == 0 and "shared by bytes" in plain
+    assert "the teacher sees" not in plain
+    code, _, err = run_inspect(f"--student={pair_dirs[1]}")
+    assert code != 0 and "--config CONFIG" in err
 
 
 def test_each_routed_row_shows_its_own_teachers_prompt(
