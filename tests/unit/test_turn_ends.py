@@ -5,14 +5,13 @@ completions after chat prompts end with it, and `config validate` / `inspect pai
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distil.align.vocab_map import role_map, vocab_bytes
+from distil.cli import main
 from distil.config import load_config
 from distil.models.tokenizers import (
     PromptFormat,
@@ -103,7 +102,7 @@ def test_the_turn_end_pairs_with_the_other_sides_eos(llama3_dir, bpe_tokenizer):
 
 
 def test_validate_and_inspect_name_the_turn_end_and_the_stops(
-    llama3_dir, make_train_config, tmp_path
+    llama3_dir, make_train_config, tmp_path, capsys
 ):
     raw = make_train_config(student={"path": str(llama3_dir)})
     raw["teacher"]["path"] = str(llama3_dir)
@@ -114,11 +113,8 @@ def test_validate_and_inspect_name_the_turn_end_and_the_stops(
     assert said and "a turn ends with <|eot_id|>" in said[0]
     assert "<|end_of_text|>" in said[0].split("stops at")[1]
     pair = [f"--student={llama3_dir}", f"--teacher={llama3_dir}"]
-    out = subprocess.run(
-        [sys.executable, "-m", "distil", "inspect", "pair", *pair],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    capsys.readouterr()
+    assert main(["inspect", "pair", *pair]) == 0  # the CLI's entry point, in this process
+    out = capsys.readouterr().out
     assert out.count("a turn ends with <|eot_id|>") == 2
     assert "Countdown" not in out and "<answer>" not in out
