@@ -158,6 +158,19 @@ def routed_data(tmp_path_factory, countdown_dir) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def served_teacher(tmp_path_factory, pair_dirs):
+    """(url, teacher dir): the pair's teacher behind one `distil serve-teacher` process for the
+    session (no API key), shared by the modules that only read from it; they are one xdist
+    group, "served_teacher", so that one worker starts it."""
+    from distil.serve.process import teacher_server
+
+    log = tmp_path_factory.mktemp("served_teacher") / "server.log"
+    env = {"OMP_NUM_THREADS": "1"}  # a long start allowed: a busy shared CPU
+    with teacher_server(pair_dirs[0], env=env, log_path=log, timeout_s=600) as (url, _):
+        yield url, pair_dirs[0]
+
+
 @pytest.fixture
 def make_train_config(tmp_path, countdown_dir, pair_dirs):
     """make_train_config(**sections) -> a small training config dict (sections override)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distil.serve.process import teacher_server
 from distil.testing import config_with, read_metrics
 from distil.train import loop
 from distil.train.setup import build
@@ -16,12 +15,13 @@ HINT = "{prompt} (a solution: {solution})"
 FITS = {"max_prompt_tokens": 192}  # within the tiny teacher's served max_model_len (512)
 
 
-@pytest.fixture(scope="module")
-def server(pair_dirs, tmp_path_factory):
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    env = {"OMP_NUM_THREADS": "1"}  # a long start allowed: a busy shared CPU
-    with teacher_server(pair_dirs[0], env=env, log_path=log, timeout_s=600) as (url, _):
-        yield url
+# the session's served teacher (tests/conftest.py), started once for the modules that use it
+pytestmark = pytest.mark.xdist_group("served_teacher")
+
+
+@pytest.fixture
+def server(served_teacher):
+    return served_teacher[0]
 
 
 @pytest.fixture

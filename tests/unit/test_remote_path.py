@@ -7,19 +7,19 @@ import pytest
 
 from distil.config import build_config
 from distil.preflight import command_problems
-from distil.serve.process import teacher_server
 from distil.teacher.remote import _only_served, connect
 from distil.teacher.remote_client import RemoteTeacherError, RetryPolicy
 
 FAST = RetryPolicy(tries=2, first_wait_s=0.05, total_s=5.0, timeout_s=60.0)
 
 
-@pytest.fixture(scope="module")
-def server(pair_dirs, tmp_path_factory):
-    teacher = pair_dirs[0]
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    with teacher_server(teacher, env={"OMP_NUM_THREADS": "1"}, log_path=log) as (url, _):
-        yield url, teacher
+# the session's served teacher (tests/conftest.py), started once for the modules that use it
+pytestmark = pytest.mark.xdist_group("served_teacher")
+
+
+@pytest.fixture
+def server(served_teacher):
+    return served_teacher
 
 
 def test_a_null_path_takes_the_one_served_name(server, make_train_config, bpe_tokenizer, capsys):
