@@ -28,14 +28,21 @@ demo: venv
 demo-quick: venv
 	OMP_NUM_THREADS=$(THREADS) $(BIN)/distil demo --quick --out runs/demo-quick --threads $(THREADS) --distill-scale $(DISTILL_SCALE)
 
+# The tests run in $(TEST_WORKERS) pytest-xdist workers of one thread each (TEST_WORKERS=0: one
+# process); tests/suite_parallel.py says how they are shared out, and a test over its time
+# budget fails the run (tests/suite_budget.py).
+TEST_WORKERS ?= $(THREADS)
+PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup \
+	--no-loadscope-reorder
+
 test: venv
-	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -m "not gpu" -q
+	$(PYTEST) -m "not gpu"
 
 test-fast: venv
-	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -m "not gpu and not slow" -q
+	$(PYTEST) -m "not gpu and not slow"
 
 test-slow: venv
-	OMP_NUM_THREADS=$(THREADS) $(BIN)/python -m pytest -m "slow" -q
+	$(PYTEST) -m "slow"
 
 # The GPU tier only (a collection error elsewhere cannot stop it), with the liger extra; a test
 # skipped because an extra is not installed (vllm, flash-attn, ...) is listed at the end and
