@@ -9,7 +9,9 @@ import pytest
 import torch
 import yaml
 
+from distil.config import load_config
 from distil.testing import run_process_group
+from distil.train import loop
 
 # two ranks on fixed ports: one after another with the other such tests (tests/suite_parallel.py)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
@@ -21,9 +23,12 @@ def run(tmp_path, raw, name, ranks):
     raw["train"]["per_device_batch_size"] = 4 // ranks
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
-    launch = ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks)] if ranks > 1 else []
-    proc = run_process_group([sys.executable, *launch, "-m", "distil", "train", str(path)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    if ranks == 1:  # the one-process reference, in this process (one thread like each rank)
+        loop.train(load_config(path))
+    else:
+        launch = ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks)]
+        proc = run_process_group([sys.executable, *launch, "-m", "distil", "train", str(path)])
+        assert proc.returncode == 0, proc.stderr[-3000:]
     lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
     return [json.loads(x) for x in lines]
 
