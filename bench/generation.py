@@ -118,10 +118,15 @@ def backends(model, tok, model_dir: Path, wanted: list[str], max_new: int) -> di
     from distil.generation.hf import HFGenerator
     from distil.generation.static import StaticCacheGenerator
 
-    kw = {"pad_id": tok.pad_token_id, "stop_ids": [tok.eos_token_id]}
+    # every backend samples only ids the tokenizer decodes (the model's rows past it: -inf),
+    # transformers' own through its suppress_tokens processor
+    ends = {"pad_id": tok.pad_token_id, "stop_ids": [tok.eos_token_id]}
+    kw = {**ends, "vocab_limit": len(tok)}
+    rows = model.get_output_embeddings().weight.shape[0]
+    plain = {**ends, "suppress_tokens": list(range(len(tok), rows)) or None}
     made = {
-        "generate": lambda: plain_generate(model, **kw),
-        "generate_static": lambda: plain_generate(model, **kw, cache_implementation="static"),
+        "generate": lambda: plain_generate(model, **plain),
+        "generate_static": lambda: plain_generate(model, **plain, cache_implementation="static"),
         "hf": lambda: distil_backend(HFGenerator(model, **kw)),
         "hf_static": lambda: distil_backend(StaticCacheGenerator(model, **kw)),
         "hf_static+compile": lambda: distil_backend(

@@ -3,8 +3,9 @@ teacher at the real 151,936-row vocabulary, next to the same model calls made ba
 
 The models are built from tests/data/model_configs/{qwen3-0.6b,qwen3-1.7b}/config.json with
 random weights (bf16, on the device; nothing is downloaded), with a byte-level BPE tokenizer
-trained here (512 tokens: the embedding rows past it are never written by the tokenizer, but
-sampling from random weights reaches all 151,936, so completions run to full length). The
+trained here (512 tokens: the embedding rows past it are never written by the tokenizer and
+never sampled, by distil's generators or the bare `generate`, whose suppress_tokens masks
+them; from random weights a completion stops at EOS with probability 1/512 per token). The
 prompts are Countdown problems rendered with the `countdown_plain` template.
 
 distil's side: `distil.train.loop.train` with `generation.backend` = --backend, reverse KL,
@@ -227,6 +228,7 @@ def run_bare(dirs, args) -> list[dict]:
     masters = [p.detach().float() for p in params] if s_dtype == torch.bfloat16 else params
     opt = torch.optim.AdamW(masters, lr=LR, fused=dev == "cuda")
     autocast = torch.autocast(dev, dtype=torch.bfloat16)
+    past_tokenizer = list(range(len(tok), student.get_output_embeddings().weight.shape[0]))
     out = []
     for prompts in prompt_windows(dirs, tok, args.batch * args.accum, args.steps):
         ids, attn = (t.to(dev) for t in left_pad(prompts, tok.pad_token_id))
@@ -237,6 +239,7 @@ def run_bare(dirs, args) -> list[dict]:
                 input_ids=ids, attention_mask=attn, max_new_tokens=args.new, do_sample=True,
                 temperature=1.0, top_k=0, top_p=1.0,
                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                suppress_tokens=past_tokenizer,  # as distil: no id the tokenizer cannot decode
             )  # fmt: skip
         student.train()
         rec = {"generate": now(dev) - t0, "teacher": 0.0, "student": 0.0}

@@ -374,13 +374,19 @@ def test_steady_state_sampled_calls_replay_the_compiled_step(bpe_tokenizer, prom
 
 def test_backend_names_build_their_generators(make_train_config, bpe_tokenizer):
     model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer)
-    kw = {"pad_id": bpe_tokenizer.pad_token_id, "stop_ids": [bpe_tokenizer.eos_token_id]}
+    kw = {
+        "pad_id": bpe_tokenizer.pad_token_id,
+        "stop_ids": [bpe_tokenizer.eos_token_id],
+        "vocab_limit": len(bpe_tokenizer) - 8,
+    }
     cfg = build_config(make_train_config())
     assert cfg.generation.backend == "hf"
-    assert type(build_generator(cfg, model, **kw)) is HFGenerator
+    gen = build_generator(cfg, model, **kw)
+    assert type(gen) is HFGenerator and gen.vocab_limit == len(bpe_tokenizer) - 8
     cfg = build_config(make_train_config(generation={"backend": "hf_static"}))
     gen = build_generator(cfg, model, **kw)
     assert type(gen) is StaticCacheGenerator and gen.compile is False  # auto: off on CPU
+    assert gen.vocab_limit == len(bpe_tokenizer) - 8
     cfg = build_config(make_train_config(generation={"backend": "hf_static", "compile": True}))
     gen = build_generator(cfg, model, **kw)
     assert gen.compile is True and gen.max_batch == 256
@@ -394,12 +400,13 @@ def test_vllm_backend_is_imported_only_when_chosen(make_train_config, monkeypatc
 
     class StandIn:
         @classmethod
-        def from_config(cls, cfg, model, *, pad_id, stop_ids):
-            made.update(cfg=cfg, model=model, pad_id=pad_id, stop_ids=stop_ids)
+        def from_config(cls, cfg, model, *, pad_id, stop_ids, vocab_limit):
+            made.update(cfg=cfg, model=model, pad_id=pad_id, stop_ids=stop_ids, limit=vocab_limit)
             return cls()
 
     monkeypatch.delitem(sys.modules, "distil.generation.vllm", raising=False)
-    build_generator(build_config(make_train_config()), object(), pad_id=0, stop_ids=[1])
+    cfg = build_config(make_train_config())
+    build_generator(cfg, object(), pad_id=0, stop_ids=[1], vocab_limit=None)
     assert "distil.generation.vllm" not in sys.modules  # hf needs no vllm module
     module = types.ModuleType("distil.generation.vllm")
     module.VLLMGenerator = StandIn
@@ -407,8 +414,9 @@ def test_vllm_backend_is_imported_only_when_chosen(make_train_config, monkeypatc
     cfg = build_config(make_train_config())
     cfg.generation.backend = "vllm"  # (a config check may ask for CUDA: not the point here)
     model = object()
-    assert isinstance(build_generator(cfg, model, pad_id=3, stop_ids=(4, 5)), StandIn)
-    assert made == {"cfg": cfg, "model": model, "pad_id": 3, "stop_ids": [4, 5]}
+    gen = build_generator(cfg, model, pad_id=3, stop_ids=(4, 5), vocab_limit=9)
+    assert isinstance(gen, StandIn)
+    assert made == {"cfg": cfg, "model": model, "pad_id": 3, "stop_ids": [4, 5], "limit": 9}
 
 
 def test_unknown_backend_is_a_config_error_naming_the_valid_ones(make_train_config):

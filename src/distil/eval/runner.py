@@ -215,7 +215,7 @@ def generate_for_model(
     cfg = task.cfg
     task = with_model_template(task, model_path)
     gen = generator or HFGenerator(
-        model, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, model)
+        model, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, model), vocab_limit=len(tok)
     )
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, 0, cfg.samples)
     out = []

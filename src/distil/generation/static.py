@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from distil.generation.base import SamplingParams, mask_after_eos
+from distil.generation.base import SamplingParams, mask_after_eos, mask_past_vocab
 from distil.generation.hf import HFGenerator, sampling_warpers
 from distil.models.tokenizers import left_pad
 
@@ -69,9 +69,16 @@ class StaticCacheGenerator(HFGenerator):
         length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
         compile_backend: str = "inductor",
         compile_mode: str | None = None,
+        vocab_limit: int | None = None,
     ):
         # calls larger than the largest batch bucket are split by HFGenerator.generate
-        super().__init__(model, pad_id=pad_id, stop_ids=stop_ids, max_batch=max(batch_buckets))
+        super().__init__(
+            model,
+            pad_id=pad_id,
+            stop_ids=stop_ids,
+            max_batch=max(batch_buckets),
+            vocab_limit=vocab_limit,
+        )
         self.batch_buckets = sorted(batch_buckets)
         self.length_buckets = sorted(length_buckets)
         self.compile = compile
@@ -85,7 +92,7 @@ class StaticCacheGenerator(HFGenerator):
 
     @classmethod
     def from_config(
-        cls, cfg, model, *, pad_id: int, stop_ids: Sequence[int]
+        cls, cfg, model, *, pad_id: int, stop_ids: Sequence[int], vocab_limit: int | None = None
     ) -> StaticCacheGenerator:
         """The `generation.backend=hf_static` generator; `generation.compile=auto` compiles
         on CUDA only (on CPU the first call of each shape waits minutes for the C++ build)."""
@@ -99,6 +106,7 @@ class StaticCacheGenerator(HFGenerator):
             compile=compile_,
             batch_buckets=g.static_batch_buckets,
             length_buckets=g.static_length_buckets,
+            vocab_limit=vocab_limit,
         )
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -162,7 +170,8 @@ class StaticCacheGenerator(HFGenerator):
             rng = None
             if params.seed is not None and not params.greedy:
                 rng = torch.Generator(device=device).manual_seed(params.seed)
-            token, logprob = _choose(logits, warpers, params.greedy, _noise(rng, logits))
+            noise = _noise(rng, logits)
+            token, logprob = _choose(logits, warpers, params.greedy, noise, self.vocab_limit)
             done = torch.arange(batch, device=device) >= n_rows  # filler rows count as stopped
             slot_1 = None if slot_P is None else slot_P[-1:] + 1
             state = (token, logprob, pos_B_P[:, -1:] + 1, slot_1, mask_B_L, cache, done)
@@ -233,7 +242,7 @@ class StaticCacheGenerator(HFGenerator):
             use_cache=True,
             **({} if slot_1 is None else {"cache_position": slot_1}),
         ).logits[:, -1]
-        return _choose(logits, warpers, greedy, noise_B_V)
+        return _choose(logits, warpers, greedy, noise_B_V, self.vocab_limit)
 
     def _cache(self, batch: int, length: int):
         """The StaticCache for (batch, length), emptied; the last KEPT_CACHES stay allocated
@@ -301,17 +310,20 @@ def _noise(rng, like: torch.Tensor, vocab: int | None = None) -> torch.Tensor | 
     return torch.empty(shape, device=like.device).exponential_(generator=rng)
 
 
-def _choose(logits_B_V: torch.Tensor, warpers: list, greedy: bool, noise_B_V=None):
+def _choose(
+    logits_B_V: torch.Tensor, warpers: list, greedy: bool, noise_B_V=None, vocab_limit=None
+):
     """(token_B, log-prob_B) from the last position's logits.
 
-    Like generate: fp32 scores, warpers in order, argmax when greedy, else a draw from
+    Like generate: fp32 scores, -inf past `vocab_limit` (ids the tokenizer cannot decode, as
+    HFGenerator's `PastVocabMasked`), warpers in order, argmax when greedy, else a draw from
     softmax(scores) (as argmax of p / Exp(1) noise: the same distribution as multinomial, and
     no host sync or data-dependent shapes inside a CUDA graph); the noise is `noise_B_V` when
     given (drawn from a call's seed outside the compiled step), else drawn here. The log-prob
     is read from the warped distribution the token is drawn from (log-softmax of the raw
     logits when greedy).
     """
-    scores = logits_B_V.float()
+    scores = mask_past_vocab(logits_B_V.float(), vocab_limit)
     for w in warpers:
         scores = w(None, scores)
     logp_B_V = torch.log_softmax(scores, dim=-1)

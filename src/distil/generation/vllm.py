@@ -9,6 +9,12 @@ generations the engine sleeps (`generation.vllm.sleep_level`) so that training g
 memory back. The engine runs in-process (`distributed_executor_backend="external_launcher"`,
 as TRL's colocate mode does), one engine per rank, tensor parallel size 1.
 
+Ids past the tokenizer (`vocab_limit`; a padded vocabulary such as Qwen3's 151,936 rows for
+151,669 tokens) are never sampled: every request carries a logit bias of -inf on them (vLLM
+validates bias ids against the model's vocabulary, not the tokenizer's, and only its OpenAI
+server clamps bias values; `allowed_token_ids` would instead send and index 151k ids per
+request).
+
 Log-probs: the engine is built with `logprobs_mode="processed_logprobs"`, so the log-prob
 returned for each sampled token is taken after temperature, top-k and top-p, i.e. under the
 distribution the token was drawn from: the `Rollout` contract of `HFGenerator` (greedy: the
@@ -171,9 +177,12 @@ class VLLMGenerator:
         sleep_level: int = 2,
         seed: int | None = None,
         workdir=None,
+        vocab_limit: int | None = None,
     ):
         self.llm = llm
         self.model = model
+        # -inf on the ids past the tokenizer, shared by every request (None: nothing to mask)
+        self.logit_bias = past_vocab_bias(model, vocab_limit)
         self.pad_id = pad_id
         self.stop_ids = list(stop_ids)
         self.sleep_level = sleep_level
@@ -187,7 +196,9 @@ class VLLMGenerator:
         self._sleep()
 
     @classmethod
-    def from_config(cls, cfg, model, *, pad_id: int, stop_ids: list[int]) -> VLLMGenerator:
+    def from_config(
+        cls, cfg, model, *, pad_id: int, stop_ids: list[int], vocab_limit: int | None = None
+    ) -> VLLMGenerator:
         """The engine for `model` (the unwrapped student) with `generation.vllm`'s settings."""
         base = model.get_base_model() if is_peft_model(model) else model
         if problems := backend_problems(cfg, base.config):
@@ -230,6 +241,7 @@ class VLLMGenerator:
             sleep_level=v.sleep_level,
             seed=seed,
             workdir=workdir,
+            vocab_limit=vocab_limit,
         )
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -271,6 +283,7 @@ class VLLMGenerator:
             "stop_token_ids": self.stop_ids,
             "logprobs": 0,  # the sampled token's log-prob only
             "detokenize": False,
+            **({"logit_bias": self.logit_bias} if self.logit_bias else {}),
         }
         # a call's own seed (when the caller gives one) or generation.vllm.seeded's: one seed
         # per request, so the samples do not depend on the engine's batching
@@ -312,6 +325,14 @@ class VLLMGenerator:
         self._engine.asleep = set(_TAGS)
         if self.sleep_level == 2:  # level 2 discards the weights: push them again
             self._engine.fingerprint = None
+
+
+def past_vocab_bias(model: torch.nn.Module, vocab_limit: int | None) -> dict[int, float]:
+    """{id: -inf} for every row of the model's vocabulary at or past `vocab_limit`."""
+    rows = model.get_output_embeddings().weight.shape[0]
+    if vocab_limit is None or rows <= vocab_limit:
+        return {}
+    return dict.fromkeys(range(vocab_limit, rows), float("-inf"))
 
 
 @dataclass

@@ -71,6 +71,7 @@ def generate_completions(
         model,
         pad_id=tok.pad_token_id,
         stop_ids=stop_token_ids(tok, model),
+        vocab_limit=len(tok),
         backend=teacher_backend(cfg),
     )
     torch.manual_seed(cfg.train.seed)

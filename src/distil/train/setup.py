@@ -249,6 +249,7 @@ def build_buffer(
             teacher_model,
             pad_id=teacher_tok.pad_token_id,
             stop_ids=stop_token_ids(teacher_tok, teacher_model),
+            vocab_limit=len(teacher_tok),
             backend=teacher_backend(cfg),
         )
         t_gen = gathering(t_gen, teacher_model)  # a sharded teacher: gathered too
@@ -284,6 +285,7 @@ def build_buffer(
         collate_fn=_collate_fn(cfg, examples, rows, tok, cross if align else None),
         num_workers=cfg.data.num_workers,
         teacher_windows=g.teacher_windows,
+        vocab_limit=len(tok),
     )
 
 
@@ -377,7 +379,11 @@ def build(cfg: DistilConfig) -> Components:
     unwrapped = accelerator.unwrap_model(model)
     report_sharding(accelerator, unwrapped, teacher_model, _live_models(cfg, teacher))
     generator = build_generator(
-        cfg, unwrapped, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, unwrapped)
+        cfg,
+        unwrapped,
+        pad_id=tok.pad_token_id,
+        stop_ids=stop_token_ids(tok, unwrapped),
+        vocab_limit=len(tok),
     )
     buffer = build_buffer(
         cfg,
