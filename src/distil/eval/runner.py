@@ -220,7 +220,7 @@ def generate_for_model(
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, 0, cfg.samples)
     out = []
     with progress_bar(
-        f"eval {Path(model_path).name}", total=len(problems), enabled=progress
+        f"eval {Path(model_path).name}", total=len(problems), enabled=progress, unit="problems"
     ) as bar:
         for s in range(0, len(problems), cfg.batch_size):
             batch = problems[s : s + cfg.batch_size]

@@ -118,7 +118,7 @@ def _write(fh, examples, prompts, gen, params, tok, judge, batch_size, counts, c
     """Generate batch by batch and write the kept rows (judge: (task, problems) or (None, _),
     keeping every row) to `fh`."""
     task, problems = judge
-    with progress_bar("generate", len(examples), enabled=cfg.logging.progress) as bar:
+    with progress_bar("generate", len(examples), enabled=cfg.logging.progress, unit="rows") as bar:
         for lo in range(0, len(examples), batch_size):
             chunk = examples[lo : lo + batch_size]
             rollout = gen.generate(prompts[lo : lo + len(chunk)], params)

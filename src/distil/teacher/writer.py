@@ -112,7 +112,9 @@ def cache_teacher(
     if cfg.teacher.context or cfg.teacher.system:
         rows.give_context(cfg.teacher.context, cfg.teacher.system)
     batch_size = batch_size or cfg.train.per_device_batch_size
-    with progress_bar("cache-teacher", len(examples), enabled=cfg.logging.progress) as bar:
+    with progress_bar(
+        "cache-teacher", len(examples), enabled=cfg.logging.progress, unit="rows"
+    ) as bar:
         _write_shards(
             out, manifest, source, rows, row_fps, values, shard_rows, batch_size, bar, after_shard
         )
@@ -154,7 +156,7 @@ def _write_shards(
     n = len(row_fps)
     start = manifest["shards"][-1]["rows"][1] if manifest["shards"] else 0
     rate = _Rate()
-    bar.advance(start)
+    bar.skip(start)
     for lo in range(start, n, shard_rows):
         hi = min(lo + shard_rows, n)
         cols, offsets = [], [0]
