@@ -107,7 +107,7 @@ class LineProgress(_Bar):
 
 
 def _duration(seconds: float) -> str:
-    s = int(round(max(seconds, 0.0)))
+    s = round(max(seconds, 0.0))
     h, rest = divmod(s, 3600)
     return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
 
