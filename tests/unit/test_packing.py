@@ -123,13 +123,13 @@ def test_a_wrong_boundary_or_the_cache_left_on_changes_the_logits(monkeypatch):
 def test_every_packed_forward_turns_the_cache_and_the_mask_off():
     seen = []
     model = tiny_llama(97, seed=3)
-    inner = model.forward
+    inner = model.model.forward  # the decoder: the model's forward calls it, a teacher directly
 
     def spy(**kwargs):
         seen.append(kwargs)
         return inner(**kwargs)
 
-    model.forward = spy
+    model.model.forward = spy
     ids, attn = _ragged(97, LENGTHS)
     with torch.no_grad():
         model_forward(model, ids, attn, packing=True)

@@ -16,7 +16,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from distil.data.packing import head_bypassed, model_forward
+from distil.data.packing import model_forward
 from distil.losses.chunked import auto_chunk_size
 from distil.models.tokenizers import right_pad
 
@@ -48,14 +48,14 @@ class PromptScorer:
 
     @torch.inference_mode()
     def _score_batch(self, prompts: list[list[int]], k: int) -> list[list[dict | None]]:
-        """One forward with the head bypassed; head + fp32 log-softmax on the scored positions
-        (every prompt position but the last), `auto_chunk_size(V)` of them at a time."""
+        """One forward of the decoder (the head not run); head + fp32 log-softmax on the scored
+        positions (every prompt position but the last), `auto_chunk_size(V)` of them at a time."""
         ids, attn = right_pad(prompts, self.pad_id)
         with self._lock:
-            with head_bypassed(self.model) as head:
-                hidden_B_L_H = model_forward(
-                    self.model, ids.to(self.device), attn.to(self.device), packing=False
-                )
+            head = self.model.get_output_embeddings()
+            hidden_B_L_H = model_forward(
+                self.model, ids.to(self.device), attn.to(self.device), packing=False, hidden=True
+            )
             nxt_B_L = ids.to(self.device)
             row_N = torch.cat([torch.full((len(r) - 1,), b) for b, r in enumerate(prompts)])
             pos_N = torch.cat([torch.arange(len(r) - 1) for r in prompts])

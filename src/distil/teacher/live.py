@@ -1,7 +1,10 @@
 """A live teacher: one forward pass over prompt + completion, in its own dtype and device.
 
-The forward runs with the output head bypassed (its output is the final hidden state, as the
-student's in `train/step.py`), under `torch.inference_mode` (`torch.no_grad` for an FSDP-sharded
+The forward runs the model's decoder (`get_decoder()`: the body and its final norm; its output
+is the final hidden state) and leaves the module untouched: no head swapped, so no lock that a
+background seq-KD writer would hold for a whole generate call, and no wrapper a training
+framework put on the module's forward (accelerate's fp32-output wrapper on a student scoring as
+its own teacher would hand fp32 states to a bf16 head). It runs under `torch.inference_mode` (`torch.no_grad` for an FSDP-sharded
 teacher: FSDP2's unshard fails on inference tensors in torch < 2.12). Head and log-softmax are
 then applied only to the positions a loss reads (`scored_positions`: the loss mask, or the
 teacher positions of a cross-tokenizer alignment), `chunk_rows` positions at a time
@@ -19,7 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from distil.data.packing import head_bypassed, model_forward
+from distil.data.packing import model_forward
 from distil.errors import DistilError
 from distil.losses.chunked import auto_chunk_size
 from distil.teacher.base import sparse_topk
@@ -52,6 +55,8 @@ class LiveTeacher:
         self.temperature = temperature
         self.top_k = top_k
         self.vocab_size = vocab_size  # keep only the first V logits (padded embedding rows)
+        # Gemma 2's final_logit_softcapping: logits = cap * tanh(logits / cap), after the head
+        self.cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
         if not follows_student:
             for p in self.model.parameters():
                 p.requires_grad_(False)
@@ -62,8 +67,8 @@ class LiveTeacher:
 
     def forward(self, batch: Batch):
         """(x_B_T_X, head): the shifted final hidden states (B, T, H) and the output head, or
-        the shifted logits (B, T, V) and None when the head cannot be bypassed (an FSDP-sharded
-        teacher, whose head weight is a shard outside its forward).
+        the shifted logits (B, T, V) and None when the head cannot be applied apart (an
+        FSDP-sharded teacher, whose head weight is a shard outside its forward).
 
         Cross-tokenizer batches carry the teacher's own inputs (its chat template, its tokens);
         the targets are then in teacher positions and the alignment maps them to the student.
@@ -75,14 +80,12 @@ class LiveTeacher:
             ids, attn = batch.context_input_ids_B_L, batch.context_attention_mask_B_L
         kw = dict(packing=self.packing, pack_length=self.pack_length)
         sharded = _is_fsdp(self.model)
+        ids, attn = ids.to(self.device), attn.to(self.device)
         with torch.no_grad() if sharded else torch.inference_mode():
-            if sharded or not hasattr(self.model, "set_output_embeddings"):
-                return model_forward(self.model, ids.to(self.device), attn.to(self.device), **kw)[
-                    :, :-1
-                ], None
-            with head_bypassed(self.model) as head:
-                x = model_forward(self.model, ids.to(self.device), attn.to(self.device), **kw)
-            return x[:, :-1], head
+            if sharded or not hasattr(self.model, "get_decoder"):
+                return model_forward(self.model, ids, attn, **kw)[:, :-1], None
+            x = model_forward(self.model, ids, attn, hidden=True, **kw)
+            return x[:, :-1], self.model.get_output_embeddings()
 
     @torch.no_grad()
     def idle(self) -> None:
@@ -124,7 +127,10 @@ class LiveTeacher:
         for s in range(0, len(row_N), step):
             r, p = row_N[s : s + step], pos_N[s : s + step]
             x_n = x_B_T_X[r, at_N[s : s + step]]  # gathers n rows only, from any layout
-            logits_n_V = x_n[:, :V] if weight is None else F.linear(x_n, weight, bias)
+            if weight is None:
+                logits_n_V = x_n[:, :V]
+            else:  # in the head's dtype, whatever a wrapper made of the hidden states
+                logits_n_V = _softcapped(F.linear(x_n.to(weight.dtype), weight, bias), self.cap)
             logits_n_V = logits_n_V.float()
             if self.temperature != 1.0:
                 logits_n_V = logits_n_V / self.temperature
@@ -183,6 +189,11 @@ def scored_positions(batch: Batch, shape_B_T: tuple[int, int]) -> torch.Tensor:
     keep = proj_N >= 0
     rows_B_T[a.proj_row_N[keep], proj_N[keep]] = True
     return rows_B_T
+
+
+def _softcapped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap * tanh(logits / cap) (a model's final logit soft-capping), or the logits."""
+    return logits if not cap else torch.tanh(logits / cap) * cap
 
 
 def _head_params(head, vocab_size: int | None):
