@@ -175,3 +175,29 @@ def test_a_soft_capped_teacher_is_scored_as_its_own_forward_scores():
     m = batch.mask_B_T
     ref = _reference(model, batch)
     torch.testing.assert_close(out.logprobs_B_T_V[m], ref[m], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 3])
+def test_one_host_read_per_micro_batch_however_many_chunks(chunk_rows):
+    """The finite check of every chunk is read back once, after the last chunk is queued
+    (`aten._local_scalar_dense` is what bool() / .item() / int() of a tensor run)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Reads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                Reads.count += 1
+            return func(*args, **(kwargs or {}))
+
+    model = tiny_llama(V, seed=3)
+    batch = _batch()
+    n = int(batch.mask_B_T.sum())
+    scorer = LiveTeacher(model, chunk_rows=chunk_rows)
+    with Reads():
+        out = scorer.score(batch)
+    assert n > 3 * 5  # several chunks of 3 rows
+    assert Reads.count == 1
+    m = batch.mask_B_T
+    torch.testing.assert_close(out.logprobs_B_T_V[m], _reference(model, batch)[m])

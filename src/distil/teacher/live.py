@@ -124,6 +124,7 @@ class LiveTeacher:
         at_N = pos_N
         if batch.context_shift_B is not None:
             at_N = pos_N + batch.context_shift_B.to(pos_N.device)[row_N]
+        bad = []  # per chunk, which rows are not finite: read once after the loop (one sync)
         for s in range(0, len(row_N), step):
             r, p = row_N[s : s + step], pos_N[s : s + step]
             x_n = x_B_T_X[r, at_N[s : s + step]]  # gathers n rows only, from any layout
@@ -136,8 +137,9 @@ class LiveTeacher:
                 logits_n_V = logits_n_V / self.temperature
             lp_n_V = torch.log_softmax(logits_n_V, dim=-1)
             del logits_n_V
-            _check_finite(lp_n_V, r, p, len(row_N))
+            bad.append(~torch.isfinite(lp_n_V.amax(dim=-1)))
             out.write(r, p, lp_n_V, None if labels_N is None else labels_N[s : s + step])
+        _check_finite(bad, row_N, pos_N)
         return out.targets(labels_N is not None).to(batch.input_ids_B_L.device)
 
 
@@ -216,18 +218,20 @@ class TeacherOutputError(DistilError):
     """The teacher produced NaN or infinite logits on real (non-padding) tokens."""
 
 
-def _check_finite(lp_n_V: torch.Tensor, row_n, pos_n, scored: int) -> None:
+def _check_finite(bad: list[torch.Tensor], row_N, pos_N) -> None:
     """Stop before the loss when a scored teacher row is NaN/inf: a KL against it is NaN, and
-    a skipped step would only hide a broken teacher. max over the vocabulary propagates NaN,
-    and is -inf or NaN when the logits held +inf or only -inf; positions no loss reads (prompt,
-    padding: some attention kernels return NaN on fully masked rows) are not scored."""
-    bad_n = ~torch.isfinite(lp_n_V.amax(dim=-1))
-    if bool(bad_n.any()):
-        first = int(bad_n.nonzero()[0, 0])
+    a skipped step would only hide a broken teacher. `bad`: per chunk, whether each row's max
+    log-prob is not finite (max propagates NaN, and is -inf or NaN when the logits held +inf or
+    only -inf); positions no loss reads (prompt, padding: some attention kernels return NaN on
+    fully masked rows) are not scored. One host read for the micro-batch, after every chunk
+    is queued, not one per chunk (which would keep the host from running ahead)."""
+    bad_N = torch.cat(bad) if bad else torch.zeros(0, dtype=torch.bool)
+    if bool(bad_N.any()):
+        first = int(bad_N.nonzero()[0, 0])
         raise TeacherOutputError(
-            f"the teacher's logits are NaN or infinite at {int(bad_n.sum())} or more of the "
-            f"{scored} token positions the loss reads in this micro-batch (first: row "
-            f"{int(row_n[first])}, position {int(pos_n[first])}), so every loss against them "
+            f"the teacher's logits are NaN or infinite at {int(bad_N.sum())} of the "
+            f"{len(bad_N)} token positions the loss reads in this micro-batch (first: row "
+            f"{int(row_N[first])}, position {int(pos_N[first])}), so every loss against them "
             "would be NaN. Fix: load the teacher in a wider dtype (teacher.dtype=bfloat16 or "
             "float32; float16 overflows in many models), or check that teacher.path holds "
             "intact weights"
