@@ -13,6 +13,13 @@ from its own seed (`SamplingParams.seed`, distil.generation.seeded), so the samp
 depend on thread timing, and every rank's in-flight window is the one the synchronous buffer
 would give it: the buffer itself runs in the background thread, one window ahead.
 
+A teacher that follows the student writes its seq-KD slices from a snapshot too: with
+`teacher.from_student: current` the teacher is the student, so its writer samples from the
+student's snapshot (never from weights the optimizer is writing, which no lock orders against
+the background stream), one step stale like the on-policy samples. `from_student: ema` with
+seq-KD is refused with generation.async (config/rules_backends.py): its average is lerped in
+place after every step, and a second snapshot would have to be saved with every checkpoint.
+
 Checkpoints: the window in flight is not saved. A checkpoint holds the buffer state before it
 and the snapshot's trainable weights (`sampler.safetensors`); a resumed run samples that window
 again from them, with the same prompts, weights and seed, so it trains on exactly what the
@@ -141,7 +148,14 @@ class AsyncWindows:
     window ahead of it. `state` is the buffer state before the window in flight: what a
     checkpoint saves."""
 
-    def __init__(self, buffer: GenerationBuffer, student: torch.nn.Module, *, max_steps: int):
+    def __init__(
+        self,
+        buffer: GenerationBuffer,
+        student: torch.nn.Module,
+        *,
+        max_steps: int,
+        teacher_is_student: bool = False,
+    ):
         self.buffer, self.max_steps = buffer, max_steps
         self.snapshot = weight_snapshot(student)
         # what the optimizer moves, paired once: (names, live parameters, snapshot parameters)
@@ -155,6 +169,10 @@ class AsyncWindows:
         if gen is not None:  # a copy of the generator samples from the snapshot
             buffer.student.generator = copy.copy(gen)
             buffer.student.generator.sync_weights(self.snapshot)
+        writer = buffer.teacher.generator if buffer.teacher is not None else None
+        if teacher_is_student and writer is not None:  # from_student=current: it writes too
+            buffer.teacher = replace(buffer.teacher, generator=copy.copy(writer))
+            buffer.teacher.generator.sync_weights(self.snapshot)
         self.state: BufferState = replace(buffer.state)
         self.version = 0  # optimizer steps the snapshot's weights have had
         self._in_flight: _Job | None = None

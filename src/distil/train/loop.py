@@ -60,7 +60,12 @@ def train(cfg: DistilConfig) -> dict[str, Any]:
     with RunLock(cfg.train.output_dir, enabled=int(os.environ.get("RANK", "0")) == 0):
         c = build(cfg)
         if cfg.generation.async_:
-            c.buffer = AsyncWindows(c.buffer, c.unwrapped, max_steps=cfg.train.max_steps)
+            c.buffer = AsyncWindows(
+                c.buffer,
+                c.unwrapped,
+                max_steps=cfg.train.max_steps,
+                teacher_is_student=cfg.teacher.from_student == "current",
+            )
         ok = False
         try:
             with StopRequest() as stop:
