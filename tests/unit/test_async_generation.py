@@ -212,7 +212,7 @@ def test_an_ema_writer_is_refused_with_async(make_train_config):
         train={"lambda": 0.5, "seq_kd": True},
         generation={"async": True},
     )
-    with pytest.raises(ConfigError, match="generation.async = true with teacher.from_student"):
+    with pytest.raises(ConfigError, match=r"generation\.async = true with teacher\.from_student"):
         build_config(raw)
     raw["generation"]["async"] = False
     build_config(raw)
