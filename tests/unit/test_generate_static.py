@@ -479,3 +479,47 @@ def test_greedy_on_policy_run_logs_the_same_losses_with_hf_and_hf_static(
     assert evals["hf"] and evals["hf_static"] == evals["hf"]  # the eval sampled with it too
     (gen,) = built  # the student's; the eval ran through it and kept none of its caches
     assert gen._caches and all(length == 64 + 12 for _, length in gen._caches)
+
+
+def test_cudagraphs_on_any_thread_from_torch_2_12():
+    from distil.generation.static import cudagraphs_on_any_thread
+
+    got = {v: cudagraphs_on_any_thread(v) for v in ("2.11.0+cu130", "2.12.0a0+git1", "2.12.0",
+                                                    "2.13.0+cpu", "3.0.0")}  # fmt: skip
+    assert got == {"2.11.0+cu130": False, "2.12.0a0+git1": False, "2.12.0": True,
+                   "2.13.0+cpu": True, "3.0.0": True}  # fmt: skip
+
+
+@pytest.mark.parametrize("torch_version", ["2.11.0+cu130", "2.13.0"])
+def test_the_async_sampler_compiles_without_cuda_graphs_before_torch_2_12(
+    monkeypatch, bpe_tokenizer, torch_version
+):
+    """gpu-review-2 finding 2: on torch 2.11 cudagraph trees assert in a thread other than the
+    first to use them, so the worker thread's hf_static copy compiles without CUDA graphs
+    (inductor's default mode); the main thread's generator and newer torches keep them."""
+    from distil.generation import static
+    from distil.train.async_gen import AsyncWindows
+    from distil.train.buffer import GenerationBuffer, PromptSide
+    from distil.types import Example
+
+    monkeypatch.setattr(static.torch, "__version__", torch_version)
+    model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer)
+    gen = StaticCacheGenerator(model, pad_id=0, stop_ids=[2], compile=True)
+    writer = StaticCacheGenerator(model, pad_id=0, stop_ids=[2], compile=True)
+    examples = [Example(i, f"p {i}", f"a {i}") for i in range(8)]
+    prompts = [[5 + i, 6] for i in range(8)]
+    buffer = GenerationBuffer(
+        examples, PromptSide(prompts, gen), completion_ids=[[7, 2]] * 8,
+        params=SamplingParams(4, n=1), per_device_batch_size=2, grad_accum_steps=1,
+        lambda_=0.5, pad_id=0, seq_kd=True, teacher=PromptSide(prompts, writer),
+    )  # fmt: skip
+    source = AsyncWindows(buffer, model, max_steps=2)
+    try:
+        sampler, written = source.buffer.student.generator, source.buffer.teacher.generator
+        old = torch_version.startswith("2.11")
+        assert sampler is not gen and written is not writer
+        assert sampler.compile_mode == written.compile_mode == ("default" if old else None)
+        assert gen.compile_mode is None and writer.compile_mode is None  # the originals keep them
+        assert sampler.model is source.snapshot and written.model is model
+    finally:
+        source.close()

@@ -9,6 +9,7 @@ one (B, V) slice in memory instead of every step's scores.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -101,6 +102,10 @@ class HFGenerator:
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model
+
+    def worker_copy(self) -> HFGenerator:
+        """A copy to sample on a worker thread (generation.async), its state its own."""
+        return copy.copy(self)
 
     def scratch_caches(self) -> contextlib.AbstractContextManager[None]:
         """Calls inside keep nothing afterwards: generate keeps nothing between calls."""

@@ -20,6 +20,12 @@ derive it from the cache's contents, a data-dependent scalar that splits the com
 several graphs with a host sync per token. transformers 5.17+ have no such argument (their
 static cache counts its length in a device tensor), and it is not passed there.
 
+On another thread than the first to use CUDA graphs (generation.async's sampler: `worker_copy`),
+torch < 2.12 asserts inside cudagraph trees (pytorch#123177: their thread-local state exists
+only in the thread that first imported them; fixed by pytorch PR #184357, in 2.12), so there
+the compiled step runs without CUDA graphs (inductor's default mode): still one fused graph per
+bucket, one kernel launch per op instead of a replay.
+
 Memory: the caches of the last KEPT_CACHES bucket shapes stay allocated between calls (the
 training's shape, replayed every step); the calls made inside `scratch_caches()` (an
 evaluation) keep none of theirs afterwards.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import copy
 import inspect
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -108,6 +115,15 @@ class StaticCacheGenerator(HFGenerator):
             length_buckets=g.static_length_buckets,
             vocab_limit=vocab_limit,
         )
+
+    def worker_copy(self) -> StaticCacheGenerator:
+        """A copy to sample on a worker thread: on torch < 2.12 its compiled step runs without
+        CUDA graphs (see the module docstring), else as this one's."""
+        out = copy.copy(self)
+        if self.compile and self.compile_mode is None and not cudagraphs_on_any_thread():
+            out.compile_mode = "default"  # inductor without CUDA graphs
+            out._step_fn = None
+        return out
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         if model is not self.model:  # another module: its caches and compiled step are not ours
@@ -267,6 +283,14 @@ class StaticCacheGenerator(HFGenerator):
         """Bytes of the KV caches kept allocated between calls."""
         caches = {id(c): c for c in [*self._caches.values(), *self._held.values()]}
         return sum(_cache_bytes(c) for c in caches.values())
+
+
+def cudagraphs_on_any_thread(version: str | None = None) -> bool:
+    """Whether this torch runs cudagraph trees on any thread (2.12+, pytorch PR #184357);
+    a pre-release of 2.12 counts as older."""
+    from torch.torch_version import TorchVersion
+
+    return TorchVersion(version or torch.__version__) >= "2.12"
 
 
 def takes_cache_position(model) -> bool:
