@@ -3,7 +3,8 @@
 1. The N loss positions (mask True) are selected from the student and the targets first, so
    prompt and padding cost nothing.
 2. The rows are cut into chunks of `chunk_size`. Each chunk computes its logits (from hidden
-   states through the head when the student is a `StudentHidden`), upcasts them to fp32,
+   states through the head when the student is a `StudentHidden`; a bf16 head under autocast
+   adds its chunks' dW up in one fp32 buffer: `head.ChunkedHead`), upcasts them to fp32,
    divides by the temperature and hands them to the loss's `rows_fn`. With more than one chunk
    each chunk runs under `torch.utils.checkpoint` (non-reentrant), so only per-row values are
    kept between forward and backward: the (N, V) fp32 logits never exist at once, in forward
@@ -19,9 +20,9 @@ from dataclasses import dataclass, fields, replace
 from functools import cache, partial
 
 import torch
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from distil.losses.head import ChunkedHead, low_precision_under_autocast
 from distil.losses.reduce import count_loss_tokens, token_sum_over
 from distil.types import LossOutput, TeacherTargets
 
@@ -141,8 +142,8 @@ def check_temperatures(*temperatures: float) -> None:
 
 @cache
 def compiled_chunk(backend: str):
-    """`_chunk_forward` compiled once per process and backend (shapes static: one chunk size)."""
-    return torch.compile(_chunk_forward, backend=backend, dynamic=False)
+    """`_rows_forward` compiled once per process and backend (shapes static: one chunk size)."""
+    return torch.compile(_rows_forward, backend=backend, dynamic=False)
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -150,20 +151,21 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([x, x[-1:].expand(rows - x.shape[0], *x.shape[1:])])
 
 
-def fp32_head(weight, bias, device_type: str):
-    """A low-precision head under autocast as an fp32 view: autocast still runs each chunk's
-    matmul in bf16, but the chunks' dW add up in fp32 (one rounding to the parameter's dtype
-    at the end of backward, not one per chunk), as Liger's fused linear losses accumulate it."""
-    low = (torch.bfloat16, torch.float16)
-    if weight is None or weight.dtype not in low or not torch.is_autocast_enabled(device_type):
-        return weight, bias
-    return weight.float(), None if bias is None else bias.float()
+def chunk_head(weight, bias, x_N: torch.Tensor, step: int) -> ChunkedHead:
+    """The head the chunks apply: with several chunks of a low-precision head under autocast,
+    its dW added up in fp32 (`head.ChunkedHead`)."""
+    several = step < x_N.shape[0]
+    fp32_grad = several and low_precision_under_autocast(weight, x_N.device.type)
+    return ChunkedHead(weight, bias, fp32_grad=fp32_grad)
 
 
-def _chunk_forward(
-    rows_fn: RowsFn, temperature: float, ce_weight: float, x_n, rows: Rows, weight, bias
-):
-    logits_n_V = x_n if weight is None else F.linear(x_n, weight, bias)
+def _chunk_forward(rows_forward, head: ChunkedHead, x_n, rows: Rows):
+    """One chunk: the head (eager: its backward adds dW into the fp32 buffer), then the rows'
+    loss (`rows_forward`, compiled or not)."""
+    return rows_forward(head(x_n), rows)
+
+
+def _rows_forward(rows_fn: RowsFn, temperature: float, ce_weight: float, logits_n_V, rows: Rows):
     logits_n_V = upcast(logits_n_V)  # one chunk at a time
     if temperature != 1.0:
         logits_n_V = logits_n_V / temperature
@@ -198,8 +200,8 @@ def run_rowwise(
     loss is an exact 0 that still back-propagates (zero gradients). `ce_weight` > 0 adds that
     weight times the cross-entropy of the labels (data tokens; the loop passes it for off-policy
     and seq-KD slices only) and reports it as `ce_sum`. `compile_backend` (e.g. "inductor"):
-    with several chunks, each chunk's head, upcast, `rows_fn` and cross-entropy run as one
-    `torch.compile`d graph of a fixed chunk shape (the last chunk padded with copies of its last
+    with several chunks, each chunk's upcast, `rows_fn` and cross-entropy run as one
+    `torch.compile`d graph (after the head's matmul, run eagerly) of a fixed chunk shape (the last chunk padded with copies of its last
     row, whose values are dropped), so the ~40 full-width elementwise passes per chunk fuse into
     a few kernels; the values equal the eager ones up to float rounding.
     """
@@ -216,18 +218,17 @@ def run_rowwise(
     n = x_N.shape[0]
     step = n if chunk_size is None else min(chunk_size, n)
     step = max(step, 1)  # n == 0 still runs one (empty) chunk so the graph stays connected
-    if step < n:
-        weight, bias = fp32_head(weight, bias, x_N.device.type)
     compiled = compile_backend is not None and step < n
-    forward = partial(compiled_chunk(compile_backend) if compiled else _chunk_forward, rows_fn)
-    forward = partial(forward, temperature, ce_weight)
+    rows_forward = compiled_chunk(compile_backend) if compiled else _rows_forward
+    rows_forward = partial(rows_forward, rows_fn, temperature, ce_weight)
+    forward = partial(_chunk_forward, rows_forward, chunk_head(weight, bias, x_N, step))
     parts = []
     for start in range(0, max(n, 1), step):
         at_n, x_n = at_N[start : start + step], x_N[start : start + step]
         real = x_n.shape[0]
         if compiled and real < step:  # one chunk shape for the compiled graph: pad the last
             at_n, x_n = _pad_rows(at_n, step), _pad_rows(x_n, step)
-        chunk = (x_n, _rows_at(targets, labels_B_T, at_n), weight, bias)
+        chunk = (x_n, _rows_at(targets, labels_B_T, at_n))
         if step < n:  # several chunks: recompute each in backward instead of storing (n, V)
             loss_n, m = checkpoint(forward, *chunk, use_reentrant=False)
         else:

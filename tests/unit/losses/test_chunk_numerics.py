@@ -139,3 +139,46 @@ def test_diagnostics_off_drops_the_entropy_of_the_other_losses(name):
     torch.testing.assert_close(lean[0].loss, full[0].loss, atol=0, rtol=0)
     for x, y in zip(lean[1], full[1], strict=True):
         torch.testing.assert_close(x, y, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("trained", [True, False])  # a trained head; a frozen one (LoRA)
+def test_a_bf16_head_is_never_cast_per_chunk(trained):
+    """gpu-review-2 finding 6: the fp32 view of the head was re-cast to bf16 by autocast in
+    every chunk's forward and recompute, and every chunk's dW cast to fp32 and added. Now no
+    (V, H) tensor is cast but the fp32 sum, rounded once into the bf16 gradient; a frozen head
+    gets no buffer at all. Seen as the ops that run (a TorchDispatchMode)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    V, H, B, T = 512, 32, 4, 16  # 64 rows: 4 chunks of 16
+    torch.manual_seed(0)
+    weight = (torch.randn(V, H) * 0.5).to(torch.bfloat16).requires_grad_(trained)
+    hidden = torch.randn(B, T, H).to(torch.bfloat16).requires_grad_()
+    teacher = torch.log_softmax(torch.randn(B, T, V) * 2, -1)
+    mask = torch.ones(B, T, dtype=torch.bool)
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.vh = []  # (op, dtype) of every op writing a (V, H) tensor
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and tuple(out.shape) == (V, H):
+                self.vh.append((func.__name__, out.dtype))
+            return out
+
+    with Ops() as ops:
+        with torch.autocast("cpu", torch.bfloat16):
+            out = get_loss("jsd")(
+                StudentHidden(hidden, weight), TeacherTargets(logprobs_B_T_V=teacher), mask,
+                num_tokens=B * T, chunk_size=16,
+            )  # fmt: skip
+        out.loss.backward()
+    casts = [op for op, _ in ops.vh if op.startswith("_to_copy")]
+    assert casts == (["_to_copy.default"] if trained else [])  # the one final rounding
+    if trained:
+        assert weight.grad.dtype == torch.bfloat16
+        adds = [op for op, dtype in ops.vh if op.startswith("add") and dtype == torch.bfloat16]
+        assert adds == []  # no per-chunk bf16 sum
+        assert [op for op, _ in ops.vh if op.startswith("addmm")] == ["addmm_.default"] * 4
+    assert torch.isfinite(hidden.grad).all()
