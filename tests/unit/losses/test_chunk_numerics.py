@@ -182,3 +182,36 @@ def test_a_bf16_head_is_never_cast_per_chunk(trained):
         assert adds == []  # no per-chunk bf16 sum
         assert [op for op, _ in ops.vh if op.startswith("addmm")] == ["addmm_.default"] * 4
     assert torch.isfinite(hidden.grad).all()
+
+
+@pytest.mark.slow
+def test_compiled_bf16_chunks_under_autocast_equal_eager_chunks():
+    """What the GPU tier checks at V = 151,936 (tests/gpu/test_chunked_gpu.py), small and on
+    the CPU: inductor-compiled chunks of a bf16 head under autocast, whose dW adds up in the
+    fp32 buffer, equal the eager chunks (and are close to an fp32 run)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    V, H, B, T = 256, 32, 3, 11  # 33 rows: chunks of 8, the last padded
+    torch.manual_seed(1)
+    weight = torch.randn(V, H) * 0.5
+    hidden = torch.randn(B, T, H)
+    teacher = torch.log_softmax(torch.randn(B, T, V) * 2, -1)
+    mask = torch.rand(B, T) > 0.1
+
+    def grads(dtype, backend):
+        w = weight.to(dtype).requires_grad_()
+        x = hidden.to(dtype).requires_grad_()
+        with torch.autocast("cpu", torch.bfloat16, enabled=dtype == torch.bfloat16):
+            out = get_loss("jsd")(
+                StudentHidden(x, w), TeacherTargets(logprobs_B_T_V=teacher), mask,
+                num_tokens=int(mask.sum()), chunk_size=8, compile_backend=backend,
+            )  # fmt: skip
+        out.loss.backward()
+        return out.loss.detach().float(), w.grad.float(), x.grad.float()
+
+    eager, compiled = grads(torch.bfloat16, None), grads(torch.bfloat16, "inductor")
+    fp32 = grads(torch.float32, None)
+    for a, b, c in zip(eager, compiled, fp32, strict=True):
+        torch.testing.assert_close(b, a, atol=2e-3, rtol=2e-2)
+        assert (a - c).norm() <= 0.05 * c.norm() + 1e-3
