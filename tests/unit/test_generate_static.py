@@ -353,6 +353,24 @@ def test_an_evaluation_keeps_no_kv_cache_and_the_training_cache_stays(bpe_tokeni
     assert_same_rollout(hf.generate(prompts[:2], train), again)
 
 
+def test_training_calls_in_three_width_buckets_keep_their_three_caches(bpe_tokenizer):
+    """gpu-review-2 finding 11: with two caches kept, three width buckets in rotation evicted
+    each other, so every call made a new cache (new static addresses: the CUDA graphs
+    re-recorded every step). Now each shape keeps its cache, at the same addresses."""
+    model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer, seed=3)
+    _, static = pair(model, bpe_tokenizer)
+    params = SamplingParams(4, temperature=0.0)
+    widths = {3: [[5, 6, 7]], 12: [list(range(5, 17))], 40: [list(range(5, 45))]}  # 4, 16, 64
+    first = {}
+    for _ in range(3):
+        for length, rows in widths.items():
+            static.generate(rows, params)
+            addresses = {k: c.layers[0].keys.data_ptr() for k, c in static._caches.items()}
+            for key, ptr in addresses.items():
+                assert first.setdefault(key, ptr) == ptr, (length, key)
+    assert sorted(first) == [(3, 4 + 4), (3, 16 + 4), (3, 64 + 4)]
+
+
 @pytest.mark.slow
 def test_steady_state_sampled_calls_replay_the_compiled_step(bpe_tokenizer, prompts):
     from torch._dynamo.utils import counters

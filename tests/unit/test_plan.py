@@ -77,8 +77,9 @@ def test_kv_cache_is_2_layers_kv_heads_head_dim_tokens_bytes():
 
 def test_hf_static_keeps_its_bucketed_kv_cache_in_every_phase():
     plan = make_plan(cfg(generation={"backend": "hf_static"}), H100)
-    rows, width = 8, 256 + 256  # bucket(8) = 8 rows; bucket(256) = 256 + max_new_tokens
-    kv = 2 * 28 * 8 * 128 * rows * width * 2
+    # bucket(8) = 8 rows; one cache per prompt bucket up to bucket(256), each + max_new_tokens
+    rows, tokens = 8, sum(w + 256 for w in (64, 128, 256))
+    kv = 2 * 28 * 8 * 128 * rows * tokens * 2
     for phase in ("generation", "student fwd/bwd + loss", "optimizer step"):
         assert term(plan, phase, "hf_static KV cache (kept)") == kv
 

@@ -26,9 +26,13 @@ only in the thread that first imported them; fixed by pytorch PR #184357, in 2.1
 the compiled step runs without CUDA graphs (inductor's default mode): still one fused graph per
 bucket, one kernel launch per op instead of a replay.
 
-Memory: the caches of the last KEPT_CACHES bucket shapes stay allocated between calls (the
-training's shape, replayed every step); the calls made inside `scratch_caches()` (an
-evaluation) keep none of theirs afterwards.
+Memory: one cache per bucket shape the training calls use stays allocated for the run (at most
+one per width bucket up to `data.max_prompt_tokens` per batch bucket; the plan counts them): a
+CUDA graph is recorded against its cache's addresses (transformers marks them static), so a
+cache dropped and made again re-records the graph, and older inductors stop using CUDA graphs
+for a function after enough re-records. The calls made inside `scratch_caches()` (an
+evaluation) use the training caches where shapes match and keep none of their own afterwards:
+each evaluation records its own shapes' graphs once, and training's stay as they were.
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ import bisect
 import contextlib
 import copy
 import inspect
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -49,7 +52,6 @@ from distil.models.tokenizers import left_pad
 
 DEFAULT_BATCH_BUCKETS = (8, 16, 32, 64, 128, 256)
 DEFAULT_LENGTH_BUCKETS = (64, 128, 256, 512, 1024)
-KEPT_CACHES = 2  # KV caches of recent bucket shapes kept allocated between calls
 CHECK_EVERY_CUDA = 8  # decode steps between "has every row stopped?" host syncs on CUDA
 
 
@@ -91,8 +93,8 @@ class StaticCacheGenerator(HFGenerator):
         self.compile = compile
         self.compile_backend = compile_backend
         self.compile_mode = compile_mode
-        self._caches: OrderedDict[tuple, Any] = OrderedDict()
-        self._held: dict[tuple, Any] = {}  # caches from before scratch_caches(): never evicted
+        self._caches: dict[tuple, Any] = {}  # one per (batch, length) shape, kept for the run
+        self._scratch: dict[tuple, Any] | None = None  # inside scratch_caches(): dropped after
         self._step_fn = None
         self._cache_position = takes_cache_position(model)
         self._cache_arg = cache_argument(model)
@@ -120,6 +122,7 @@ class StaticCacheGenerator(HFGenerator):
         """A copy to sample on a worker thread: on torch < 2.12 its compiled step runs without
         CUDA graphs (see the module docstring), else as this one's."""
         out = copy.copy(self)
+        out._caches, out._scratch = {}, None  # its own caches: it runs beside this one
         if self.compile and self.compile_mode is None and not cudagraphs_on_any_thread():
             out.compile_mode = "default"  # inductor without CUDA graphs
             out._step_fn = None
@@ -127,8 +130,7 @@ class StaticCacheGenerator(HFGenerator):
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         if model is not self.model:  # another module: its caches and compiled step are not ours
-            self._caches.clear()
-            self._held = {}
+            self._caches = {}
             self._step_fn = None
             self._cache_position = takes_cache_position(model)
         self._cache_arg = cache_argument(model)
@@ -137,16 +139,14 @@ class StaticCacheGenerator(HFGenerator):
     @contextlib.contextmanager
     def scratch_caches(self) -> Iterator[None]:
         """The calls inside (an evaluation) keep no KV cache afterwards: the caches they
-        allocate are dropped at the end, while the caches from before (the training's bucket)
-        stay allocated and are reused, so its compiled step keeps its cache addresses (no CUDA
+        allocate are dropped at the end, while the training's stay allocated and are reused
+        where shapes match, so training's compiled steps keep their cache addresses (no CUDA
         graph re-recorded after an evaluation)."""
-        saved, model = self._caches, self.model
-        self._held, self._caches = dict(saved), OrderedDict()
+        self._scratch = {}
         try:
             yield
         finally:
-            self._held = {}
-            self._caches = saved if self.model is model else OrderedDict()
+            self._scratch = None
 
     # ------------------------------------------------------------------ one call
 
@@ -261,27 +261,24 @@ class StaticCacheGenerator(HFGenerator):
         return _choose(logits, warpers, greedy, noise_B_V, self.vocab_limit)
 
     def _cache(self, batch: int, length: int):
-        """The StaticCache for (batch, length), emptied; the last KEPT_CACHES stay allocated
-        (and those held from before `scratch_caches`)."""
+        """The StaticCache for (batch, length), emptied: the kept one of that shape, else a new
+        one, kept for the run (or, inside `scratch_caches`, until its end)."""
         from transformers import StaticCache
 
         key = (batch, length)
-        cache = self._held.get(key)
-        if cache is None:
-            cache = self._caches.pop(key, None)
-        if cache is None:
-            cache = StaticCache(config=self.model.config, max_cache_len=length)
-        else:
+        cache = self._caches.get(key)
+        if cache is None and self._scratch is not None:
+            cache = self._scratch.get(key)
+        if cache is not None:
             cache.reset()
-        if key not in self._held:
-            self._caches[key] = cache
-            while len(self._caches) > KEPT_CACHES:
-                self._caches.popitem(last=False)
+            return cache
+        cache = StaticCache(config=self.model.config, max_cache_len=length)
+        (self._caches if self._scratch is None else self._scratch)[key] = cache
         return cache
 
     def kept_cache_bytes(self) -> int:
         """Bytes of the KV caches kept allocated between calls."""
-        caches = {id(c): c for c in [*self._caches.values(), *self._held.values()]}
+        caches = {id(c): c for c in [*self._caches.values(), *(self._scratch or {}).values()]}
         return sum(_cache_bytes(c) for c in caches.values())
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from distil.config import DistilConfig
-from distil.generation.static import KEPT_CACHES, bucket
+from distil.generation.static import bucket
 from distil.plan import memory as m
 from distil.plan.memory import Term
 from distil.plan.shapes import ModelShape
@@ -59,12 +59,13 @@ def resident(cfg: DistilConfig, z: Sizes, s: ModelShape, target: Target, *, grad
     if grads:
         out.add(*gradients(z, s))
     g = cfg.generation
-    if z.gen_rows and g.backend == "hf_static":
+    if z.gen_rows and g.backend == "hf_static":  # one cache per width bucket prompts reach
         rows = min(bucket(z.gen_rows, g.static_batch_buckets), max(g.static_batch_buckets))
-        width = bucket(z.prompt, g.static_length_buckets) + g.max_new_tokens
-        kv = m.kv_cache(s, rows, width, z.student_bytes)
-        out.add("hf_static KV cache (kept)", kv, f"{rows} rows x {width} tokens, up to "
-                f"{KEPT_CACHES} shapes kept")  # fmt: skip
+        top = bucket(z.prompt, g.static_length_buckets)
+        widths = sorted({*(b for b in g.static_length_buckets if b < top), top})
+        kv = sum(m.kv_cache(s, rows, w + g.max_new_tokens, z.student_bytes) for w in widths)
+        out.add("hf_static KV cache (kept)", kv, f"{rows} rows x (prompt bucket + "
+                f"{g.max_new_tokens}) tokens for prompt buckets {widths}")  # fmt: skip
     if z.gen_rows and g.backend == "vllm" and g.vllm.sleep_level == 0:
         out.add("vLLM engine (sleep_level 0)", int(g.vllm.gpu_memory_utilization * target.memory))
     return out.terms
