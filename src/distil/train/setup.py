@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from distil.config import DistilConfig
-from distil.config.rules import precision_notices, warmup_notice
+from distil.config.rules import fp32_on_cuda_note, precision_notices, warmup_notice
 from distil.data.collate import collate
 from distil.data.lengths import check_lengths, uses_completions
 from distil.errors import ConfigError, require
@@ -333,7 +333,9 @@ def _print_notices(cfg: DistilConfig, accelerator) -> None:
 
     for notice in precision_notices(cfg):
         print(f"distil: warning: {notice}", file=sys.stderr, flush=True)
-    notes = [cpu_precision_note(cfg, cuda=accelerator.device.type == "cuda"), warmup_notice(cfg)]
+    cuda = accelerator.device.type == "cuda"
+    notes = [cpu_precision_note(cfg, cuda=cuda), fp32_on_cuda_note(cfg, cuda=cuda)]
+    notes.append(warmup_notice(cfg))
     for note in filter(None, notes):
         print(f"note: {note}", file=sys.stderr)
 
