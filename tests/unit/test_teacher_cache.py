@@ -100,6 +100,7 @@ def test_cached_rows_equal_the_live_teachers_top_k(raw, cache_dir, pair_dirs):
     cfg = config_with(raw)
     manifest = fmt.read_manifest(cache_dir)
     assert manifest["complete"] and len(manifest["shards"]) == 3  # 64 rows, 24 per shard
+    assert cfg.teacher.dtype == "auto" and manifest["dtype"] == "float32"  # as loaded (CPU)
     tok = load_tokenizer(str(pair_dirs[1]))
     _, prompts, completions = prepare_rows(cfg, tok)
     cached = CachedTeacher(cache_dir, manifest)
