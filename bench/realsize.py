@@ -22,9 +22,19 @@ The bare side: the same calls with no distil code: `generate` under bf16 autocas
 sampling: temperature 1, no top-k/top-p), one teacher forward per micro-batch under
 inference_mode, student forward + unchunked fp32 reverse KL (log-softmax on the loss positions
 only, as distil) + backward per micro-batch, clip +
-fused AdamW (bf16_weights: on fp32 master copies of the bf16 weights, copied back). Ratio = distil / bare per phase; MFU = FLOPs / seconds / the device's dense bf16
-peak, with FLOPs train: 6 N_student T, step: (6 + 2) N_student T + 2 N_teacher T (T the step's
-input tokens, prompts included; generation counted as 2 N per token; attention not counted).
+fused AdamW (bf16_weights: on fp32 master copies of the bf16 weights, copied back). The bare side
+runs first and its figures are written to --json at once (a later backend's run reuses them
+with --bare-json, also when this run is cut short in distil's side).
+
+Ratio = distil / bare per phase; MFU = FLOPs / seconds / the device's dense bf16 peak, with
+FLOPs train: 6 (N_body T + N_head T_loss), the work distil's step does: N_body the student's
+parameters that multiply (the input embedding, a lookup, not counted; tied to the head, counted
+once as the head), N_head = V H, applied at the T_loss loss positions only (the chunked loss
+computes no logits elsewhere); T the step's input tokens, prompts included. The bare side's MFU
+is the same FLOPs over its own student seconds (its forward also runs the head on the prompts):
+the ceiling of this model at this size next to distil's. Step: (6 + 2) N_student T +
+2 N_teacher T (generation counted as 2 N per token; attention not counted). The planned peak
+(`distil plan`, logged as memory/planned_peak_bytes) is reported beside the measured one.
 
     python bench/realsize.py --backend hf --json runs/gpu-check/realsize-hf.json      # CUDA
     python bench/realsize.py --backend hf --size tiny --device cpu --steps 2 --new 4  # rehearsal
@@ -176,7 +186,8 @@ def instrumented(records: list[dict], device: str):
 
 
 def run_distil(dirs, args, out: Path) -> list[dict]:
-    """distil's steps: per step, the phases' seconds, input tokens and decode counters."""
+    """distil's steps: per step, the phases' seconds, input tokens, loss tokens, decode
+    counters and the planned peak (bytes)."""
     from distil.config import build_config
     from distil.train import loop
 
@@ -184,6 +195,8 @@ def run_distil(dirs, args, out: Path) -> list[dict]:
     with instrumented(records, args.device):
         loop.train(build_config(distil_config(dirs, args, out)))
     logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    for rec, m in zip(records, logged, strict=True):
+        rec["planned_peak"] = m.get("memory/planned_peak_bytes")
     steps = []
     for rec, m in zip(records, logged, strict=True):
         steps.append({
@@ -254,6 +267,7 @@ def run_bare(dirs, args) -> list[dict]:
         rec["optimizer"] = now(dev) - t0
         rec["step"] = rec["generate"] + rec["teacher"] + rec["student"] + rec["optimizer"]
         rec["tokens"] = int(full.sum())
+        rec["loss_tokens"] = int(loss_mask[:, 1:].sum())
         out.append(rec)
     return out
 
@@ -309,6 +323,21 @@ def param_count(model_dir: Path) -> int:
     return count_parameters(model)
 
 
+def head_and_body(model_dir: Path, params: int) -> tuple[int, int]:
+    """(N_head = V H, N_body: the parameters that multiply, less the head): the input
+    embedding is a lookup (tied: it is the head, counted once in `params`)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    head = config["vocab_size"] * config["hidden_size"]
+    embedding = 0 if config.get("tie_word_embeddings", True) else head
+    return head, params - head - embedding
+
+
+def train_flops(body: int, head: int, tokens: float, loss_tokens: float) -> float:
+    """6 (N_body T + N_head T_loss): forward and backward of the body on every input token,
+    of the head on the loss positions only."""
+    return 6 * (body * tokens + head * loss_tokens)
+
+
 def peak_flops(device: str, override: float | None) -> float | None:
     if override:
         return override * 1e12
@@ -325,24 +354,30 @@ def median(records: list[dict], key: str, warmup: int) -> float:
 
 def summarize(args, dirs, ours: list[dict], bare: list[dict], peaks: dict) -> dict[str, Any]:
     n_s, n_t = param_count(dirs["student"]), param_count(dirs["teacher"])
-    d = {k: median(ours, k, args.warmup) for k in (*PHASES, "tokens")}
-    b = {k: median(bare, k, args.warmup) for k in (*PHASES, "tokens")}
+    head, body = head_and_body(dirs["student"], n_s)
+    keys = (*PHASES, "tokens", "loss_tokens")
+    d = {k: median(ours, k, args.warmup) for k in keys}
+    b = {k: median(bare, k, args.warmup) if k in bare[0] else None for k in keys}
     peak = peak_flops(args.device, args.peak_tflops)
     tokens = d["tokens"]
     after = ours[args.warmup :]
+    planned = next((r["planned_peak"] for r in ours if r.get("planned_peak")), None)
+    flops_d = train_flops(body, head, tokens, d["loss_tokens"])
+    flops_b = train_flops(body, head, b["tokens"], b["loss_tokens"] or 0)
     return {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "backend": args.backend, "size": args.size,
         "student": MODELS["student"], "teacher": MODELS["teacher"],
         "student_params": n_s, "teacher_params": n_t,
         "vocab": json.loads((dirs["student"] / "config.json").read_text())["vocab_size"],
-        "batch": args.batch, "grad_accum": args.accum, "precision_flag": args.precision, "new_tokens": args.new,
-        "steps": args.steps, "warmup": args.warmup,
+        **settings(args), "warmup": args.warmup,
         "precision": PRECISIONS[args.precision],
         "distil": {k: d[k] for k in PHASES}, "bare": {k: b[k] for k in PHASES},
         "ratio": {k: d[k] / b[k] if b[k] else float("nan") for k in PHASES},
-        "tokens": {"input": tokens, "bare_input": b["tokens"]},
+        "tokens": {"input": tokens, "bare_input": b["tokens"], "loss": d["loss_tokens"],
+                   "bare_loss": b["loss_tokens"]},
         "peak_gib": peaks,
+        "planned_peak_gib": planned / 2**30 if planned else None,
         "decode": {
             "graph_breaks_warmup": sum(r["graph_breaks"] for r in ours[: args.warmup]),
             "graph_breaks_after": sum(r["graph_breaks"] for r in after),
@@ -351,7 +386,8 @@ def summarize(args, dirs, ours: list[dict], bare: list[dict], peaks: dict) -> di
         },
         "mfu": {
             "peak_tflops": peak / 1e12 if peak else None,
-            "train": 6 * n_s * tokens / d["student"] / peak if peak else None,
+            "train": flops_d / d["student"] / peak if peak else None,
+            "train_bare": flops_b / b["student"] / peak if peak and b["loss_tokens"] else None,
             "step": (8 * n_s + 2 * n_t) * tokens / d["step"] / peak if peak else None,
         },
         "per_step": {"distil": ours, "bare": bare},
@@ -399,15 +435,25 @@ def parse_args(argv=None):
     return args
 
 
+def settings(args) -> dict[str, Any]:
+    """What a bare side depends on: an earlier run's bare side is reused only if all equal."""
+    return {"batch": args.batch, "grad_accum": args.accum, "new_tokens": args.new,
+            "steps": args.steps, "size": args.size, "precision_flag": args.precision}  # fmt: skip
+
+
 def reused_bare(args) -> tuple[list[dict], float] | None:
     path = args.bare_json
     if path is None or not path.exists():
         return None
     old = json.loads(path.read_text())
-    same = all(old[k] == getattr(args, a) for k, a in
-               (("batch", "batch"), ("grad_accum", "accum"), ("new_tokens", "new"),
-                ("steps", "steps"), ("size", "size"), ("precision_flag", "precision")))  # fmt: skip
+    same = all(old.get(k) == v for k, v in settings(args).items())
     return (old["per_step"]["bare"], old["peak_gib"]["bare"]) if same else None
+
+
+def write_json(path: Path | None, report: dict[str, Any]) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1))
 
 
 def main(argv=None) -> None:
@@ -419,15 +465,17 @@ def main(argv=None) -> None:
 
     quiet_transformers()
     args.work.mkdir(parents=True, exist_ok=True)
-    dirs = build(args.work, args.size, args.device)
+    dirs = build(args.work, args.size, args.device)  # before any timer: saving, not stepping
     out = args.work / f"run-{args.backend}"
+    # the bare side first, its figures written at once: what a later backend reuses, also
+    # when this run is stopped in distil's side
+    bare, peak_bare = reused_bare(args) or measured(lambda: run_bare(dirs, args), args.device)
+    partial = {**settings(args), "backend": args.backend, "partial": "the bare side only",
+               "per_step": {"bare": bare}, "peak_gib": {"bare": peak_bare}}  # fmt: skip
+    write_json(args.json, partial)
     ours, peak_distil = measured(lambda: run_distil(dirs, args, out), args.device)
-    reuse = reused_bare(args)
-    bare, peak_bare = reuse or measured(lambda: run_bare(dirs, args), args.device)
     report = summarize(args, dirs, ours, bare, {"distil": peak_distil, "bare": peak_bare})
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
+    write_json(args.json, report)
     print_report(report)
 
 
@@ -440,11 +488,14 @@ def print_report(r: dict[str, Any]) -> None:
     mfu = r["mfu"]
     fmt = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     dec = r["decode"]
+    planned = r["planned_peak_gib"]
+    plan = f", planned {planned:.1f}" if planned else ""
     print(
         f"RESULT realsize {r['backend']}: step {r['ratio']['step']:.2f}x bare, MFU train "
-        f"{fmt(mfu['train'])} step {fmt(mfu['step'])}, peak {r['peak_gib']['distil']:.1f} GiB "
-        f"(bare {r['peak_gib']['bare']:.1f}), decode graph breaks after warm-up "
-        f"{dec['graph_breaks_after']}, new graphs {dec['new_graphs_after']} ({r['device']})"
+        f"{fmt(mfu['train'])} (bare {fmt(mfu['train_bare'])}) step {fmt(mfu['step'])}, peak "
+        f"{r['peak_gib']['distil']:.1f} GiB{plan} (bare {r['peak_gib']['bare']:.1f}), decode "
+        f"graph breaks after warm-up {dec['graph_breaks_after']}, new graphs "
+        f"{dec['new_graphs_after']} ({r['device']})"
     )
 
 

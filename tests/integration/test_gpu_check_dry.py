@@ -177,7 +177,15 @@ def test_realsize_runs_end_to_end_at_tiny_sizes_on_the_cpu(tmp_path):
     for side in ("distil", "bare"):
         assert all(r[side][k] > 0 for k in ("generate", "teacher", "student", "optimizer"))
     assert r["decode"]["graph_breaks_after"] == 0 and r["mfu"]["train"] is None  # CPU: no peak
-    assert "RESULT realsize hf: step" in run.stdout
+    assert r["planned_peak_gib"] > 0 and r["tokens"]["loss"] > 0 and r["tokens"]["bare_loss"] > 0
+    assert "RESULT realsize hf: step" in run.stdout and "planned" in run.stdout
+    # the bare side alone, reused by a second backend (its own --json written before distil's
+    # side runs: a run stopped there still hands it over)
+    again = tmp_path / "again.json"
+    cmd = [*cmd[: cmd.index("--json")], "--json", str(again), "--bare-json", str(out)]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(again.read_text())["per_step"]["bare"] == r["per_step"]["bare"]
 
 
 def test_make_test_gpu_lists_a_missing_extra_and_fails_with_strict(monkeypatch):
@@ -214,3 +222,21 @@ def test_make_test_gpu_lists_a_missing_extra_and_fails_with_strict(monkeypatch):
     monkeypatch.setenv("DISTIL_GPU_STRICT", "1")
     hooks.pytest_sessionfinish(session, 0)
     assert session.exitstatus == pytest.ExitCode.TESTS_FAILED
+
+
+def test_realsize_mfu_counts_the_head_at_the_loss_positions_only(tmp_path):
+    """gpu-review-2 finding 13: 6 N T counted the head's FLOPs on prompt tokens, which the
+    chunked loss never computes. Qwen3-0.6B (tied): the head is V H = 151,936 x 1024, counted
+    once; the body multiplies every input token, the head only the loss positions."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import realsize
+
+    model = tmp_path / "m"
+    model.mkdir()
+    config = json.loads((ROOT / "tests/data/model_configs/qwen3-0.6b/config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config))
+    head, body = realsize.head_and_body(model, 596_049_920)
+    assert head == 151_936 * 1024 and body == 596_049_920 - head
+    assert realsize.train_flops(body, head, 1000, 300) == 6 * (body * 1000 + head * 300)
+    (model / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    assert realsize.head_and_body(model, 596_049_920 + head) == (head, body)
