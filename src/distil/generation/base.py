@@ -64,6 +64,15 @@ def mask_past_vocab(scores_B_V: torch.Tensor, vocab_limit: int | None) -> torch.
     return out
 
 
+def past_vocab_bias(model: torch.nn.Module, vocab_limit: int | None) -> dict[int, float]:
+    """{id: -inf} for every row of the model's vocabulary at or past `vocab_limit`: the
+    same mask as a logit bias, for an engine that takes one per request (vLLM)."""
+    rows = model.get_output_embeddings().weight.shape[0]
+    if vocab_limit is None or rows <= vocab_limit:
+        return {}
+    return dict.fromkeys(range(vocab_limit, rows), float("-inf"))
+
+
 def mask_after_eos(ids_B_C: torch.Tensor, stop_ids: Sequence[int]) -> torch.Tensor:
     """True up to and including the first stop token of each row, False after it."""
     is_stop = torch.isin(ids_B_C, torch.tensor(list(stop_ids), device=ids_B_C.device))

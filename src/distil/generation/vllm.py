@@ -9,11 +9,9 @@ generations the engine sleeps (`generation.vllm.sleep_level`) so that training g
 memory back. The engine runs in-process (`distributed_executor_backend="external_launcher"`,
 as TRL's colocate mode does), one engine per rank, tensor parallel size 1.
 
-Ids past the tokenizer (`vocab_limit`; a padded vocabulary such as Qwen3's 151,936 rows for
-151,669 tokens) are never sampled: every request carries a logit bias of -inf on them (vLLM
-validates bias ids against the model's vocabulary, not the tokenizer's, and only its OpenAI
-server clamps bias values; `allowed_token_ids` would instead send and index 151k ids per
-request).
+Ids past the tokenizer (`vocab_limit`: Qwen3 pads 151,669 tokens to 151,936 rows) are never
+sampled: each request carries a logit bias of -inf on them (vLLM checks bias ids against the
+model's rows; only its OpenAI server clamps bias values; `allowed_token_ids` sends 151k ids).
 
 Log-probs: the engine is built with `logprobs_mode="processed_logprobs"`, so the log-prob
 returned for each sampled token is taken after temperature, top-k and top-p, i.e. under the
@@ -45,7 +43,7 @@ from functools import partial
 import torch
 
 from distil.errors import ConfigError
-from distil.generation.base import SamplingParams, mask_after_eos
+from distil.generation.base import SamplingParams, mask_after_eos, past_vocab_bias
 from distil.generation.weights import is_peft_model, named_weights, weights_fingerprint
 from distil.types import Rollout
 
@@ -325,14 +323,6 @@ class VLLMGenerator:
         self._engine.asleep = set(_TAGS)
         if self.sleep_level == 2:  # level 2 discards the weights: push them again
             self._engine.fingerprint = None
-
-
-def past_vocab_bias(model: torch.nn.Module, vocab_limit: int | None) -> dict[int, float]:
-    """{id: -inf} for every row of the model's vocabulary at or past `vocab_limit`."""
-    rows = model.get_output_embeddings().weight.shape[0]
-    if vocab_limit is None or rows <= vocab_limit:
-        return {}
-    return dict.fromkeys(range(vocab_limit, rows), float("-inf"))
 
 
 @dataclass

@@ -60,11 +60,9 @@ def train(cfg: DistilConfig) -> dict[str, Any]:
     with RunLock(cfg.train.output_dir, enabled=int(os.environ.get("RANK", "0")) == 0):
         c = build(cfg)
         if cfg.generation.async_:
+            current = cfg.teacher.from_student == "current"  # it writes from the snapshot too
             c.buffer = AsyncWindows(
-                c.buffer,
-                c.unwrapped,
-                max_steps=cfg.train.max_steps,
-                teacher_is_student=cfg.teacher.from_student == "current",
+                c.buffer, c.unwrapped, max_steps=cfg.train.max_steps, teacher_is_student=current
             )
         ok = False
         try:

@@ -380,13 +380,9 @@ def build(cfg: DistilConfig) -> Components:
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
     report_sharding(accelerator, unwrapped, teacher_model, _live_models(cfg, teacher))
-    generator = build_generator(
-        cfg,
-        unwrapped,
-        pad_id=tok.pad_token_id,
-        stop_ids=stop_token_ids(tok, unwrapped),
-        vocab_limit=len(tok),
-    )
+    stops = stop_token_ids(tok, unwrapped)
+    generator = build_generator(cfg, unwrapped, pad_id=tok.pad_token_id, stop_ids=stops,
+                                vocab_limit=len(tok))  # fmt: skip
     buffer = build_buffer(
         cfg,
         examples,
