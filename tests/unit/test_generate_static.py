@@ -341,7 +341,7 @@ def test_an_evaluation_keeps_no_kv_cache_and_the_training_cache_stays(bpe_tokeni
     training_cache, training_bytes = static._caches[key], static.kept_cache_bytes()
     assert training_bytes > 0
     with static.scratch_caches():
-        for n, new in ((3, 9), (1, 30), (2, 4)):  # other buckets, more than KEPT_CACHES
+        for n, new in ((3, 9), (1, 30), (2, 4)):  # other buckets than training's
             params = SamplingParams(new, temperature=0.0, n=n)
             assert_same_rollout(hf.generate(prompts, params), static.generate(prompts, params))
         assert static.kept_cache_bytes() > training_bytes  # the eval's caches, while it runs
