@@ -34,17 +34,26 @@ class ChunkedHead:
 
     def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None, *, fp32_grad: bool):
         self.weight, self.bias = weight, bias
-        self.acc_w: torch.Tensor | None = None
-        self.acc_b: torch.Tensor | None = None
         usable = weight is not None and weight.dtype in _LOW and weight.requires_grad
-        self.token = _Finalize.apply(weight, bias, self) if fp32_grad and usable else None
+        self.sums = _Sums(weight, bias) if fp32_grad and usable else None
+        # the autograd nodes hold `sums`, never the token (no cycle through an output)
+        self.token = _Finalize.apply(weight, bias, self.sums) if self.sums else None
 
     def __call__(self, x_n: torch.Tensor) -> torch.Tensor:
         if self.weight is None:  # the student gave logits: nothing to apply
             return x_n
         if self.token is None:
             return F.linear(x_n, self.weight, self.bias)
-        return _HeadChunk.apply(x_n, self.weight, self.bias, self.token, self)
+        return _HeadChunk.apply(x_n, self.weight, self.bias, self.token, self.sums)
+
+
+class _Sums:
+    """The fp32 dW (and db) of the chunks so far."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.weight, self.bias = weight, bias
+        self.acc_w: torch.Tensor | None = None
+        self.acc_b: torch.Tensor | None = None
 
     def add(self, g_n_V: torch.Tensor, x_n: torch.Tensor) -> None:
         """acc_w += g^T x (and acc_b += sum_n g) in fp32."""
@@ -77,8 +86,8 @@ class _Finalize(torch.autograd.Function):
     """weight (, bias) -> a 0-dim token; its backward hands the fp32 sums over, rounded once."""
 
     @staticmethod
-    def forward(ctx, weight, bias, head):
-        ctx.head = head
+    def forward(ctx, weight, bias, sums):
+        ctx.head = sums
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         return weight.new_zeros(())
 
@@ -97,8 +106,8 @@ class _HeadChunk(torch.autograd.Function):
     """One chunk's logits in the weight's dtype; backward: dx, and dW added to the buffer."""
 
     @staticmethod
-    def forward(ctx, x_n, weight, bias, token, head):
-        ctx.head = head
+    def forward(ctx, x_n, weight, bias, token, sums):
+        ctx.head = sums
         ctx.x_dtype = x_n.dtype
         x = x_n.to(weight.dtype)  # what autocast does for a matmul in the weight's dtype
         ctx.save_for_backward(x, weight)

@@ -215,3 +215,28 @@ def test_compiled_bf16_chunks_under_autocast_equal_eager_chunks():
     for a, b, c in zip(eager, compiled, fp32, strict=True):
         torch.testing.assert_close(b, a, atol=2e-3, rtol=2e-2)
         assert (a - c).norm() <= 0.05 * c.norm() + 1e-3
+
+
+def test_the_fp32_buffer_is_handed_over_once_and_freed_with_the_graph():
+    """ChunkedHead alone: two chunks' dW summed in fp32 equal one fp64 matmul of all rows
+    (rounded once to bf16), the buffer is dropped once handed over, and nothing holds the
+    head after backward (no reference cycle through the token: freed without gc)."""
+    import weakref
+
+    from distil.losses.head import ChunkedHead
+
+    torch.manual_seed(0)
+    weight = (torch.randn(64, 16) * 0.5).to(torch.bfloat16).requires_grad_()
+    x = torch.randn(10, 16).to(torch.bfloat16)
+    g = torch.randn(10, 64)
+    head = ChunkedHead(weight, None, fp32_grad=True)
+    sums = weakref.ref(head.sums)
+    with torch.autocast("cpu", torch.bfloat16):
+        out = torch.cat([head(x[:6]), head(x[6:])])
+    (out.float() * g).sum().backward()
+    g16 = g.to(torch.bfloat16).double()  # the gradient reaching the bf16 logits is bf16
+    want = (g16.t() @ x.double()).to(torch.bfloat16)  # exact sum, rounded once
+    assert (weight.grad.double() - want.double()).abs().max() <= 2**-7 * want.abs().max()
+    assert head.sums.acc_w is None  # handed over
+    del head, out
+    assert sums() is None
