@@ -113,7 +113,7 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollout:
-        with module_lock(self.model):  # not while scoring swaps its head (models/inuse.py)
+        with module_lock(self.model):  # not while a training step swaps its head (inuse.py)
             return self._generate(prompt_ids, params)
 
     def _generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollout:

@@ -87,7 +87,7 @@ class MixtureGenerator:
         index = [i for i in range(len(prompt_ids)) for _ in range(params.n)]
         step = self.max_batch or len(rows)
         modes = [m.training for m in self.models]
-        with contextlib.ExitStack() as held:  # not while scoring swaps a head (models/inuse.py)
+        with contextlib.ExitStack() as held:  # not while a step swaps a head (models/inuse.py)
             for m in self.models:
                 held.enter_context(module_lock(m))
                 m.eval()
