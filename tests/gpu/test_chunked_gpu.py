@@ -92,7 +92,6 @@ def test_bf16_under_autocast_eager_and_compiled_within_2_percent_of_fp32(no_tf32
     ref = _loss_and_grads(hidden, weight, targets, mask, None)
     low = (hidden.bfloat16(), weight.bfloat16(), targets, mask, chunk)
     got = _loss_and_grads(*low, autocast=True, backend=backend)
-    assert got[2].dtype == torch.float32  # (cast above) the head's gradient exists
     assert got[0].item() == pytest.approx(ref[0].item(), rel=1e-2)
     for name, a, b in (("hidden", got[1], ref[1]), ("head", got[2], ref[2])):
         err = ((a - b).norm() / b.norm()).item()
