@@ -110,9 +110,12 @@ def test_an_fsdp_teacher_runs_under_no_grad_not_inference_mode():
 
     model.model.forward = spy
     batch = _batch()
-    plain = LiveTeacher(model).score(batch)
+    plain_teacher = LiveTeacher(model)  # its one-time logits check runs the decoder too
+    modes.clear()
+    plain = plain_teacher.score(batch)
     model.__class__ = type("FSDPLlama", (FSDPModule, type(model)), {})  # as fully_shard does
-    sharded = LiveTeacher(model).score(batch)
+    sharded_teacher = LiveTeacher(model)  # no check: a sharded teacher scores whole logits
+    sharded = sharded_teacher.score(batch)
     assert modes == [(True, False), (False, False)]
     m = batch.mask_B_T
     torch.testing.assert_close(sharded.logprobs_B_T_V[m], plain.logprobs_B_T_V[m])

@@ -124,14 +124,18 @@ def unpack(y_R_P: torch.Tensor, plan: PackPlan) -> torch.Tensor:
 
 @contextmanager
 def head_bypassed(model: torch.nn.Module):
-    """Temporarily replace the output embedding with identity, so `model_forward` returns the
-    final hidden states through the (possibly DDP-wrapped) module; yields the real head (the
-    student's chunked loss applies it). Holds the module's lock (models/inuse.py): a generate
-    call on another thread waits for it. A teacher, which needs no wrapper, reads its hidden
-    states from its decoder instead (`model_forward(hidden=True)`): no swap, no lock."""
+    """Temporarily replace the output embedding with identity and turn off what the forward
+    applies after it (`models.logits.after_head_off`: Gemma 2's soft-cap, Cohere's and
+    Granite's scales), so `model_forward` returns the head's input through the (possibly
+    DDP-wrapped) module; yields the real head (the student's chunked loss applies it, then
+    `models.logits.logits_rule(model).after_head`). Holds the module's lock
+    (models/inuse.py): a generate call on another thread waits for it. A teacher, which needs
+    no wrapper, reads its hidden states from its decoder instead (`model_forward(hidden=True)`):
+    no swap, no lock."""
     from distil.models.inuse import module_lock
+    from distil.models.logits import after_head_off
 
-    with module_lock(model):
+    with module_lock(model), after_head_off(model):
         head = model.get_output_embeddings()
         model.set_output_embeddings(torch.nn.Identity())
         try:

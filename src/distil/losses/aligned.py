@@ -132,8 +132,8 @@ def keep_groups(alignment: AlignmentGroups, mask_B_T: torch.Tensor) -> Kept:
 
 
 def _select(student, row_N: torch.Tensor, pos_N: torch.Tensor, mask_B_T: torch.Tensor):
-    hidden, weight, bias = student_parts(student, mask_B_T)
-    return hidden[row_N, pos_N], weight, bias
+    hidden, weight, bias, after = student_parts(student, mask_B_T)
+    return hidden[row_N, pos_N], weight, bias, after
 
 
 def _chunk_forward(fn, temperature, ce_weight, head, x_n, labels_n, *extras):
@@ -172,11 +172,11 @@ def run_positions(
     """
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of rows or None, got {chunk_size}")
-    x_N, weight, bias = _select(student, row_N, pos_N, mask_B_T)
+    x_N, weight, bias, after = _select(student, row_N, pos_N, mask_B_T)
     n = x_N.shape[0]
     step = max(n if chunk_size is None else min(chunk_size, n), 1)
     forward = partial(
-        _chunk_forward, fn, temperature, ce_weight, chunk_head(weight, bias, x_N, step)
+        _chunk_forward, fn, temperature, ce_weight, chunk_head(weight, bias, x_N, step, after)
     )
     parts = []
     for start in range(0, max(n, 1), step):

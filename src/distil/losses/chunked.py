@@ -31,13 +31,17 @@ from distil.types import LossOutput, TeacherTargets
 class StudentHidden:
     """The student's final hidden states and its output head, for the memory-lean loss path.
 
-    logits_B_T_V = hidden_B_T_H @ weight_V_H.T + bias_V, computed chunk by chunk inside the loss.
-    Like logits, `hidden_B_T_H` is already shifted (position t predicts token t+1).
+    logits_B_T_V = after_head(hidden_B_T_H @ weight_V_H.T + bias_V), computed chunk by chunk
+    inside the loss. Like logits, `hidden_B_T_H` is already shifted (position t predicts token
+    t+1). `after_head`: what the model's forward applies to its logits after the head (Gemma 2's
+    soft-cap, Cohere's and Granite's scales: `models.logits.LogitsRule.after_head`), in the
+    head's dtype; None: nothing.
     """
 
     hidden_B_T_H: torch.Tensor
     weight_V_H: torch.Tensor
     bias_V: torch.Tensor | None = None
+    after_head: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass
@@ -101,31 +105,32 @@ def _rows_at(targets: TeacherTargets, labels_B_T, at_n: torch.Tensor) -> Rows:
 
 
 def student_parts(student, mask_B_T: torch.Tensor):
-    """(x_B_T_X, weight_V_H | None, bias_V | None): logits, or hidden states and the head.
+    """(x_B_T_X, weight_V_H | None, bias_V | None, after_head | None): logits, or hidden states,
+    the head and what follows it.
 
     Checks that mask_B_T has the (B, T) shape of the student tensor (both already shifted).
     """
     if isinstance(student, StudentHidden):
         hidden = student.hidden_B_T_H
-        weight, bias = student.weight_V_H, student.bias_V
+        weight, bias, after = student.weight_V_H, student.bias_V, student.after_head
     else:
-        hidden, weight, bias = student, None, None
+        hidden, weight, bias, after = student, None, None, None
     if hidden.dim() != 3 or tuple(mask_B_T.shape) != tuple(hidden.shape[:2]):
         raise ValueError(
             f"mask_B_T has shape {tuple(mask_B_T.shape)} but the student has shape "
             f"{tuple(hidden.shape)}; expected (B, T) == the first two dims of the (B, T, V|H) "
             "student tensor (both already shifted)"
         )
-    return hidden, weight, bias
+    return hidden, weight, bias, after
 
 
 def _student_rows(student, mask_B_T: torch.Tensor, at_N: torch.Tensor):
-    """(x_N_X, weight_V_H | None, bias_V | None): the student's rows at the flat loss positions
-    `at_N` (b * T + t) and its head, if any. Indexing with the positions already found costs
-    no second nonzero (a host sync) as a boolean mask would."""
-    hidden, weight, bias = student_parts(student, mask_B_T)
+    """(x_N_X, weight_V_H | None, bias_V | None, after_head | None): the student's rows at the
+    flat loss positions `at_N` (b * T + t) and its head, if any. Indexing with the positions
+    already found costs no second nonzero (a host sync) as a boolean mask would."""
+    hidden, weight, bias, after = student_parts(student, mask_B_T)
     t = hidden.shape[1]
-    return hidden[at_N // t, at_N % t], weight, bias
+    return hidden[at_N // t, at_N % t], weight, bias, after
 
 
 def upcast(x: torch.Tensor) -> torch.Tensor:
@@ -151,12 +156,13 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([x, x[-1:].expand(rows - x.shape[0], *x.shape[1:])])
 
 
-def chunk_head(weight, bias, x_N: torch.Tensor, step: int) -> ChunkedHead:
-    """The head the chunks apply: with several chunks of a low-precision head under autocast,
-    its dW added up in fp32 (`head.ChunkedHead`)."""
+def chunk_head(weight, bias, x_N: torch.Tensor, step: int, after=None) -> ChunkedHead:
+    """The head the chunks apply, then `after` (the forward's post-head transform): with
+    several chunks of a low-precision head under autocast, its dW added up in fp32
+    (`head.ChunkedHead`)."""
     several = step < x_N.shape[0]
     fp32_grad = several and low_precision_under_autocast(weight, x_N.device.type)
-    return ChunkedHead(weight, bias, fp32_grad=fp32_grad)
+    return ChunkedHead(weight, bias, fp32_grad=fp32_grad, after=after)
 
 
 def _chunk_forward(rows_forward, head: ChunkedHead, x_n, rows: Rows):
@@ -214,14 +220,14 @@ def run_rowwise(
     # the targets' rows are gathered chunk by chunk (from flat positions), so a full (N, V)
     # copy of the teacher's log-probs never exists next to the (B, T, V) original
     at_N = mask_B_T.reshape(-1).nonzero().squeeze(1)
-    x_N, weight, bias = _student_rows(student, mask_B_T, at_N)
+    x_N, weight, bias, after = _student_rows(student, mask_B_T, at_N)
     n = x_N.shape[0]
     step = n if chunk_size is None else min(chunk_size, n)
     step = max(step, 1)  # n == 0 still runs one (empty) chunk so the graph stays connected
     compiled = compile_backend is not None and step < n
     rows_forward = compiled_chunk(compile_backend) if compiled else _rows_forward
     rows_forward = partial(rows_forward, rows_fn, temperature, ce_weight)
-    forward = partial(_chunk_forward, rows_forward, chunk_head(weight, bias, x_N, step))
+    forward = partial(_chunk_forward, rows_forward, chunk_head(weight, bias, x_N, step, after))
     parts = []
     for start in range(0, max(n, 1), step):
         at_n, x_n = at_N[start : start + step], x_N[start : start + step]

@@ -18,6 +18,8 @@ once all chunks have added their share, whatever order the engine runs them in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -26,14 +28,20 @@ _OUT_DTYPE = [True]  # addmm with out_dtype (a bf16 GEMM writing fp32; CUDA, tor
 
 
 class ChunkedHead:
-    """logits_n_V = x_n @ weight_V_H.T + bias_V, one chunk per call; see the module docstring.
+    """logits_n_V = after(x_n @ weight_V_H.T + bias_V), one chunk per call; see the module
+    docstring.
 
     `fp32_grad`: accumulate dW (and db) in fp32 across the calls. Only for a low-precision
-    weight that requires grad; otherwise the calls are plain `F.linear`.
+    weight that requires grad; otherwise the calls are plain `F.linear`. `after`: what the
+    model's forward applies after its head (a soft-cap, a scale), in the head's dtype.
     """
 
-    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None, *, fp32_grad: bool):
+    def __init__(
+        self, weight: torch.Tensor | None, bias: torch.Tensor | None, *, fp32_grad: bool,
+        after: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):  # fmt: skip
         self.weight, self.bias = weight, bias
+        self.after = after
         usable = weight is not None and weight.dtype in _LOW and weight.requires_grad
         self.sums = _Sums(weight, bias) if fp32_grad and usable else None
         # the autograd nodes hold `sums`, never the token (no cycle through an output)
@@ -43,8 +51,10 @@ class ChunkedHead:
         if self.weight is None:  # the student gave logits: nothing to apply
             return x_n
         if self.token is None:
-            return F.linear(x_n, self.weight, self.bias)
-        return _HeadChunk.apply(x_n, self.weight, self.bias, self.token, self.sums)
+            logits_n_V = F.linear(x_n, self.weight, self.bias)
+        else:
+            logits_n_V = _HeadChunk.apply(x_n, self.weight, self.bias, self.token, self.sums)
+        return logits_n_V if self.after is None else self.after(logits_n_V)
 
 
 class _Sums:

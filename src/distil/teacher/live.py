@@ -4,9 +4,12 @@ The forward runs the model's decoder (`get_decoder()`: the body and its final no
 is the final hidden state) and leaves the module untouched: no head swapped, so no lock that a
 background seq-KD writer would hold for a whole generate call, and no wrapper a training
 framework put on the module's forward (accelerate's fp32-output wrapper on a student scoring as
-its own teacher would hand fp32 states to a bf16 head). It runs under `torch.inference_mode` (`torch.no_grad` for an FSDP-sharded
-teacher: FSDP2's unshard fails on inference tensors in torch < 2.12). Head and log-softmax are
-then applied only to the positions a loss reads (`scored_positions`: the loss mask, or the
+its own teacher would hand fp32 states to a bf16 head). It runs under `torch.inference_mode`
+(`torch.no_grad` for an FSDP-sharded teacher: FSDP2's unshard fails on inference tensors in
+torch < 2.12). Head, what the model's forward applies after it (`models.logits`: Gemma 2's
+soft-cap, Cohere's and Granite's scales; checked once against the model's own logits when the
+teacher is built, an unknown transform refused) and log-softmax are then applied only to the
+positions a loss reads (`scored_positions`: the loss mask, or the
 teacher positions of a cross-tokenizer alignment), `chunk_rows` positions at a time
 (`losses.chunked.auto_chunk_size`, the rule of `loss.chunk_size: auto`), each chunk written into
 the output: the (B, T, V) log-probs in the teacher's dtype, or top-k + rest. Log-softmax (at the
@@ -20,11 +23,11 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from distil.data.packing import model_forward
 from distil.errors import DistilError
 from distil.losses.chunked import auto_chunk_size
+from distil.models.logits import check_decoder_logits, logits_rule
 from distil.teacher.base import sparse_topk
 from distil.types import Batch, TeacherTargets
 
@@ -55,8 +58,11 @@ class LiveTeacher:
         self.temperature = temperature
         self.top_k = top_k
         self.vocab_size = vocab_size  # keep only the first V logits (padded embedding rows)
-        # Gemma 2's final_logit_softcapping: logits = cap * tanh(logits / cap), after the head
-        self.cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+        # what the forward does around the head (read once: a student that follows swaps it
+        # off during its own forwards), checked against the model's logits once
+        self.rule = logits_rule(model)
+        if not _is_fsdp(model) and hasattr(model, "get_decoder"):
+            check_decoder_logits(model, self.rule)
         if not follows_student:
             for p in self.model.parameters():
                 p.requires_grad_(False)
@@ -128,10 +134,8 @@ class LiveTeacher:
         for s in range(0, len(row_N), step):
             r, p = row_N[s : s + step], pos_N[s : s + step]
             x_n = x_B_T_X[r, at_N[s : s + step]]  # gathers n rows only, from any layout
-            if weight is None:
-                logits_n_V = x_n[:, :V]
-            else:  # in the head's dtype, whatever a wrapper made of the hidden states
-                logits_n_V = _softcapped(F.linear(x_n.to(weight.dtype), weight, bias), self.cap)
+            # the head in its dtype, whatever a wrapper made of the hidden states; or logits
+            logits_n_V = x_n[:, :V] if weight is None else self.rule.logits(x_n, weight, bias)
             logits_n_V = logits_n_V.float()
             if self.temperature != 1.0:
                 logits_n_V = logits_n_V / self.temperature
@@ -191,11 +195,6 @@ def scored_positions(batch: Batch, shape_B_T: tuple[int, int]) -> torch.Tensor:
     keep = proj_N >= 0
     rows_B_T[a.proj_row_N[keep], proj_N[keep]] = True
     return rows_B_T
-
-
-def _softcapped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """cap * tanh(logits / cap) (a model's final logit soft-capping), or the logits."""
-    return logits if not cap else torch.tanh(logits / cap) * cap
 
 
 def _head_params(head, vocab_size: int | None):

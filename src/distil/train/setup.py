@@ -23,6 +23,7 @@ from distil.generation.select import build_generator, teacher_backend
 from distil.losses import get_loss
 from distil.losses.chunked import auto_chunk_size
 from distil.models.load import enable_tf32, load_model, load_tokenizer, resolve_dtype
+from distil.models.logits import check_bypassed_logits
 from distil.models.tokenizers import (
     EncodedPrompts,
     completion_rows,
@@ -376,6 +377,8 @@ def build(cfg: DistilConfig) -> Components:
             from distil.teacher.ema import EmaTeacher
 
             teacher = EmaTeacher(teacher, model, cfg.teacher.ema_decay)
+    if cfg.loss.chunk_size is not None:  # the chunked loss applies the head and what follows
+        check_bypassed_logits(model)  # before accelerate wraps the forward in autocast
     optimizer = build_optimizer(model, cfg.train, device=accelerator.device)
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)

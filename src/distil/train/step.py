@@ -1,9 +1,10 @@
 """One micro-batch: student forward, loss against the teacher's targets, metrics.
 
 With `loss.chunk_size` set, the student's lm_head is bypassed during the forward (its output is
-the final hidden state) and the loss applies the head chunk by chunk, so the student's (B, T, V)
-fp32 logits never exist. The forward still goes through the (possibly DDP-wrapped) module, so
-gradient synchronisation is untouched.
+the head's input) and the loss applies the head chunk by chunk, then what the model's forward
+applies after it (`models.logits`: Gemma 2's soft-cap, Cohere's and Granite's scales), so the
+student's (B, T, V) fp32 logits never exist. The forward still goes through the (possibly
+DDP-wrapped) module, so gradient synchronisation is untouched.
 """
 
 from __future__ import annotations
@@ -42,14 +43,16 @@ def student_forward(
         logits = model_forward(model, **kwargs)[:, :-1]
         return logits[..., :vocab_size] if vocab_size is not None else logits
     from distil.losses.chunked import StudentHidden
+    from distil.models.logits import logits_rule
 
+    rule = logits_rule(unwrapped)  # read before the bypass turns the after-head steps off
     with head_bypassed(unwrapped) as head:
-        hidden = model_forward(model, **kwargs)[:, :-1]
+        hidden = model_forward(model, **kwargs)[:, :-1]  # the head's input
     weight, bias = head.weight, getattr(head, "bias", None)
     if vocab_size is not None:
         weight = weight[:vocab_size]
         bias = None if bias is None else bias[:vocab_size]
-    return StudentHidden(hidden, weight, bias)
+    return StudentHidden(hidden, weight, bias, rule.after_head if rule.has_after_head else None)
 
 
 def micro_step(
