@@ -116,3 +116,27 @@ def test_the_current_student_as_teacher_in_bf16(raw, tmp_path, precision):
     torch.testing.assert_close(got, want, rtol=0, atol=atol)
     loop.train(cfg)
     assert [m["skipped"] for m in read_metrics(tmp_path / precision)] == [0, 0]
+
+
+@pytest.mark.parametrize("from_student", ["current", "initial"])
+def test_a_teacher_that_follows_the_student_scores_under_the_runs_autocast(
+    raw, tmp_path, monkeypatch, from_student
+):
+    """train.bf16: the current student as teacher scores under the run's bf16 autocast (its
+    decoder call bypasses accelerate's autocast wrapper, so it once ran fp32 matmuls); a frozen
+    copy scores as before, in its own dtype."""
+    from distil.teacher.live import LiveTeacher
+
+    seen = []
+    score = LiveTeacher.score
+
+    def spy(self, batch):
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu"))
+        return score(self, batch)
+
+    monkeypatch.setattr(LiveTeacher, "score", spy)
+    cfg = config_with(raw, teacher={"path": None, "from_student": from_student},
+                      train={"bf16": True, "output_dir": str(tmp_path)})  # fmt: skip
+    loop.train(cfg)
+    assert len(seen) == 4  # 2 steps x 2 micro-batches
+    assert set(seen) == ({torch.bfloat16} if from_student == "current" else {False})

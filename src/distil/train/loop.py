@@ -236,7 +236,7 @@ def _accumulate(
     for i, micro in enumerate(window.micro_batches):
         micro = micro.to(acc.device)
         t0 = clock.mark()
-        targets, parts, routes = score_micro_batch(c.teacher, micro)
+        targets, parts, routes = score_micro_batch(c.teacher, micro, acc.autocast)
         t1 = clock.mark()
         last = i == len(window.micro_batches) - 1
         with contextlib.nullcontext() if last else acc.no_sync(c.model):
