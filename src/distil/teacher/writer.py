@@ -267,13 +267,26 @@ class _Rate:
         self.before += offsets[-1]
 
 
+def _differs(key: str, old: Any, new: Any) -> bool:
+    """A header value the resumed cache was not made with. A manifest written before the
+    resolved dtype was recorded says `auto` (the config's value): it matches what `auto`
+    resolves to now, at the top and per teacher (`teachers`)."""
+    if key == "dtype" and old == "auto":
+        return False
+    if key == "teachers" and isinstance(old, dict) and isinstance(new, dict):
+        if old.keys() != new.keys():
+            return True
+        return any(_differs(k, old[n].get(k), v) for n in new for k, v in new[n].items())
+    return old != new
+
+
 def _start_or_resume(out: Path, header: dict[str, Any]) -> dict[str, Any]:
     """A fresh manifest, or the one of a cache of the same settings cut short (or finished)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a directory for the cache")
     if (out / fmt.MANIFEST).is_file():
         old = fmt.read_manifest(out)
-        diffs = [k for k in header if k != "teacher_path" and old.get(k) != header[k]]
+        diffs = [k for k in header if k != "teacher_path" and _differs(k, old.get(k), header[k])]
         if diffs:
             raise CacheError(
                 f"--out {out} holds a teacher cache made with other settings ("
