@@ -12,10 +12,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
 from distil.data.collate import collate
 from distil.losses import get_loss
-from distil.models.logits import LogitsRuleError, check_bypassed_logits, logits_rule
+from distil.models.logits import LogitsRuleError, logits_rule
 from distil.serve.scoring import PromptScorer
 from distil.teacher.live import LiveTeacher
-from distil.train.step import student_forward
+from distil.train.step import check_bypassed_logits, student_forward
 from distil.types import Sample, TeacherTargets
 
 V = 120

@@ -187,15 +187,3 @@ def check_decoder_logits(model, rule: LogitsRule, *, role: str = "teacher") -> N
     check_logits(
         model, rule, lambda kw: rule.head_input(decoder(**kw).last_hidden_state), role=role
     )
-
-
-def check_bypassed_logits(model) -> None:
-    """`check_logits` for a student whose forward runs with its head bypassed (the chunked
-    loss): the forward's output is the head's input."""
-    from distil.data.packing import head_bypassed
-
-    def head_input(kw):
-        with head_bypassed(model):
-            return model(**kw).logits
-
-    check_logits(model, logits_rule(model), head_input, role="student")

@@ -23,7 +23,6 @@ from distil.generation.select import build_generator, teacher_backend
 from distil.losses import get_loss
 from distil.losses.chunked import auto_chunk_size
 from distil.models.load import enable_tf32, load_model, load_tokenizer, resolve_dtype
-from distil.models.logits import check_bypassed_logits
 from distil.models.tokenizers import (
     EncodedPrompts,
     completion_rows,
@@ -45,6 +44,7 @@ from distil.train.fsdp import (
 )
 from distil.train.optim import build_optimizer
 from distil.train.several import several_teachers, several_write, writers_side
+from distil.train.step import check_bypassed_logits
 
 TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
 
@@ -154,6 +154,8 @@ def load_student(cfg: DistilConfig, accelerator):
             task_type="CAUSAL_LM",
         )
         model = peft.get_peft_model(model, lora)
+    if cfg.loss.chunk_size is not None:  # the chunked loss applies the head and what follows
+        check_bypassed_logits(model)  # before accelerate wraps the forward in autocast
     return model, tok
 
 
@@ -377,8 +379,6 @@ def build(cfg: DistilConfig) -> Components:
             from distil.teacher.ema import EmaTeacher
 
             teacher = EmaTeacher(teacher, model, cfg.teacher.ema_decay)
-    if cfg.loss.chunk_size is not None:  # the chunked loss applies the head and what follows
-        check_bypassed_logits(model)  # before accelerate wraps the forward in autocast
     optimizer = build_optimizer(model, cfg.train, device=accelerator.device)
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)

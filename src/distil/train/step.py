@@ -56,6 +56,18 @@ def student_forward(
     return StudentHidden(hidden, weight, bias, rule.after_head if rule.has_after_head else None)
 
 
+def check_bypassed_logits(model) -> None:
+    """`models.logits.check_logits` for a student whose forward runs with its head bypassed
+    (the chunked loss): the forward's output is the head's input."""
+    from distil.models.logits import check_logits, logits_rule
+
+    def head_input(kw):
+        with head_bypassed(model):
+            return model(**kw).logits
+
+    check_logits(model, logits_rule(model), head_input, role="student")
+
+
 def micro_step(
     model,
     unwrapped,
