@@ -178,20 +178,26 @@ def test_an_id_past_the_tokenizer_is_a_data_error_naming_the_row(lam):
     assert ("dataset's completion" if lam == 0 else "student's sample") in e.message
 
 
-def test_the_training_run_passes_each_tokenizers_length_to_its_writers(
-    make_train_config, padded_student, bpe_tokenizer
+def test_the_training_run_passes_each_tokenizers_id_rows_to_its_writers(
+    make_train_config, padded_student, bpe_tokenizer, monkeypatch
 ):
     """Same tokenizer, seq-KD: the student's sampler and the teacher's writer stop at the
-    tokenizer, and a padded teacher's writes train a student whose model has no padding."""
+    tokenizer's id rows (its largest id + 1, which `len` undercounts when the ids have gaps: a
+    `len` made smaller shows it is not read), and a padded teacher's writes train a student
+    whose model has no padding."""
+    from distil.models.tokenizers import id_rows
     from distil.train.setup import build
 
     raw = make_train_config(
         teacher={"path": str(padded_student)},  # the teacher is padded, the student not
         train={"lambda": 0.0, "seq_kd": True, "max_steps": 2},
     )
-    c = build(build_config(raw))
-    assert c.buffer.student.generator.vocab_limit == len(bpe_tokenizer)
-    assert c.buffer.teacher.generator.vocab_limit == len(bpe_tokenizer)
-    assert c.buffer.vocab_limit == len(bpe_tokenizer)
+    rows = id_rows(bpe_tokenizer)
+    with monkeypatch.context() as m:
+        m.setattr(type(bpe_tokenizer), "__len__", lambda self: rows - 7)
+        c = build(build_config(raw))
+    assert c.buffer.student.generator.vocab_limit == rows == len(bpe_tokenizer)
+    assert c.buffer.teacher.generator.vocab_limit == rows
+    assert c.buffer.vocab_limit == rows
     loop.train(build_config(raw))
     assert [m["skipped"] for m in read_metrics(raw["train"]["output_dir"])] == [0, 0]

@@ -205,7 +205,7 @@ def generate_for_model(
     from distil.generation.base import SamplingParams
     from distil.generation.hf import HFGenerator
     from distil.models.load import load_model, load_tokenizer
-    from distil.models.tokenizers import encode_prompts, stop_token_ids
+    from distil.models.tokenizers import encode_prompts, id_rows, stop_token_ids
     from distil.progress import progress_bar
 
     tok = tokenizer or load_tokenizer(model_path, key="eval model")
@@ -215,7 +215,10 @@ def generate_for_model(
     cfg = task.cfg
     task = with_model_template(task, model_path)
     gen = generator or HFGenerator(
-        model, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, model), vocab_limit=len(tok)
+        model,
+        pad_id=tok.pad_token_id,
+        stop_ids=stop_token_ids(tok, model),
+        vocab_limit=id_rows(tok),
     )
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, 0, cfg.samples)
     out = []

@@ -3,8 +3,8 @@
 Backends (chosen by `generation.backend` in `select.py`): `hf.HFGenerator` (transformers
 `generate`, CPU and GPU), `static.StaticCacheGenerator` (fixed-shape KV cache, compiled decode
 step) and `vllm.VLLMGenerator` (imported lazily; GPUs). All return a `Rollout` and share the EOS
-masking rule below. Every backend takes a `vocab_limit` (the tokenizer's length) and never
-samples an id at or past it (`mask_past_vocab`).
+masking rule below. Every backend takes a `vocab_limit` (the tokenizer's largest id + 1,
+`models.tokenizers.id_rows`) and never samples an id at or past it (`mask_past_vocab`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Generator(Protocol):
 
 
 def mask_past_vocab(scores_B_V: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:
-    """`scores_B_V` with -inf at every id >= `vocab_limit` (the tokenizer's length), so that no
+    """`scores_B_V` with -inf at every id >= `vocab_limit` (the tokenizer's id rows), so that no
     sampler, greedy or not, draws an id the tokenizer cannot decode: a model's vocabulary is
     often padded past its tokenizer (Qwen3: 151,936 rows for 151,669 tokens), and those rows'
     logits, small in a trained checkpoint, are not -inf. A new tensor; `scores_B_V` as is when

@@ -96,7 +96,7 @@ class HFGenerator:
         self.pad_id = pad_id
         self.stop_ids = list(stop_ids)
         self.max_batch = max_batch  # split very large windows into several calls
-        # ids >= vocab_limit (the tokenizer's length) are never sampled: a padded vocabulary
+        # ids >= vocab_limit (the tokenizer's largest id + 1) are never sampled: a padded vocabulary
         self.vocab_limit = vocab_limit
         self.calls = 0  # number of generate calls made (tests assert one per window)
 

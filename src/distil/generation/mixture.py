@@ -10,7 +10,7 @@ act on one model's logits. No model's own generation_config (repetition penaltie
 tokens) touches the mixture. Rows that stopped are fed the pad id, as transformers' generate
 does. Every teacher shares one tokenizer; their output rows are cut to the smallest (rows past
 a tokenizer's vocabulary are padding) and log M is -inf past it and past the tokenizer's
-length (`vocab_limit`: a padded vocabulary's rows are never drawn). A call decodes at most
+ids (`vocab_limit`: a padded vocabulary's rows are never drawn). A call decodes at most
 `max_batch` rows at once (MAX_BATCH by default), each teacher's KV cache held for those rows
 only: a window of 512 rows of 900 tokens would otherwise hold ~67 GB of cache per Qwen3-4B.
 One teacher of weight 1 is an HFGenerator over it.

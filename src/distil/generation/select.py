@@ -42,8 +42,8 @@ def build_generator(
     backend: str | None = None,
 ) -> Generator:
     """The `generation.backend` generator (or `backend`'s) over `model`, unwrapped from
-    DDP/FSDP by the caller. `vocab_limit`: the length of the tokenizer that decodes what it
-    writes; no id at or past it is sampled (a vocabulary padded past the tokenizer)."""
+    DDP/FSDP by the caller. `vocab_limit`: the id rows (largest id + 1) of the tokenizer that
+    decodes what it writes; no id at or past it is sampled (a vocabulary padded past the tokenizer)."""
     cls = generator_class(backend or cfg.generation.backend)
     return cls.from_config(
         cfg, model, pad_id=pad_id, stop_ids=list(stop_ids), vocab_limit=vocab_limit

@@ -171,7 +171,9 @@ def _single(cfg: DistilConfig, tok, k: int, s_rows: int | None) -> Source:
     t_rows = model.get_output_embeddings().weight.shape[0]
     keep = min(t_rows, s_rows) if s_rows and s_rows != t_rows else None
     if cross is not None:  # logits past the teacher's tokenizer are padded embedding rows
-        keep = len(t_tok) if t_rows > len(t_tok) else None
+        from distil.models.tokenizers import id_rows
+
+        keep = id_rows(t_tok) if t_rows > id_rows(t_tok) else None
     header = _describe(t, t_tok, model)
     if cross is not None:  # keys only cross caches have: same-tokenizer manifests are unchanged
         header["cross_tokenizer"] = True

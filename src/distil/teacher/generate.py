@@ -40,7 +40,7 @@ def generate_completions(
     """Write the completions; returns counts {"prompts", "completions", "kept"}."""
     from distil.generation.select import build_generator, teacher_backend
     from distil.models.load import load_model, load_tokenizer
-    from distil.models.tokenizers import encode_prompts, stop_token_ids
+    from distil.models.tokenizers import encode_prompts, id_rows, stop_token_ids
 
     path = model_path or cfg.teacher.path
     if not path:
@@ -71,7 +71,7 @@ def generate_completions(
         model,
         pad_id=tok.pad_token_id,
         stop_ids=stop_token_ids(tok, model),
-        vocab_limit=len(tok),
+        vocab_limit=id_rows(tok),
         backend=teacher_backend(cfg),
     )
     torch.manual_seed(cfg.train.seed)

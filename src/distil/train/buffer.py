@@ -11,9 +11,9 @@ generate call (likewise the teacher's seq-KD slices). With `teacher_windows` = K
 teacher writes the seq-KD slices of K windows (a block: windows bK .. bK + K - 1) in one call,
 sampled from a seed of (seed, rank, block): it does not train, so what it writes ahead is what it
 would write later, and a run resumed inside a block writes that block again, identically.
-Every completion id must be below `vocab_limit` (the student tokenizer's length): an id past it
-(a model vocabulary padded past its tokenizer; the generators never sample one) is a DataError
-naming the row, not an index error deep in a loss.
+Every completion id must be below `vocab_limit` (the student tokenizer's largest id + 1): an id
+past it (a model vocabulary padded past its tokenizer; the generators never sample one) is a
+DataError naming the row, not an index error deep in a loss.
 """
 
 from __future__ import annotations
@@ -331,7 +331,7 @@ class GenerationBuffer:
         )
 
     def _check_ids(self, ex: int, ids: Sequence[int], policy: str) -> None:
-        """A completion id at or past the student tokenizer's length: a DataError naming the
+        """A completion id past the student tokenizer's largest id: a DataError naming the
         row (its file and line) and where the completion came from."""
         if self.vocab_limit is None or not ids or max(ids) < self.vocab_limit:
             return
@@ -342,8 +342,9 @@ class GenerationBuffer:
         path, _, line = self.examples[ex].meta.get("_where", "").rpartition(":")
         raise DataError(
             f"data row {ex}: {source} holds token id {bad}, past the student tokenizer's "
-            f"{self.vocab_limit} tokens (a model vocabulary padded past its tokenizer has rows "
-            "no text decodes to, and every loss that reads tokens would index past its tables). "
+            f"ids (its largest is {self.vocab_limit - 1}; a model vocabulary padded past its "
+            "tokenizer has rows no text decodes to, and every loss that reads tokens would "
+            "index past its tables). "
             "Fix: check that the student's tokenizer (student.tokenizer) is the one its model "
             "and the completions were made with",
             path=path or None,

@@ -27,6 +27,7 @@ from distil.models.tokenizers import (
     EncodedPrompts,
     completion_rows,
     encode_prompts,
+    id_rows,
     stop_token_ids,
 )
 from distil.teacher.select import Rows, build_scorer, loads_teacher_model
@@ -252,7 +253,7 @@ def build_buffer(
             teacher_model,
             pad_id=teacher_tok.pad_token_id,
             stop_ids=stop_token_ids(teacher_tok, teacher_model),
-            vocab_limit=len(teacher_tok),
+            vocab_limit=id_rows(teacher_tok),
             backend=teacher_backend(cfg),
         )
         t_gen = gathering(t_gen, teacher_model)  # a sharded teacher: gathered too
@@ -288,7 +289,7 @@ def build_buffer(
         collate_fn=_collate_fn(cfg, examples, rows, tok, cross if align else None),
         num_workers=cfg.data.num_workers,
         teacher_windows=g.teacher_windows,
-        vocab_limit=len(tok),
+        vocab_limit=id_rows(tok),
     )
 
 
@@ -385,7 +386,7 @@ def build(cfg: DistilConfig) -> Components:
     report_sharding(accelerator, unwrapped, teacher_model, _live_models(cfg, teacher))
     stops = stop_token_ids(tok, unwrapped)
     generator = build_generator(cfg, unwrapped, pad_id=tok.pad_token_id, stop_ids=stops,
-                                vocab_limit=len(tok))  # fmt: skip
+                                vocab_limit=id_rows(tok))  # fmt: skip
     buffer = build_buffer(
         cfg,
         examples,

@@ -214,7 +214,7 @@ def writers_side(cfg: DistilConfig, examples, prompt_ids, tok, models, cross) ->
     tokens of the row's prompt, and the text it wrote becomes the student's completion
     (`RoutedToStudent`), as one cross-tokenizer teacher's does."""
     from distil.generation.select import build_generator, teacher_backend
-    from distil.models.tokenizers import stop_token_ids
+    from distil.models.tokenizers import id_rows, stop_token_ids
     from distil.train.buffer import PromptSide
 
     mixed = cfg.teachers.weights is not None
@@ -228,7 +228,7 @@ def writers_side(cfg: DistilConfig, examples, prompt_ids, tok, models, cross) ->
             model,
             pad_id=t_tok.pad_token_id,
             stop_ids=stops,
-            vocab_limit=len(t_tok),
+            vocab_limit=id_rows(t_tok),
             backend=teacher_backend(cfg),
         )
         return gen  # several teachers are whole on a device (placement=replicate)
@@ -249,7 +249,11 @@ def writers_side(cfg: DistilConfig, examples, prompt_ids, tok, models, cross) ->
              for s in stop_token_ids(t, m)}
         )  # fmt: skip
         generator = mixture_generator(
-            models, weights, pad_id=toks[0].pad_token_id, stop_ids=stops, vocab_limit=len(toks[0])
+            models,
+            weights,
+            pad_id=toks[0].pad_token_id,
+            stop_ids=stops,
+            vocab_limit=id_rows(toks[0]),
         )
     return PromptSide(ids, generator, to_student=to_student)
 
