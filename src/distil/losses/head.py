@@ -18,13 +18,15 @@ once all chunks have added their share, whatever order the engine runs them in.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 _LOW = (torch.bfloat16, torch.float16)
-_OUT_DTYPE = [True]  # addmm with out_dtype (a bf16 GEMM writing fp32; CUDA, torch 2.8+) works
+_FUSED = ("cuda",)  # devices where addmm with out_dtype (a bf16 GEMM writing fp32) is tried
+_OUT_DTYPE = [True]  # it has not failed in this process (torch 2.8+ has it on CUDA)
 
 
 class ChunkedHead:
@@ -77,18 +79,31 @@ class _Sums:
 
 def low_precision_under_autocast(weight: torch.Tensor | None, device_type: str) -> bool:
     """A bf16/fp16 head inside an autocast region: the case `ChunkedHead(fp32_grad=True)` is
-    for (outside autocast, or with an fp32 head, the matmuls and their sum are fp32 anyway)."""
+    for. With an fp32 head the matmuls and their sum are fp32 anyway. A bf16 head outside
+    autocast (student.dtype=bfloat16 without train.bf16 or train.bf16_weights) gets plain chunks:
+    each chunk's dW is bf16 and autograd adds them up in bf16."""
     return weight is not None and weight.dtype in _LOW and torch.is_autocast_enabled(device_type)
 
 
 def _addmm_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """acc + a @ b in fp32 from low-precision a, b: one GEMM reading them as they are where
-    torch has it (CUDA), else through fp32 copies of the chunk's (small) inputs."""
-    if acc.is_cuda and _OUT_DTYPE[0]:
+    torch has it (CUDA), else through fp32 copies of the chunk's (small) inputs. A torch or
+    GPU without it falls back once, with a warning; running out of memory (or a CUDA error)
+    is raised, not taken for a missing kernel."""
+    if acc.device.type in _FUSED and _OUT_DTYPE[0]:
         try:
             return torch.addmm(acc, a, b, out_dtype=torch.float32)
-        except (RuntimeError, TypeError, NotImplementedError):  # a torch without it
+        except (torch.OutOfMemoryError, torch.AcceleratorError):
+            raise
+        except (RuntimeError, TypeError, NotImplementedError) as exc:  # a torch without it
             _OUT_DTYPE[0] = False
+            warnings.warn(
+                "the head's fp32 gradient buffer cannot use torch.addmm(..., out_dtype="
+                f"torch.float32) here ({type(exc).__name__}: {str(exc)[:200]}); each chunk's "
+                "dW is computed from fp32 copies of its inputs instead (the same sums, slower)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     return acc.addmm_(a.float(), b.float())
 
 
