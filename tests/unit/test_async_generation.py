@@ -412,3 +412,30 @@ def test_sigterm_does_not_wait_for_the_window_in_flight_and_resumes_exactly(
     a, b = read_metrics(tmp_path / "run"), read_metrics(tmp_path / "stopped")
     assert [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]
     assert [m["loss"] for m in a] == [m["loss"] for m in b]
+
+
+@pytest.mark.parametrize("own_copy", [True, False])
+def test_a_gathering_generators_worker_copy_still_gathers(own_copy):
+    """A sharded sampler's GatheringGenerator once reached the worker thread through its
+    attribute forwarding as the inner generator's bare worker copy (no `full_weights`)."""
+    from distil.train.async_gen import _worker_copy
+    from distil.train.fsdp import GatheringGenerator
+
+    class Inner:
+        copied_for_worker = False
+
+        def generate(self, prompt_ids, params):
+            return "sampled"
+
+    if own_copy:
+
+        def worker_copy(self):
+            made = Inner()
+            made.copied_for_worker = True
+            return made
+
+        Inner.worker_copy = worker_copy
+    inner, model = Inner(), torch.nn.Linear(2, 2)
+    copy = _worker_copy(GatheringGenerator(inner, model))
+    assert type(copy) is GatheringGenerator and copy.model is model
+    assert copy.inner is not inner and copy.inner.copied_for_worker == own_copy
