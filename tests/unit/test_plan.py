@@ -84,6 +84,17 @@ def test_hf_static_keeps_its_bucketed_kv_cache_in_every_phase():
         assert term(plan, phase, "hf_static KV cache (kept)") == kv
 
 
+def test_hf_static_counts_the_caches_of_a_call_split_at_the_largest_bucket():
+    """8 rows over buckets [2, 3]: calls of 3, 3 and 2 rows, so caches of 3 and of 2 rows are
+    kept for each prompt bucket (the plan once counted the 3-row set only)."""
+    plan = make_plan(cfg(generation={"backend": "hf_static", "static_batch_buckets": [2, 3]}), H100)
+    rows, tokens = 3 + 2, sum(w + 256 for w in (64, 128, 256))
+    kv = 2 * 28 * 8 * 128 * rows * tokens * 2
+    assert term(plan, "generation", "hf_static KV cache (kept)") == kv
+    even = make_plan(cfg(generation={"backend": "hf_static", "static_batch_buckets": [4]}), H100)
+    assert term(even, "generation", "hf_static KV cache (kept)") == kv * 4 // 5  # 4 + 4: one set
+
+
 def test_vllm_reserves_its_share_of_the_device_while_it_samples():
     c = cfg(generation={"backend": "vllm", "vllm": {"gpu_memory_utilization": 0.25}})
     plan = make_plan(c, H100)
