@@ -42,6 +42,15 @@ def test_a_line_every_period_with_rows_rate_and_eta():
     assert len(lines) == 3
 
 
+def test_the_docstring_example_is_a_line_it_prints():
+    clock, lines = Clock(), []
+    bar = LineProgress("cache-teacher", 64, unit="rows", every=40, clock=clock, write=lines.append)
+    bar.update(info="shard 2")
+    clock.t += 40
+    bar.advance(32)
+    assert f"`{lines[0]}`" in " ".join(LineProgress.__doc__.split())
+
+
 def test_no_total_and_hours():
     clock, lines = Clock(), []
     bar = LineProgress("generate", None, unit="rows", every=1, clock=clock, write=lines.append)
