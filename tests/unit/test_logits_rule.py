@@ -178,3 +178,14 @@ def test_a_chunked_student_is_checked_when_the_run_is_built(
     cfg = build_config(make_train_config(loss={"chunk_size": chunk_size}))
     c = setup.build(cfg)
     assert checked == ([c.unwrapped] if chunk_size else [])
+
+
+def test_the_teachers_check_costs_one_forward():
+    """The decoder's output is read from the model's own forward (a hook): an offloaded
+    teacher, checked in host memory, runs its layers once."""
+    model = tiny("gemma2")
+    calls = []
+    model.get_decoder().register_forward_pre_hook(lambda m, a: calls.append(1))
+    LiveTeacher(model)
+    assert len(calls) == 1
+    assert not model.get_decoder()._forward_hooks  # the check's hook is removed

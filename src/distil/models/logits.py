@@ -146,9 +146,10 @@ CHECK_IDS = 8  # tokens of the one-time check
 
 @torch.no_grad()
 def check_logits(model, rule: LogitsRule, head_input: Callable, *, role: str) -> None:
-    """Refuse `model` unless `rule` applied to `head_input(ids)` (the head's input, (1, L, H))
-    gives the model's own `.logits` on a few tokens, within two units in the last place of
-    its dtype (1e-4 in fp32) of the largest logit. `role`: "teacher" or "student"."""
+    """Refuse `model` unless `rule` applied to `head_input(kw)` (the head's input (1, L, H)
+    for the forward's keyword arguments `kw`, called after `model(**kw)`) gives the model's own
+    `.logits` on a few tokens, within two units in the last place of its dtype (1e-4 in fp32)
+    of the largest logit. `role` names the model in the error ("teacher", "student", ...)."""
     lm = causal_lm(model)
     training = lm.training
     lm.eval()  # no dropout in either forward
@@ -182,8 +183,17 @@ def check_logits(model, rule: LogitsRule, head_input: Callable, *, role: str) ->
 
 
 def check_decoder_logits(model, rule: LogitsRule, *, role: str = "teacher") -> None:
-    """`check_logits` for a model scored through its decoder (a teacher, serve-teacher)."""
+    """`check_logits` for a model scored through its decoder (a teacher, serve-teacher): the
+    decoder's output is read from the model's own forward (a hook), so the check costs one
+    forward of a few tokens (an offloaded teacher runs it in host memory)."""
     decoder = model.get_decoder()
-    check_logits(
-        model, rule, lambda kw: rule.head_input(decoder(**kw).last_hidden_state), role=role
-    )
+    seen: list[torch.Tensor] = []
+    hook = decoder.register_forward_hook(lambda m, a, out: seen.append(out[0]))
+
+    def head_input(kw):  # a forward that never ran its decoder: the decoder run on its own
+        return rule.head_input(seen[-1] if seen else decoder(**kw)[0])
+
+    try:
+        check_logits(model, rule, head_input, role=role)
+    finally:
+        hook.remove()
