@@ -4,8 +4,8 @@ teacher at the real 151,936-row vocabulary, next to the same model calls made ba
 The models are built from tests/data/model_configs/{qwen3-0.6b,qwen3-1.7b}/config.json with
 random weights (bf16, on the device; nothing is downloaded), with a byte-level BPE tokenizer
 trained here (512 tokens: the embedding rows past it are never written by the tokenizer and
-never sampled, by distil's generators or the bare `generate`, whose suppress_tokens masks
-them; from random weights a completion stops at EOS with probability 1/512 per token). The
+never sampled, by distil's generators or the bare `generate`, whose logits processor masks
+them with the same one slice fill; from random weights a completion stops at EOS with probability 1/512 per token). The
 prompts are Countdown problems rendered with the `countdown_plain` template.
 
 distil's side: `distil.train.loop.train` with `generation.backend` = --backend, reverse KL,
@@ -18,12 +18,12 @@ optimizer (clip + AdamW; timed around `loop._update`), the whole step; and, arou
 window's generation, torch._dynamo's counters: graph breaks, newly compiled graphs and CUDA
 graph skips (after the warm-up step all three should stay 0 for hf_static).
 
-The bare side: the same calls with no distil code: `generate` under bf16 autocast (same
-sampling: temperature 1, no top-k/top-p), one teacher forward per micro-batch under
-inference_mode, student forward + unchunked fp32 reverse KL (log-softmax on the loss positions
-only, as distil) + backward per micro-batch, clip +
-fused AdamW (bf16_weights: on fp32 master copies of the bf16 weights, copied back). The bare side
-runs first and its figures are written to --json at once (a later backend's run reuses them
+The bare side (bench/realsize_bare.py): the same calls with no distil code: `generate` under
+bf16 autocast (same sampling: temperature 1, no top-k/top-p), one teacher forward per
+micro-batch under inference_mode, student forward + unchunked fp32 reverse KL (log-softmax on
+the loss positions only, as distil) + backward per micro-batch, clip + fused AdamW
+(bf16_weights: on fp32 master copies of the bf16 weights, copied back). The bare side runs
+first and its figures are written to --json at once (a later backend's run reuses them
 with --bare-json, also when this run is cut short in distil's side).
 
 Ratio = distil / bare per phase; MFU = FLOPs / seconds / the device's dense bf16 peak, with
@@ -48,11 +48,12 @@ import gc
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from realsize_bare import now, run_bare
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "data" / "model_configs"
@@ -76,12 +77,6 @@ PRECISIONS = {
 }
 PHASES = ("generate", "teacher", "student", "optimizer", "step")
 LR = 1e-6
-
-
-def now(device: str) -> float:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
 
 
 def build(work: Path, size: str, device: str) -> dict[str, Path]:
@@ -206,110 +201,6 @@ def run_distil(dirs, args, out: Path) -> list[dict]:
             "tokens": m["tokens/input_local"], "loss_tokens": m["tokens/loss"],
         })  # fmt: skip
     return steps
-
-
-def prompt_windows(dirs, tok, rows_per_step: int, steps: int) -> list[list[list[int]]]:
-    """The prompts of each step as token ids (the template distil renders: countdown_plain)."""
-    from distil.tasks.countdown import get_template, read_rows
-
-    template = get_template("countdown_plain")
-    rows = read_rows(dirs["data"])[: rows_per_step * steps]
-    texts = [
-        tok.apply_chat_template(
-            template.messages(r["nums"], r["target"]), tokenize=False, add_generation_prompt=True
-        )
-        for r in rows
-    ]
-    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-    return [ids[i * rows_per_step : (i + 1) * rows_per_step] for i in range(steps)]
-
-
-def run_bare(dirs, args) -> list[dict]:
-    """The same model calls with no distil code in between (see the module's docstring)."""
-    from transformers import AutoModelForCausalLM
-
-    from distil.models.tokenizers import left_pad
-    from distil.testing import load_tokenizer
-
-    dev = args.device
-    tok = load_tokenizer(dirs["tokenizer"])
-    s_dtype = torch.bfloat16 if args.precision == "bf16_weights" else torch.float32
-    student = AutoModelForCausalLM.from_pretrained(dirs["student"], dtype=s_dtype).to(dev)
-    teacher = AutoModelForCausalLM.from_pretrained(dirs["teacher"], dtype=torch.bfloat16)
-    teacher = teacher.to(dev).eval()
-    params = [p for p in student.parameters() if p.requires_grad]
-    masters = [p.detach().float() for p in params] if s_dtype == torch.bfloat16 else params
-    opt = torch.optim.AdamW(masters, lr=LR, fused=dev == "cuda")
-    autocast = torch.autocast(dev, dtype=torch.bfloat16)
-    past_tokenizer = list(range(len(tok), student.get_output_embeddings().weight.shape[0]))
-    out = []
-    for prompts in prompt_windows(dirs, tok, args.batch * args.accum, args.steps):
-        ids, attn = (t.to(dev) for t in left_pad(prompts, tok.pad_token_id))
-        t0 = now(dev)
-        student.eval()
-        with torch.no_grad(), autocast:
-            seqs = student.generate(
-                input_ids=ids, attention_mask=attn, max_new_tokens=args.new, do_sample=True,
-                temperature=1.0, top_k=0, top_p=1.0,
-                pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                suppress_tokens=past_tokenizer,  # as distil: no id the tokenizer cannot decode
-            )  # fmt: skip
-        student.train()
-        rec = {"generate": now(dev) - t0, "teacher": 0.0, "student": 0.0}
-        full = torch.cat([attn, completion_mask(seqs[:, ids.shape[1] :], tok.eos_token_id)], 1)
-        loss_mask = full.clone()
-        loss_mask[:, : ids.shape[1]] = 0
-        n = max(int(loss_mask[:, 1:].sum()), 1)
-        for rows in torch.arange(len(prompts), device=dev).split(args.batch):
-            bare_micro_step(student, teacher, seqs[rows], full[rows], loss_mask[rows], n, rec)
-        t0 = now(dev)
-        bare_update(params, masters, opt)
-        rec["optimizer"] = now(dev) - t0
-        rec["step"] = rec["generate"] + rec["teacher"] + rec["student"] + rec["optimizer"]
-        rec["tokens"] = int(full.sum())
-        rec["loss_tokens"] = int(loss_mask[:, 1:].sum())
-        out.append(rec)
-    return out
-
-
-def bare_update(params: list, masters: list, opt) -> None:
-    """Clip + AdamW; with bf16 weights on fp32 masters (gradients added in fp32), copied back."""
-    if masters is not params:
-        for m, p in zip(masters, params, strict=True):
-            m.grad = p.grad.float()
-            p.grad = None
-    torch.nn.utils.clip_grad_norm_(masters, 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    if masters is not params:
-        with torch.no_grad():
-            torch._foreach_copy_(params, masters)
-
-
-def completion_mask(comp: torch.Tensor, eos: int) -> torch.Tensor:
-    """1 up to and including the first EOS of each row, 0 after."""
-    after = (comp == eos).long().cumsum(1) - (comp == eos).long()
-    return (after == 0).long()
-
-
-def bare_micro_step(student, teacher, seqs, attn, loss_mask, n: int, rec: dict) -> None:
-    """Teacher forward, then student forward + reverse KL + backward, log-softmax on the loss
-    positions only (the models' heads still run on every position: HF forwards do)."""
-    dev = seqs.device.type
-    rows = loss_mask[:, 1:].bool()
-    t0 = now(dev)
-    with torch.inference_mode():
-        t_logits = teacher(input_ids=seqs, attention_mask=attn, use_cache=False).logits
-        t_logp = torch.log_softmax(t_logits[:, :-1][rows].float(), -1)
-    t_logp = t_logp.clone()  # out of inference mode
-    t1 = now(dev)
-    with torch.autocast(dev, dtype=torch.bfloat16):
-        s_logits = student(input_ids=seqs, attention_mask=attn, use_cache=False).logits
-    s_logp = torch.log_softmax(s_logits[:, :-1][rows].float(), -1)
-    kl = (s_logp.exp() * (s_logp - t_logp)).sum(-1)  # reverse KL per loss position
-    kl.sum().div(n).backward()
-    rec["teacher"] += t1 - t0
-    rec["student"] += now(dev) - t1
 
 
 def param_count(model_dir: Path) -> int:
@@ -469,7 +360,7 @@ def main(argv=None) -> None:
     out = args.work / f"run-{args.backend}"
     # the bare side first, its figures written at once: what a later backend reuses, also
     # when this run is stopped in distil's side
-    bare, peak_bare = reused_bare(args) or measured(lambda: run_bare(dirs, args), args.device)
+    bare, peak_bare = reused_bare(args) or measured(lambda: run_bare(dirs, args, LR), args.device)
     partial = {**settings(args), "backend": args.backend, "partial": "the bare side only",
                "per_step": {"bare": bare}, "peak_gib": {"bare": peak_bare}}  # fmt: skip
     write_json(args.json, partial)

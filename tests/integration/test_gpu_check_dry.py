@@ -312,3 +312,26 @@ def test_realsize_mfu_counts_the_head_at_the_loss_positions_only(tmp_path):
     assert realsize.train_flops(body, head, 1000, 300) == 6 * (body * 1000 + head * 300)
     (model / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
     assert realsize.head_and_body(model, 596_049_920 + head) == (head, body)
+
+
+def test_realsizes_bare_generate_masks_the_padded_rows_with_one_slice_fill():
+    """The bare side's logits processor: -inf on every id past the tokenizer, the rest
+    untouched, and no `isin` over the vocabulary (what suppress_tokens ran every step)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from realsize_bare import PastTokenizerMasked
+
+    names: list[str] = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    scores = torch.randn(3, 20)
+    before = scores.clone()
+    with Ops():
+        out = PastTokenizerMasked(12)(None, scores)
+    assert torch.equal(out[:, :12], before[:, :12]) and (out[:, 12:] == float("-inf")).all()
+    assert not any(n.startswith("isin") for n in names) and len(names) <= 3, names
