@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_serve_scoring import Tok, check_entries
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
 from distil.data.collate import collate
@@ -82,27 +83,11 @@ def test_the_live_teacher_scores_as_the_models_own_forward(model_type):
         torch.testing.assert_close(out.logprobs_B_T_V[m], ref[m], atol=1e-5, rtol=1e-5)
 
 
-class Tok:
-    pad_token_id = 0
-
-    def decode(self, ids):
-        return f"<{ids[0]}>"
-
-
 @pytest.mark.parametrize("model_type", ["granite", "cohere", "gemma2", "minicpm3"])
 def test_serve_teacher_scores_as_the_models_own_forward(model_type):
     model = tiny(model_type)
     prompts = [[5, 17, 30, 4, 99, 7, 8], [3, 9, 11]]
-    entries = PromptScorer(model, Tok()).score(prompts, 3)
-    for prompt, got in zip(prompts, entries, strict=True):
-        with torch.no_grad():
-            lp = torch.log_softmax(model(torch.tensor([prompt])).logits[0, :-1].float(), -1)
-        for p in range(1, len(prompt)):
-            vals, ids = lp[p - 1].topk(3)
-            for rank, (v, t) in enumerate(zip(vals.tolist(), ids.tolist(), strict=True), 1):
-                assert got[p][str(t)]["rank"] == rank
-                assert abs(got[p][str(t)]["logprob"] - v) < 1e-5
-            assert abs(got[p][str(prompt[p])]["logprob"] - float(lp[p - 1, prompt[p]])) < 1e-5
+    check_entries(model, prompts, PromptScorer(model, Tok()).score(prompts, 3), 3)
 
 
 @pytest.mark.parametrize("model_type", ["gemma2", "cohere", "granite", "minicpm3"])

@@ -145,17 +145,22 @@ class Killed(Exception):
     pass
 
 
-def test_a_killed_cache_teacher_resumes_after_the_last_complete_shard(tmp_path, raw, cache_dir):
-    out = tmp_path / "killed"
+def killed_after_shard(raw, out, shard: int) -> None:
+    """cache-teacher into `out`, killed once shard `shard` is written (24 rows a shard)."""
 
     def die(index):
-        if index == 1:
+        if index == shard:
             raise Killed
 
     with pytest.raises(Killed):
         cache_teacher(
             config_with(raw), out, values="fp32", shard_rows=24, batch_size=8, after_shard=die
         )
+
+
+def test_a_killed_cache_teacher_resumes_after_the_last_complete_shard(tmp_path, raw, cache_dir):
+    out = tmp_path / "killed"
+    killed_after_shard(raw, out, 1)
     manifest = fmt.read_manifest(out)
     assert not manifest["complete"] and [e["rows"] for e in manifest["shards"]] == [
         [0, 24],
@@ -184,15 +189,7 @@ def test_a_cache_started_before_the_dtype_was_resolved_resumes(tmp_path, raw, ca
     """Manifests once recorded the config's `dtype: auto`; resuming such a cache, cut short,
     matches `auto` with the dtype it resolves to now and finishes the same shards."""
     out = tmp_path / "old"
-
-    def die(index):
-        if index == 0:
-            raise Killed
-
-    with pytest.raises(Killed):
-        cache_teacher(
-            config_with(raw), out, values="fp32", shard_rows=24, batch_size=8, after_shard=die
-        )
+    killed_after_shard(raw, out, 0)
     manifest = fmt.read_manifest(out)
     assert manifest["dtype"] == "float32"  # resolved (a CPU)
     fmt.write_manifest(out, {**manifest, "dtype": "auto"})  # as the old writer left it
