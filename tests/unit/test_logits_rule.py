@@ -23,6 +23,7 @@ V = 120
 SMALL = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
 MLA = dict(q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8)
+MOE = dict(num_local_experts=2, num_experts_per_tok=1)
 ARCHS = {
     "granite": dict(logits_scaling=8.0),
     "cohere": dict(logit_scale=0.0625),
@@ -32,6 +33,15 @@ ARCHS = {
     "minicpm3": dict(dim_model_base=16, num_key_value_heads=4, **MLA),
     "falcon_h1": dict(lm_head_multiplier=0.3, num_hidden_layers=1, mamba_d_ssm=64,
                       mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_chunk_size=8),
+    # the rest of the table's model types, and two more soft-capped ones
+    "cohere2_moe": dict(logit_scale=0.0625),
+    "granitemoeshared": dict(logits_scaling=8.0, shared_intermediate_size=64, **MOE),
+    "granitemoehybrid": dict(logits_scaling=8.0, shared_intermediate_size=64,
+                             layer_types=["attention", "attention"], **MOE),
+    "granite_swa": dict(logits_scaling=8.0),
+    "granitemoe_swa": dict(logits_scaling=8.0, **MOE),
+    "gemma3_text": dict(final_logit_softcapping=3.0, head_dim=16),
+    "vaultgemma": dict(final_logit_softcapping=3.0, head_dim=16),
 }  # fmt: skip
 
 
