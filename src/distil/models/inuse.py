@@ -1,7 +1,8 @@
 """One re-entrant lock per model module, held by whatever changes the module for a while or
 must not see it changed.
 
-The student's training step swaps its output head for an identity while its forward runs
+The student's training step swaps its output head for an identity, and turns off what its
+forward applies after the head (`models.logits.after_head_off`), while its forward runs
 (`data.packing.head_bypassed`: the forward goes through the DDP-wrapped module, and the chunked
 loss applies the head); a generate call on that module in between would read hidden states as
 logits. Both hold `module_lock(model)`: the step for the swap and its forward, a generator for
