@@ -199,37 +199,37 @@ def test_a_dead_model_with_zero_gradients_stops(tmp_path, make_train_config):
     assert metrics[0]["grad_norm"] > 0 and checkpoints(tmp_path / "run") == [1]
 
 
-class NaNAt:
-    """A teacher model whose logits are NaN at one (row, position) of its forward."""
+def nan_at(model, row, pos):
+    """The teacher's final hidden state (its decoder's output, which the head reads) made NaN
+    at one (row, position); returns the hook's handle."""
 
-    def __init__(self, model, row, pos):
-        self.model, self.row, self.pos = model, row, pos
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def __call__(self, **kwargs):
-        out = self.model(**kwargs)
-        out.logits[self.row, self.pos] = float("nan")
+    def hook(module, args, out):
+        out.last_hidden_state[row, pos] = float("nan")
         return out
 
+    return model.get_decoder().register_forward_hook(hook)
 
-def test_nan_teacher_logits_stop_before_the_loss(models, bpe_tokenizer):
+
+@pytest.mark.parametrize("chunk_rows", [None, 2])  # one chunk, several
+def test_nan_teacher_logits_stop_before_the_loss(models, bpe_tokenizer, chunk_rows):
     from distil.teacher.live import TeacherOutputError
 
     teacher, _ = models
     batch = collate(ragged_samples(bpe_tokenizer, 4), bpe_tokenizer.pad_token_id)
     real = batch.attention_mask_B_L[1].nonzero()[-1].item() - 1  # a real token of row 1
-    scorer = LiveTeacher(teacher)
-    scorer.model = NaNAt(teacher, 1, real)
-    with pytest.raises(TeacherOutputError, match=f"row 1, position {real}"):
+    scorer = LiveTeacher(teacher, chunk_rows=chunk_rows)
+    hook = nan_at(teacher, 1, real)
+    with pytest.raises(TeacherOutputError, match=f"at 1 of the .* row 1, position {real}"):
         scorer.score(batch)
+    hook.remove()
     pad = (batch.attention_mask_B_L == 0).nonzero()
     assert len(pad), "the batch has padding"
     row, pos = pad[0].tolist()
-    scorer.model = NaNAt(teacher, row, pos)  # NaN on a padding position is not used: no error
-    assert torch.isfinite(scorer.score(batch).logprobs_B_T_V[batch.mask_B_T]).all()
-    scorer.model = teacher
+    hook = nan_at(teacher, row, pos)  # NaN on a padding position is not used: no error
+    try:
+        assert torch.isfinite(scorer.score(batch).logprobs_B_T_V[batch.mask_B_T]).all()
+    finally:
+        hook.remove()
 
 
 def test_teacher_with_another_tokenizer_is_an_error_for_same_tokenizer_losses(

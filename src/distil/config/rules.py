@@ -100,6 +100,25 @@ def precision_notices(cfg: DistilConfig) -> list[str]:
     ]
 
 
+def fp32_on_cuda_note(cfg: DistilConfig, *, cuda: bool) -> str | None:
+    """The default precision on a GPU, said once at the start: fp32 weights and no autocast
+    (a deliberate default: the same numbers as on a CPU, and what plain AdamW needs; a GPU
+    user asks for bf16). None when the run asks for bf16 or fp16, or loads low-precision
+    weights (LoRA's frozen base, student.dtype), or is not on CUDA."""
+    train, s = cfg.train, cfg.student
+    if not cuda or train.bf16 or train.bf16_weights or train.fp16 or s.lora.enabled:
+        return None
+    if s.dtype not in ("auto", "float32"):
+        return None
+    return (
+        "the student trains with fp32 weights and no autocast (train.bf16 and "
+        "train.bf16_weights are false, the defaults): its matmuls run in TF32, at about half "
+        "the bf16 rate, and each decoded token reads twice the weight bytes. For speed: "
+        "train.bf16_weights=true (bf16 weights and compute, fp32 master copies and AdamW), "
+        "or train.bf16=true (bf16 autocast over fp32 weights)"
+    )
+
+
 @check
 def _static_cache_under_autocast(cfg: DistilConfig):
     train = cfg.train

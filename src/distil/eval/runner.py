@@ -207,7 +207,7 @@ def generate_for_model(
     from distil.generation.base import SamplingParams
     from distil.generation.hf import HFGenerator
     from distil.models.load import load_model, load_tokenizer, read_model_meta
-    from distil.models.tokenizers import PromptFormat, encode_prompts, stop_token_ids
+    from distil.models.tokenizers import PromptFormat, encode_prompts, id_rows, stop_token_ids
     from distil.progress import progress_bar
 
     tok = tokenizer or load_tokenizer(model_path, key="eval model")
@@ -220,12 +220,15 @@ def generate_for_model(
         template_kwargs = read_model_meta(model_path).get("chat_template_kwargs") or {}
     fmt = PromptFormat(kwargs=dict(template_kwargs))
     gen = generator or HFGenerator(
-        model, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, model)
+        model,
+        pad_id=tok.pad_token_id,
+        stop_ids=stop_token_ids(tok, model),
+        vocab_limit=id_rows(tok),
     )
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, 0, cfg.samples)
     out = []
     with progress_bar(
-        f"eval {Path(model_path).name}", total=len(problems), enabled=progress
+        f"eval {Path(model_path).name}", total=len(problems), enabled=progress, unit="problems"
     ) as bar:
         for s in range(0, len(problems), cfg.batch_size):
             batch = problems[s : s + cfg.batch_size]

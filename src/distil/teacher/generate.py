@@ -40,7 +40,7 @@ def generate_completions(
     """Write the completions; returns counts {"prompts", "completions", "kept"}."""
     from distil.generation.select import build_generator, teacher_backend
     from distil.models.load import load_model, load_tokenizer
-    from distil.models.tokenizers import encode_prompts, prompt_format, stop_token_ids
+    from distil.models.tokenizers import encode_prompts, id_rows, prompt_format, stop_token_ids
 
     path = model_path or cfg.teacher.path
     if not path:
@@ -75,6 +75,7 @@ def generate_completions(
         model,
         pad_id=tok.pad_token_id,
         stop_ids=stop_token_ids(tok, model),
+        vocab_limit=id_rows(tok),
         backend=teacher_backend(cfg),
     )
     torch.manual_seed(cfg.train.seed)
@@ -121,7 +122,7 @@ def _write(fh, examples, prompts, gen, params, tok, judge, batch_size, counts, c
     """Generate batch by batch and write the kept rows (judge: (task, problems) or (None, _),
     keeping every row) to `fh`."""
     task, problems = judge
-    with progress_bar("generate", len(examples), enabled=cfg.logging.progress) as bar:
+    with progress_bar("generate", len(examples), enabled=cfg.logging.progress, unit="rows") as bar:
         for lo in range(0, len(examples), batch_size):
             chunk = examples[lo : lo + batch_size]
             rollout = gen.generate(prompts[lo : lo + len(chunk)], params)

@@ -60,7 +60,10 @@ def train(cfg: DistilConfig) -> dict[str, Any]:
     with RunLock(cfg.train.output_dir, enabled=int(os.environ.get("RANK", "0")) == 0):
         c = build(cfg)
         if cfg.generation.async_:
-            c.buffer = AsyncWindows(c.buffer, c.unwrapped, max_steps=cfg.train.max_steps)
+            current = cfg.teacher.from_student == "current"  # it writes from the snapshot too
+            c.buffer = AsyncWindows(
+                c.buffer, c.unwrapped, max_steps=cfg.train.max_steps, teacher_is_student=current
+            )
         ok = False
         try:
             with StopRequest() as stop:
@@ -234,7 +237,7 @@ def _accumulate(
     for i, micro in enumerate(window.micro_batches):
         micro = micro.to(acc.device)
         t0 = clock.mark()
-        targets, parts, routes = score_micro_batch(c.teacher, micro)
+        targets, parts, routes = score_micro_batch(c.teacher, micro, acc.autocast)
         t1 = clock.mark()
         last = i == len(window.micro_batches) - 1
         with contextlib.nullcontext() if last else acc.no_sync(c.model):

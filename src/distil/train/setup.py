@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from distil.config import DistilConfig
-from distil.config.rules import precision_notices, warmup_notice
+from distil.config.rules import fp32_on_cuda_note, precision_notices, warmup_notice
 from distil.data.collate import collate
 from distil.data.lengths import check_lengths, uses_completions
 from distil.errors import ConfigError, require
@@ -27,6 +27,7 @@ from distil.models.tokenizers import (
     EncodedPrompts,
     completion_rows,
     encode_prompts,
+    id_rows,
     prompt_format,
     stop_token_ids,
 )
@@ -45,6 +46,7 @@ from distil.train.fsdp import (
 )
 from distil.train.optim import build_optimizer
 from distil.train.several import several_teachers, several_write, writers_side
+from distil.train.step import check_bypassed_logits
 
 TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
 
@@ -154,6 +156,8 @@ def load_student(cfg: DistilConfig, accelerator):
             task_type="CAUSAL_LM",
         )
         model = peft.get_peft_model(model, lora)
+    if cfg.loss.chunk_size is not None:  # the chunked loss applies the head and what follows
+        check_bypassed_logits(model)  # before accelerate wraps the forward in autocast
     return model, tok
 
 
@@ -252,6 +256,7 @@ def build_buffer(
             teacher_model,
             pad_id=teacher_tok.pad_token_id,
             stop_ids=stop_token_ids(teacher_tok, teacher_model),
+            vocab_limit=id_rows(teacher_tok),
             backend=teacher_backend(cfg),
         )
         t_gen = gathering(t_gen, teacher_model)  # a sharded teacher: gathered too
@@ -289,6 +294,7 @@ def build_buffer(
         collate_fn=_collate_fn(cfg, examples, rows, tok, cross if align else None),
         num_workers=cfg.data.num_workers,
         teacher_windows=g.teacher_windows,
+        vocab_limit=id_rows(tok),
     )
 
 
@@ -339,7 +345,9 @@ def _print_notices(cfg: DistilConfig, accelerator) -> None:
 
     for notice in precision_notices(cfg):
         print(f"distil: warning: {notice}", file=sys.stderr, flush=True)
-    notes = [cpu_precision_note(cfg, cuda=accelerator.device.type == "cuda"), warmup_notice(cfg)]
+    cuda = accelerator.device.type == "cuda"
+    notes = [cpu_precision_note(cfg, cuda=cuda), fp32_on_cuda_note(cfg, cuda=cuda)]
+    notes.append(warmup_notice(cfg))
     for note in filter(None, notes):
         print(f"note: {note}", file=sys.stderr)
 
@@ -384,9 +392,9 @@ def build(cfg: DistilConfig) -> Components:
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
     report_sharding(accelerator, unwrapped, teacher_model, _live_models(cfg, teacher))
-    generator = build_generator(
-        cfg, unwrapped, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, unwrapped)
-    )
+    stops = stop_token_ids(tok, unwrapped)
+    generator = build_generator(cfg, unwrapped, pad_id=tok.pad_token_id, stop_ids=stops,
+                                vocab_limit=id_rows(tok))  # fmt: skip
     buffer = build_buffer(
         cfg,
         examples,
