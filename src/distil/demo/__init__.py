@@ -50,6 +50,7 @@ def run_demo(
     seeds: int = 1,
     resume: bool = False,
     lanes: int = 1,
+    tune: bool = False,
 ) -> dict[str, Any]:
     """Run every stage; returns the results (also written to out/results.{md,json}).
 
@@ -60,7 +61,9 @@ def run_demo(
     difference to each control with its 95% interval. `resume`: reuse the stages an earlier
     run of the same command finished in `out` (a killed demo goes on where it stopped).
     `lanes`: the students' stages in that many worker processes side by side, the threads
-    split among them (lanes.py); the same table as one after another.
+    split among them (lanes.py); the same table as one after another. `tune`: instead of the
+    table, every run at each lr of the pre-stated grid on the tuning seed, scored on the dev
+    split (tune.py).
     """
     import torch
 
@@ -87,6 +90,12 @@ def run_demo(
     run.out.mkdir(parents=True, exist_ok=True)
     stages.make_data(run)
     stages.make_tokenizers(run)
+    if estimate := stages.expected_time(run, seeds, tune=tune):
+        print(estimate, flush=True)
+    if tune:
+        from distil.demo.tune import run_tuning
+
+        return run_tuning(run)
     stages.train_teacher(run)
     seeded = [run.for_seed(k) for k in range(seeds)]
     lanes_.run_seeds(seeded)

@@ -51,6 +51,13 @@ def add_demo(sub, positive_int) -> None:
         "(presets full, smoke; docs/multi-teacher.md, docs/privileged-context.md)",
     )
     p.add_argument(
+        "--tune",
+        action="store_true",
+        help="choose each run's learning rate: every run of demo.yaml at each lr of its "
+        "analysis.lr_grid on the tuning seed, scored on the dev split (never the test split); "
+        "writes tune.md (docs/demo.md)",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="reuse the stages that an earlier or killed run of the same command finished in "
@@ -118,6 +125,8 @@ def run(args) -> int:
         )
     if args.lanes is not None:
         command += f" --lanes {lanes}"
+    if args.tune:
+        command += " --tune"
     run_demo(
         args.out,
         preset=preset,
@@ -128,5 +137,6 @@ def run(args) -> int:
         seeds=args.seeds,
         resume=args.resume,
         lanes=lanes,
+        tune=args.tune,
     )
     return 0

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from distil.demo.presets import CONFIG_DIR, DEMO_ROOT, Run, Writes, budget_steps
-from distil.demo.run import TEACHER_SUMMARY, DemoRun, copy_tree, last_metrics, settings_key
+from distil.demo.run import (
+    TEACHER_SUMMARY,
+    DemoRun,
+    code_version,
+    content_hash,
+    copy_tree,
+    last_metrics,
+    settings_key,
+)
 from distil.files import atomic_write
 from distil.progress import console
 
@@ -97,11 +105,36 @@ def train_stage(run: DemoRun, config: str, overrides: dict[str, Any]) -> dict[st
     return metrics
 
 
-STAGE_RECORD = "demo_stage.json"  # what a finished stage ran: its command and config's sha256
+STAGE_RECORD = "demo_stage.json"  # what a finished stage ran: command, config, code, inputs
+# the keys of a stage's command whose files or model directories it reads
+INPUT_KEYS = ("data.train", "student.path", "teacher.path", "eval.data")
 
 
-def _record(command: str, config: Path) -> dict[str, str]:
-    return {"command": command, "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest()}
+def _record(command: str, config: Path) -> dict[str, Any]:
+    """What a finished stage ran: its command, its config text's sha256, the code that ran it
+    and the sha256 of every input its command names (data files, model weights), so --resume
+    reuses it only when all of them are the same (a re-made start or teacher, or a code
+    change, runs it again)."""
+    inputs = {}
+    for key in INPUT_KEYS:
+        value = _command_value(command, key)
+        if value is not None:
+            inputs[key] = content_hash(Path(value))
+    return {
+        "command": command,
+        "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(),
+        "code": code_version(),
+        "inputs": inputs,
+    }
+
+
+def _command_value(command: str, key: str) -> str | None:
+    """The value `key=VALUE` has in a `distil ...` command line (None when it has none)."""
+    for item in command.split(" "):
+        k, sep, value = item.partition("=")
+        if sep and k == key:
+            return value
+    return None
 
 
 def finished(run: DemoRun, out: Path, command: str, config: Path) -> bool:
@@ -134,13 +167,15 @@ def make_data(run: DemoRun) -> None:
     p = run.preset
     data = run.paths["data"]
     with run.timed("Countdown data") as stage:
-        wanted = {"n": p.n_train, "test_n": p.n_test, "n_labelled": p.n_labelled, "seed": SEED}
+        wanted = {"n": p.n_train, "test_n": p.n_test, "dev_n": p.n_dev,
+                  "n_labelled": p.n_labelled, "seed": SEED}  # fmt: skip
         meta = data / "demo.json"
         if not (meta.exists() and json.loads(meta.read_text()) == wanted):
             generate_dataset(
                 data,
                 n=p.n_train,
                 test_n=p.n_test,
+                dev_n=p.n_dev,
                 numbers=(3,),
                 seed=SEED,
                 template="countdown_plain",
@@ -154,11 +189,12 @@ def make_data(run: DemoRun) -> None:
             _write_jsonl(data / "prompts.jsonl", prompts)
             meta.write_text(json.dumps(wanted))
         run.commands.append(
-            f"distil countdown generate --n {p.n_train} --test-n {p.n_test} "
+            f"distil countdown generate --n {p.n_train} --test-n {p.n_test} --dev-n {p.n_dev} "
             f"--numbers 3 --template countdown_plain --seed {SEED} --out {data}"
         )
         stage.note = (
-            f"{p.n_train} train ({p.n_labelled} labelled, the rest prompts only), {p.n_test} test"
+            f"{p.n_train} train ({p.n_labelled} labelled, the rest prompts only), {p.n_dev} dev, "
+            f"{p.n_test} test"
         )
         console.print(stage.note)
 
@@ -234,14 +270,24 @@ def _teacher_cache_key(run: DemoRun) -> str:
         run.threads,  # results are exact for a machine and thread count
         (CONFIG_DIR / "teacher.yaml").read_text(),
         hashlib.sha256(tokenizer).hexdigest(),
+        content_hash(run.paths["data"] / "train.jsonl"),  # what it learns from
+        content_hash(run.paths["data"] / "dev.jsonl"),  # its in-training curve
+        code_version(),  # the code that trains it
     )
+
+
+def teacher_cache(run: DemoRun) -> Path:
+    """Where the teacher of this run's settings is (or will be) cached (data and tokenizers
+    made first: the key holds their hashes)."""
+    steps = run.preset.steps["teacher"]
+    return run.cache_dir / f"teacher-{_teacher_cache_key(run)}-{steps}steps"
 
 
 def train_teacher(run: DemoRun) -> None:
     p = run.preset
     teacher, teacher_run = run.paths["teacher"], run.paths["teacher_run"]
     steps = p.steps["teacher"]
-    cached = run.cache_dir / f"teacher-{_teacher_cache_key(run)}-{steps}steps"
+    cached = teacher_cache(run)
     with run.timed(f"teacher ({steps} steps)") as stage:
         if use_cached_teacher(cached, teacher, stage):
             return
@@ -277,6 +323,23 @@ def keep_teacher(run: DemoRun, out: Path, final: Path, cached: Path, stage) -> N
     run.cache_dir.mkdir(parents=True, exist_ok=True)
     copy_tree(out / "final", cached)
     stage.note = f"trained; cached as {cached}"
+
+
+def expected_time(run: DemoRun, seeds: int, *, tune: bool = False) -> str | None:
+    """One line before a run: its expected minutes from the preset's measured ones (the
+    teacher's counted only when it is not cached), or None when the preset has none."""
+    minutes = run.preset.minutes
+    if not minutes:
+        return None
+    teacher = 0.0 if (teacher_cache(run) / TEACHER_SUMMARY).exists() else minutes["teacher"]
+    per_seed = minutes["seed"] * run.distill_scale
+    n = len(run.manifest.analysis.lr_grid) if tune and run.manifest.analysis else seeds
+    what = f"{n} lr settings" if tune else f"{n} seed(s)"
+    return (
+        f"expected time: about {teacher + n * per_seed:.0f} more minutes ({what} x "
+        f"{per_seed:.0f} min" + (f" + the teacher {teacher:.0f} min" if teacher else
+        ", the teacher cached") + f"), as measured on {minutes['machine']}"
+    )  # fmt: skip
 
 
 def start_students(run: DemoRun) -> None:
@@ -412,7 +475,7 @@ def _run_overrides(run: DemoRun, r: Run) -> dict[str, Any]:
 def _seed(run: DemoRun) -> dict[str, Any]:
     """train.seed (data order, sampling, the lambda draws) of a seed of several; nothing for a
     single-seed demo (the configs' own seed, 0)."""
-    return {"train.seed": run.seed} if run.n_seeds > 1 else {}
+    return {"train.seed": run.seed} if run.several else {}
 
 
 # ----------------------------------------------------------------------------- report
