@@ -5,7 +5,6 @@ command."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -14,15 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from distil.demo.presets import CONFIG_DIR, DEMO_ROOT, Run, Writes, budget_steps
-from distil.demo.run import (
-    TEACHER_SUMMARY,
-    DemoRun,
-    code_version,
-    content_hash,
-    copy_tree,
-    last_metrics,
-    settings_key,
-)
+from distil.demo.records import STAGE_RECORD, finished, mark_finished
+from distil.demo.run import DemoRun, copy_tree, last_metrics
 from distil.files import atomic_write
 from distil.progress import console
 
@@ -103,59 +95,6 @@ def train_stage(run: DemoRun, config: str, overrides: dict[str, Any]) -> dict[st
     metrics = train(load_config(path, items))
     mark_finished(out, command, path)
     return metrics
-
-
-STAGE_RECORD = "demo_stage.json"  # what a finished stage ran: command, config, code, inputs
-# the keys of a stage's command whose files or model directories it reads
-INPUT_KEYS = ("data.train", "student.path", "teacher.path", "eval.data")
-
-
-def _record(command: str, config: Path) -> dict[str, Any]:
-    """What a finished stage ran: its command, its config text's sha256, the code that ran it
-    and the sha256 of every input its command names (data files, model weights), so --resume
-    reuses it only when all of them are the same (a re-made start or teacher, or a code
-    change, runs it again)."""
-    inputs = {}
-    for key in INPUT_KEYS:
-        value = _command_value(command, key)
-        if value is not None:
-            inputs[key] = content_hash(Path(value))
-    return {
-        "command": command,
-        "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(),
-        "code": code_version(),
-        "inputs": inputs,
-    }
-
-
-def _command_value(command: str, key: str) -> str | None:
-    """The value `key=VALUE` has in a `distil ...` command line (None when it has none)."""
-    for item in command.split(" "):
-        k, sep, value = item.partition("=")
-        if sep and k == key:
-            return value
-    return None
-
-
-def finished(run: DemoRun, out: Path, command: str, config: Path) -> bool:
-    """With --resume: whether `out` holds a stage that finished running exactly `command` with
-    this config text (then it is reused and says so)."""
-    record = out / STAGE_RECORD
-    if not (run.resume and record.is_file()):
-        return False
-    if json.loads(record.read_text()) != _record(command, config):
-        return False
-    note = f"reusing the finished stage in {out} (--resume)"
-    console.print(f"[dim]{note}[/dim]")
-    if run.stages:  # the stage running it (in a lane: what the demo prints when it ends)
-        run.stages[-1].note = note
-    return True
-
-
-def mark_finished(out: Path, command: str, config: Path) -> None:
-    """Record a finished stage in `out` (written last, atomically: a killed stage has none)."""
-    text = json.dumps(_record(command, config)) + "\n"
-    atomic_write(out / STAGE_RECORD, lambda tmp: Path(tmp).write_text(text))
 
 
 # ----------------------------------------------------------------------------- data
@@ -258,88 +197,6 @@ def _init(
     )
     console.print(f"{path.name}: {n / 1e6:.2f}M parameters")
     return path
-
-
-def _teacher_cache_key(run: DemoRun) -> str:
-    p = run.preset
-    tokenizer = (run.paths["tokenizers"] / "bpe" / "tokenizer.json").read_bytes()
-    return settings_key(
-        p.teacher,
-        p.steps["teacher"],
-        SEED,
-        run.threads,  # results are exact for a machine and thread count
-        (CONFIG_DIR / "teacher.yaml").read_text(),
-        hashlib.sha256(tokenizer).hexdigest(),
-        content_hash(run.paths["data"] / "train.jsonl"),  # what it learns from
-        content_hash(run.paths["data"] / "dev.jsonl"),  # its in-training curve
-        code_version(),  # the code that trains it
-    )
-
-
-def teacher_cache(run: DemoRun) -> Path:
-    """Where the teacher of this run's settings is (or will be) cached (data and tokenizers
-    made first: the key holds their hashes)."""
-    steps = run.preset.steps["teacher"]
-    return run.cache_dir / f"teacher-{_teacher_cache_key(run)}-{steps}steps"
-
-
-def train_teacher(run: DemoRun) -> None:
-    p = run.preset
-    teacher, teacher_run = run.paths["teacher"], run.paths["teacher_run"]
-    steps = p.steps["teacher"]
-    cached = teacher_cache(run)
-    with run.timed(f"teacher ({steps} steps)") as stage:
-        if use_cached_teacher(cached, teacher, stage):
-            return
-        init = _init(run, "bpe", teacher.parent / "teacher_init", p.teacher, SEED)
-        train_stage(
-            run,
-            "teacher",
-            {
-                "data.train": run.paths["data"] / "train.jsonl",
-                "student.path": init,
-                "train.output_dir": teacher_run,
-                "train.max_steps": steps,
-            },
-        )
-        keep_teacher(run, teacher_run, teacher, cached, stage)
-
-
-def use_cached_teacher(cached: Path, final: Path, stage) -> bool:
-    """Copy a trained teacher from the cache to `final` when the cache holds it."""
-    if not (cached / TEACHER_SUMMARY).exists():
-        return False
-    copy_tree(cached, final)
-    stage.note = f"cached: {cached}"
-    console.print(f"using the cached teacher {cached} (delete it to retrain)")
-    return True
-
-
-def keep_teacher(run: DemoRun, out: Path, final: Path, cached: Path, stage) -> None:
-    """A teacher just trained in `out`: its summary next to its weights, copied to `final` and
-    to the cache."""
-    (out / "final" / TEACHER_SUMMARY).write_text(json.dumps(last_metrics(out)) + "\n")
-    copy_tree(out / "final", final)
-    run.cache_dir.mkdir(parents=True, exist_ok=True)
-    copy_tree(out / "final", cached)
-    stage.note = f"trained; cached as {cached}"
-
-
-def expected_time(run: DemoRun, seeds: int, *, tune: bool = False) -> str | None:
-    """One line before a run: its expected minutes from the preset's measured ones (the
-    teacher's counted only when it is not cached), or None when the preset has none."""
-    minutes = run.preset.minutes
-    if not minutes:
-        return None
-    teacher = 0.0 if (teacher_cache(run) / TEACHER_SUMMARY).exists() else minutes["teacher"]
-    per_seed = minutes["seed"] * run.distill_scale
-    n = len(run.manifest.analysis.lr_grid) if tune and run.manifest.analysis else seeds
-    what = f"{n} lr settings" if tune else f"{n} seed(s)"
-    return (
-        f"expected time: about {teacher + n * per_seed:.0f} more minutes ({what} x "
-        f"{per_seed:.0f} min" + (f" + the teacher {teacher:.0f} min" if teacher else
-        ", the teacher cached") + f"), as measured on {minutes['machine']}"
-    )  # fmt: skip
 
 
 def start_students(run: DemoRun) -> None:

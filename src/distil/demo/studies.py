@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from distil.demo import stages
+from distil.demo import stages, teachers
 from distil.demo.presets import CONFIG_DIR, DEMO_ROOT, Manifest, Run, manifest
 from distil.demo.run import DemoRun, settings_key
 from distil.demo.study_report import SLICE_COLUMN, SLICES, report
@@ -170,7 +170,7 @@ def train_slice_teacher(run: DemoRun, name: str) -> None:
                        hashlib.sha256(tokenizer).hexdigest())  # fmt: skip
     cached = run.cache_dir / f"teacher-{name}-{key}-{steps}steps"
     with run.timed(f"teacher of the {name}-number slice ({steps} steps)") as stage:
-        if stages.use_cached_teacher(cached, final, stage):
+        if teachers.use_cached_teacher(cached, final, stage):
             return
         init = stages._init(run, "bpe", run.paths["models"] / f"teacher_{name}_init", p.teacher,
                             stages.SEED + SLICES[name])  # fmt: skip
@@ -182,7 +182,7 @@ def train_slice_teacher(run: DemoRun, name: str) -> None:
             "train.output_dir": out,
             "train.max_steps": steps,
         })  # fmt: skip
-        stages.keep_teacher(run, out, final, cached, stage)
+        teachers.keep_teacher(run, out, final, cached, stage)
 
 
 # ----------------------------------------------------------------------------- runs

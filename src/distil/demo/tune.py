@@ -108,12 +108,12 @@ def evaluate_dev(run: DemoRun) -> dict[str, float]:
 def run_tuning(run: DemoRun) -> dict[str, Any]:
     """The grid on the tuning seed (data, tokenizers and teacher as the demo's), scored on dev;
     writes tune.md and tune.json under the run's output directory."""
-    from distil.demo import lanes, stages
+    from distil.demo import lanes, teachers
     from distil.demo.report import machine
 
     base = run.manifest
     grid = replace(run, manifest=grid_manifest(base), seed=base.analysis.tune_seed)
-    stages.train_teacher(run)
+    teachers.train_teacher(run)
     lanes.run_seeds([grid])
     with run.timed("evaluation of every grid run on the dev split"):
         accuracy = evaluate_dev(grid)
