@@ -99,12 +99,22 @@ def run(args) -> int:
     from distil.demo.presets import manifest
 
     preset = args.preset or ("quick" if args.quick else "full")
+    lanes = args.lanes or min(2, args.threads)
+    if lanes > args.threads:
+        raise ConfigError(
+            f"--lanes {lanes} with --threads {args.threads}: each lane needs a thread. Fix: "
+            f"--lanes {args.threads} or fewer, or more --threads"
+        )
     if args.study:
         from distil.demo.studies import run_study
 
         command = f"distil demo --study {args.study} --preset {preset} --out {args.out}"
+        command += f" --threads {args.threads}" + (
+            f" --seeds {args.seeds}" if args.seeds != 1 else ""
+        )
         run_study(args.study, args.out, preset=preset, threads=args.threads,
-                  cache_dir=args.cache_dir, command=f"{command} --threads {args.threads}")  # fmt: skip
+                  cache_dir=args.cache_dir, command=command, seeds=args.seeds, lanes=lanes,
+                  resume=args.resume)  # fmt: skip
         return 0
     presets = manifest().presets
     if preset not in presets:
@@ -117,12 +127,6 @@ def run(args) -> int:
         command += f" --distill-scale {args.distill_scale:g}"
     if args.seeds != 1:
         command += f" --seeds {args.seeds}"
-    lanes = args.lanes or min(2, args.threads)
-    if lanes > args.threads:
-        raise ConfigError(
-            f"--lanes {lanes} with --threads {args.threads}: each lane needs a thread. Fix: "
-            f"--lanes {args.threads} or fewer, or more --threads"
-        )
     if args.lanes is not None:
         command += f" --lanes {lanes}"
     if args.tune:

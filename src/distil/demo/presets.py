@@ -98,6 +98,8 @@ class Manifest:
     presets: dict[str, Preset]
     writes: Writes | None = None
     analysis: Analysis | None = None
+    # a study's paired comparisons: (run, other run) keys, the first's lead over the second
+    comparisons: tuple[tuple[str, str], ...] = ()
 
 
 @cache
@@ -123,10 +125,15 @@ def manifest(path: str | Path = MANIFEST) -> Manifest:
     }
     writes = _writes(raw.get("writes"), presets, problems)
     analysis = _analysis(raw.get("analysis"), problems)
+    comparisons = tuple(tuple(c) for c in raw.get("comparisons") or ())
+    keys = {r.key for r in runs}
+    for c in comparisons:
+        if len(c) != 2 or not set(c) <= keys:
+            problems.append(f"comparisons: {list(c)} must name two runs of {sorted(keys)}")
     _cross_check(students, runs, presets, problems)
     if problems:
         raise ConfigError(f"{path}: " + "; ".join(problems))
-    return Manifest(students, runs, presets, writes, analysis)
+    return Manifest(students, runs, presets, writes, analysis, comparisons)
 
 
 def _analysis(raw: Any, problems: list[str]) -> Analysis | None:

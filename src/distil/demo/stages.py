@@ -22,31 +22,29 @@ SEED = 0
 # seed k of `--seeds N`: a student's init seed is its demo.yaml seed + SEED_STRIDE * k (seed 0:
 # today's single-seed demo), and train.seed (data order, sampling) is k
 SEED_STRIDE = 100
-# config keys holding paths that the demo moves under its --out directory
-PATH_KEYS = ("data.train", "student.path", "teacher.path", "train.output_dir", "eval.data")
 
 
-def moved_paths(run: DemoRun, config: str) -> dict[str, Any]:
-    """The config's `runs/demo/...` paths as overrides under `run.out`."""
-    raw = _config(config)
-    out = {}
-    for key in PATH_KEYS:
-        section, name = key.split(".")
-        value = (raw.get(section) or {}).get(name)
-        if isinstance(value, str) and value.startswith(DEMO_ROOT + "/"):
-            out[key] = moved(run, value)
+def moved_paths(run: DemoRun, raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every `runs/demo/...` string of a config (nested sections too: teachers.models.x.path)
+    or of a dict of dotted overrides, as a dotted override under the run's output directory."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(moved_paths(run, value, dotted + "."))
+        elif isinstance(value, str) and value.startswith(DEMO_ROOT + "/"):
+            out[dotted] = moved(run, value)
     return out
 
 
 def demo_path(run: DemoRun, rel: str) -> Path:
     """A config's path under `runs/demo/` (given without that root) in this run: data,
-    tokenizers and the teacher shared by the seeds, the students' models and runs in the
-    seed's directory."""
+    tokenizers and the teachers (models/teacher*, runs/teacher*) shared by the seeds, the
+    students' models and runs in the seed's directory."""
     head, _, rest = rel.partition("/")
-    first, _, tail = rest.partition("/")
-    if head in ("models", "runs") and first == "teacher":
-        base = run.paths["teacher" if head == "models" else "teacher_run"]
-        return base / tail if tail else base
+    first = rest.partition("/")[0]
+    if head in ("models", "runs") and first.startswith("teacher"):
+        return run.out / head / rest
     return run.paths[head] / rest if head in run.paths else run.seed_dir / rel
 
 
@@ -77,7 +75,7 @@ def train_stage(run: DemoRun, config: str, overrides: dict[str, Any]) -> dict[st
     from distil.config import load_config
     from distil.train.loop import train
 
-    values = {**moved_paths(run, config), **overrides}
+    values = {**moved_paths(run, _config(config)), **overrides}
     if "train.max_steps" in values:
         warmup = scaled_warmup(_config(config).get("train", {}), values["train.max_steps"])
         if warmup is not None:
@@ -287,7 +285,8 @@ def teacher_writes(run: DemoRun, w: Writes) -> None:
             demo_path(run, "written/prompts.jsonl"),
             demo_path(run, "written/teacher.jsonl"),
         )
-        items = [f"{k}={v}" for k, v in {**moved_paths(run, w.config), **_seed(run)}.items()]
+        values = {**moved_paths(run, _config(w.config)), **_seed(run)}
+        items = [f"{k}={v}" for k, v in values.items()]
         path = CONFIG_DIR / f"{w.config}.yaml"
         command = f"distil generate {path} {' '.join(items)} --out {out} --batch-size {WRITE_BATCH}"
         run.commands.append(command)
@@ -326,7 +325,7 @@ def _run_overrides(run: DemoRun, r: Run) -> dict[str, Any]:
     }
     if p.eval_every is not None:
         out["train.eval_every"] = p.eval_every
-    return {**out, **_seed(run), **r.overrides}
+    return {**out, **_seed(run), **r.overrides, **moved_paths(run, r.overrides)}
 
 
 def _seed(run: DemoRun) -> dict[str, Any]:
