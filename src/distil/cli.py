@@ -272,13 +272,18 @@ def _config_show(args) -> int:
 
 def _config_validate(args) -> int:
     from distil.config import load_config
-    from distil.preflight import preflight
+    from distil.inspect_prompts import first_row
+    from distil.preflight import validation
 
-    problems, notes = preflight(load_config(args.file, args.overrides))
-    for note in notes:
+    cfg = load_config(args.file, args.overrides)
+    v = validation(cfg)
+    for note in v.notes:
         print(f"note: {note}")
-    if problems:
-        raise ConfigError(problems, header=f"{args.file} is valid but cannot train")
+    if v.problems:
+        raise ConfigError(v.problems, header=f"{args.file} is valid but cannot train")
+    shown = first_row(cfg, v.tokenizers, v.examples)
+    if shown:
+        print(shown)
     print(f"{args.file}: ok")
     return 0
 
@@ -416,7 +421,14 @@ def _eval(args) -> int:
     if args.model:
         problems, data = load_problem_set(task)
         for m, name in zip(args.model, names[len(args.completions) :], strict=True):
-            r = evaluate_model(m, task, name=name, problems=problems, progress=not args.no_progress)
+            r = evaluate_model(
+                m,
+                task,
+                name=name,
+                problems=problems,
+                progress=not args.no_progress,
+                template_kwargs=full.data.chat_template_kwargs or None,  # None: the model's
+            )
             r.data = data
             results.append(r)
     print(format_table(results))

@@ -25,15 +25,16 @@ class PromptPair:
 
 
 def teacher_tokenizer_path(cfg: DistilConfig, name: str | None = None) -> str | None:
-    """The tokenizer teacher `name` (None: `teacher`) reads with: its tokenizer or path, the one
-    saved in its cache, or the student's (self-distillation, a same-tokenizer cache)."""
+    """The tokenizer teacher `name` (None: `teacher`) reads with: the one saved in its cache
+    (training reads that one), its tokenizer or path, or the student's (self-distillation, a
+    same-tokenizer cache)."""
     from distil.teacher.cache import TEACHER_TOKENIZER
 
     t = cfg.teachers.models[name] if name is not None else cfg.teacher
-    if t.tokenizer or t.path:
-        return t.tokenizer or t.path
     if t.cache and (Path(t.cache) / TEACHER_TOKENIZER).is_dir():
         return str(Path(t.cache) / TEACHER_TOKENIZER)
+    if t.tokenizer or t.path:
+        return t.tokenizer or t.path
     return cfg.student.tokenizer
 
 
@@ -71,7 +72,7 @@ def prompt_pairs(cfg: DistilConfig, n: int, s_tok, teacher_tok=None) -> list[Pro
     from distil.config.contexts import teacher_context
     from distil.data.context import context_prompt
     from distil.models.load import load_tokenizer
-    from distil.models.tokenizers import encode_prompts, render_prompt
+    from distil.models.tokenizers import encode_prompts, prompt_format, render_prompt
     from distil.tasks.prompts import config_examples
     from distil.teacher.several import row_contexts, row_teachers
 
@@ -81,7 +82,9 @@ def prompt_pairs(cfg: DistilConfig, n: int, s_tok, teacher_tok=None) -> list[Pro
     routes = row_teachers(examples, cfg.teachers, names) if routed else [0] * len(examples)
     contexts = row_contexts(cfg, examples) or [teacher_context(cfg)] * len(examples)
     toks: dict[str | None, object] = {}
-    ids = encode_prompts(s_tok, [e.prompt for e in examples], max_tokens=cfg.data.max_prompt_tokens)
+    fmt = prompt_format(cfg.data)
+    prompts = [e.prompt for e in examples]
+    ids = encode_prompts(s_tok, prompts, max_tokens=cfg.data.max_prompt_tokens, fmt=fmt)
     out = []
     for i, (e, (context, system)) in enumerate(zip(examples, contexts, strict=True)):
         name = names[routes[i]] if routed else None
@@ -91,7 +94,7 @@ def prompt_pairs(cfg: DistilConfig, n: int, s_tok, teacher_tok=None) -> list[Pro
         t_tok = teacher_tok or toks[name]
         privileged = bool(context or system)
         prompt = context_prompt(e, context, system) if privileged else e.prompt
-        text = render_prompt(t_tok, prompt, name="teacher tokenizer")
+        text = render_prompt(t_tok, prompt, name="teacher tokenizer", fmt=fmt)
         out.append(PromptPair(i, name, s_tok.decode(ids[i]), text, privileged))
     return out
 
@@ -110,3 +113,79 @@ def prompts_table(pairs: list[PromptPair]):
         seen = p.teacher_prompt if p.privileged else f"(the student's prompt)\n{p.teacher_prompt}"
         table.add_row(who, Text(p.student), Text(seen))
     return table
+
+
+def first_row(cfg: DistilConfig, toks: dict, examples) -> str | None:
+    """`distil config validate`'s view of the first training row: the student's prompt and its
+    teacher's, rendered and cut as training renders and cuts them, and what the completion is
+    (the data's first tokens, or who writes it). None without the student's tokenizer or local
+    rows. `toks`: the tokenizers preflight loaded ("student", "teacher")."""
+    s_tok = toks.get("student")
+    if s_tok is None or not examples:
+        return None
+    e = examples[0]
+    teacher = _has_teacher(cfg)
+    t_tok = _teacher_tok(cfg, toks) if teacher else s_tok
+    pair = prompt_pairs(cfg, 1, s_tok, t_tok or s_tok)[0]
+    n = len(s_tok(pair.student, add_special_tokens=False)["input_ids"])
+    lines = [
+        f"first row ({e.meta.get('_where', 'row 1')}), as the models will read it:",
+        f"  student prompt ({n} tokens):",
+        _indent(pair.student),
+    ]
+    if teacher and t_tok is None:
+        lines.append("  teacher prompt: not shown (its tokenizer was not read)")
+    elif teacher and pair.teacher_prompt == pair.student:
+        lines.append("  teacher prompt: the same text as the student's")
+    elif teacher:
+        who = f" (teacher {pair.teacher})" if pair.teacher else ""
+        lines += [f"  teacher prompt{who}:", _indent(pair.teacher_prompt)]
+    lines.append(_completion_line(s_tok, e, cfg))
+    return "\n".join(lines)
+
+
+def _has_teacher(cfg: DistilConfig) -> bool:
+    return cfg.loss.name != "sft" or cfg.train.seq_kd
+
+
+def _teacher_tok(cfg: DistilConfig, toks: dict):
+    """The teacher's tokenizer if it can be had without the hub: the one preflight loaded, the
+    student's (same tokenizer), a local directory's (a cache's own); None otherwise. Several
+    teachers: None, each row's own is loaded by `prompt_pairs`."""
+    if cfg.teachers.models:
+        return None
+    if "teacher" in toks:
+        return toks["teacher"]
+    path = teacher_tokenizer_path(cfg)
+    if path in (None, cfg.student.tokenizer):
+        return toks["student"]
+    if Path(path).is_dir():
+        from distil.models.load import load_tokenizer
+
+        return load_tokenizer(path, key="teacher.cache")
+    return None
+
+
+def _completion_line(tok, example, cfg: DistilConfig, shown: int = 16) -> str:
+    """What the first row's completion is: the data's (its first tokens) or who writes it."""
+    from distil.models.tokenizers import completion_end_id, prompt_format, reference_ids
+
+    t = cfg.train
+    if t.lambda_ >= 1.0:
+        return "  completion: written by the student (on-policy, lambda=1)"
+    if t.seq_kd:
+        share = f"the student (on-policy share lambda={t.lambda_}) or " if t.lambda_ > 0 else ""
+        return f"  completion: written by {share}the teacher (train.seq_kd)"
+    if example.completion is None:
+        return "  completion: none in this row (off-policy slices need one)"
+    chat = prompt_format(cfg.data).chat(tok, example.prompt)
+    end = completion_end_id(tok, chat)
+    ids = reference_ids(tok, example.completion, cfg.data.max_completion_tokens, end)
+    head = tok.decode(ids[:shown])
+    return (
+        f"  completion, from the data (first {min(shown, len(ids))} of {len(ids)} tokens): {head!r}"
+    )
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.splitlines() or [""])

@@ -1,8 +1,9 @@
-"""The README's "Using it" commands run, in order, on a fresh clone (configs/ and nothing else).
+"""docs/demo.md's "Every command, on a CPU" commands run, in order, on a fresh clone (configs/
+and nothing else).
 
-Each line is parsed from README.md and run through the real CLI entry in a temporary directory;
-only sizes shrink (fewer problems, tiny models, two steps), the commands and paths are the
-README's own.
+Each line is parsed from docs/demo.md and run through the real CLI entry in a temporary
+directory; only sizes shrink (fewer problems, tiny models, two steps), the commands and paths
+are the page's own.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ TRAIN_SMALL = [
 
 
 def readme_commands() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"## Using it\n.*?```bash\n(.*?)```", text, re.S).group(1)
+    text = (ROOT / "docs" / "demo.md").read_text()
+    block = re.search(r"## Every command, on a CPU\n.*?```bash\n(.*?)```", text, re.S).group(1)
     lines = [line.split("  #")[0].strip() for line in block.splitlines()]
     return [shlex.split(line) for line in lines if line]
 

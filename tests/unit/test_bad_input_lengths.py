@@ -44,7 +44,12 @@ def test_over_limit_equals_tokenizing_every_row(request, name, chat):
 def test_error_names_the_longest_row_and_truncate_counts(bpe_tokenizer, capsys):
     rows = examples(False)
     data = SimpleNamespace(
-        max_prompt_tokens=40, max_completion_tokens=10**6, overlong="error", train="d.jsonl"
+        max_prompt_tokens=40,
+        max_completion_tokens=10**6,
+        overlong="error",
+        train="d.jsonl",
+        text_prompts="verbatim",  # the lengths below are the raw texts' token counts
+        chat_template_kwargs={},
     )
     lengths = [len(bpe_tokenizer(e.prompt, add_special_tokens=False)["input_ids"]) for e in rows]
     over = sum(n > 40 for n in lengths)

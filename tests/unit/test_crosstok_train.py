@@ -10,7 +10,7 @@ import torch
 
 from distil.config import build_config
 from distil.data.crosstok import CrossTokenizer
-from distil.models.tokenizers import encode_prompts
+from distil.models.tokenizers import PromptFormat, encode_prompts
 from distil.testing import build_peaked_teacher
 from distil.train import loop
 from distil.types import Sample
@@ -201,8 +201,9 @@ def test_batched_teacher_inputs_equal_the_per_row_ones(student, teacher, request
 
 def test_a_token_across_the_seam_sends_its_row_to_the_per_row_path(bpe_tokenizer):
     """The prompt's last characters and the completion's first merge into one teacher token:
-    that row is tokenized apart (`teacher_inputs`), the others stay batched."""
-    cross = CrossTokenizer(bpe_tokenizer, bpe_tokenizer)
+    that row is tokenized apart (`teacher_inputs`), the others stay batched. (Verbatim prompts:
+    a chat template's markers would close the prompt before the completion.)"""
+    cross = CrossTokenizer(bpe_tokenizer, bpe_tokenizer, fmt=PromptFormat("verbatim"))
     cat = bpe_tokenizer(" cat", add_special_tokens=False)["input_ids"]
     word = bpe_tokenizer(" the", add_special_tokens=False)["input_ids"]
     assert len(word) == 1  # ' the' is one token: a seam after ' th' falls inside it

@@ -376,7 +376,9 @@ def test_cross_tokenizer_teachers_write_seq_kd_as_each_alone_writes(
                                    stop_ids=ref.generator.stop_ids)  # fmt: skip
         prompts = [ref.prompt_ids[s.example_id] for s in samples]
         written = writer.generate(prompts, params).completion_lists()
-        want = [ref.to_student(w, chat=False)[0] for w in written]
+        want = [
+            ref.to_student(w, prompt=s.prompt)[0] for w, s in zip(written, samples, strict=True)
+        ]
         assert [s.completion_ids for s in samples] == want
         return
     route = {s.example_id: c.teacher.route_of[s.example_id] for s in samples}
@@ -385,8 +387,8 @@ def test_cross_tokenizer_teachers_write_seq_kd_as_each_alone_writes(
         mine = [s for s in samples if route[s.example_id] == t]
         ref = singles[name].teacher  # that teacher alone, writing its rows in this order
         written = ref.generator.generate([ref.prompt_ids[s.example_id] for s in mine], params)
-        want = [ref.to_student(w, chat=False) if ref.to_student else (w, None)
-                for w in written.completion_lists()]  # fmt: skip
+        want = [ref.to_student(w, prompt=s.prompt) if ref.to_student else (w, None)
+                for w, s in zip(written.completion_lists(), mine, strict=True)]  # fmt: skip
         assert [s.completion_ids for s in mine] == [w[0] for w in want], name
     loop.train(build_config(raw))  # and it trains: each teacher scores what it wrote
     metrics = read_metrics(raw["train"]["output_dir"])

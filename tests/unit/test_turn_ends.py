@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from distil.align.vocab_map import role_map, vocab_bytes
 from distil.config import load_config
 from distil.models.tokenizers import (
+    PromptFormat,
     completion_rows,
     generation_defaults,
     stop_token_ids,
@@ -75,7 +76,10 @@ def test_a_completion_ends_as_its_prompt_asks(llama3_dir):
     chat = Example(id=0, prompt=[{"role": "user", "content": "2+2?"}], completion="4")
     plain = Example(id=1, prompt="2+2?", completion="4")
     rows = completion_rows(tok, [chat, plain], max_tokens=16)
-    assert rows[0][-1] == eot and rows[1][-1] == eos
+    # plain text to a tokenizer with a chat template is one user turn (data.text_prompts=auto)
+    assert rows[0][-1] == eot and rows[1][-1] == eot
+    verbatim = completion_rows(tok, [chat, plain], max_tokens=16, fmt=PromptFormat("verbatim"))
+    assert verbatim[0][-1] == eot and verbatim[1][-1] == eos  # the text as it is: EOS
     # what the template itself writes after an assistant turn
     text = tok.apply_chat_template(
         [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],

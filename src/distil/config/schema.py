@@ -1,19 +1,14 @@
-"""The config tree: eight sections, every default and its description in one place."""
+"""The config tree: nine sections, every default and its description in one place (the
+student's and teachers' sections in schema_models.py)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-Dtype = Literal["float32", "bfloat16", "float16", "auto"]
-
-
-class Section(BaseModel):
-    # inf/nan are never meant (train.lr=.inf passes gt=0); null says "no limit" where one exists
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False
-    )
+from distil.config.schema_models import LoraConfig, ModelConfig, TeacherConfig, TeachersConfig
+from distil.config.section import Dtype, Section
 
 
 class DataConfig(Section):
@@ -26,10 +21,27 @@ class DataConfig(Section):
         None, description="hub dataset config name (e.g. main for openai/gsm8k)"
     )
     prompt_field: str = Field(
-        "prompt", description="column with the prompt (chat messages or text)"
+        "prompt",
+        description="column with the prompt: text, chat messages, or a whole conversation "
+        "(messages ending in an assistant turn: the turns before it are the prompt, that turn "
+        "the completion); a row without a 'prompt' column but with 'messages' reads that one "
+        "(docs/data.md)",
     )
     completion_field: str = Field(
-        "completion", description="column with the reference completion (off-policy slices)"
+        "completion",
+        description="column with the reference completion, text or chat messages (their last "
+        "assistant turn); used by off-policy slices",
+    )
+    text_prompts: Literal["auto", "chat", "verbatim"] = Field(
+        "auto",
+        description="plain-text prompts: one user turn of each model's chat template (chat), "
+        "the text as it is (verbatim), or chat for a model whose tokenizer has a chat template "
+        "and verbatim for one without (auto); chat-message prompts always use the template",
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="arguments of every chat template call, both models' (e.g. "
+        "{enable_thinking: false} for Qwen3); a template that refuses one is an error",
     )
     template: str | None = Field(
         None,
@@ -49,102 +61,6 @@ class DataConfig(Section):
     shuffle: bool = Field(True, description="shuffle prompts every epoch (seeded)")
     num_workers: int = Field(
         0, ge=0, description="processes preparing micro-batches (cross-tokenizer alignment)"
-    )
-
-
-class LoraConfig(Section):
-    enabled: bool = Field(False, description="train LoRA adapters instead of all weights")
-    r: int = Field(16, gt=0, description="LoRA rank")
-    alpha: int = Field(32, gt=0, description="LoRA scaling alpha")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout")
-    target_modules: str | list[str] = Field("all-linear", description="modules given adapters")
-
-
-class ModelConfig(Section):
-    path: str | None = Field(None, description="student model: a local directory or a hub id")
-    tokenizer: str | None = Field(None, description="tokenizer path (default: student.path)")
-    dtype: Dtype = Field(
-        "auto",
-        description="weights dtype; auto: float32 on CPU; on CUDA the checkpoint's own dtype "
-        "when the weights are not trained in it (train.bf16_weights keeps fp32 master copies; "
-        "LoRA freezes them), else float32 with TF32 matmuls (docs/training.md)",
-    )
-    attn_implementation: str = Field("sdpa", description="sdpa, eager, flash_attention_2, ...")
-    gradient_checkpointing: bool = Field(
-        False,
-        description="recompute activations in backward: about 1/3 more student compute for much "
-        "less activation memory; pays only when it lets a larger micro-batch or pack_length fit "
-        "(docs/training.md, precision and speed)",
-    )
-    liger: bool = Field(
-        False,
-        description="patch the student with Liger kernels (RMSNorm, SwiGLU, RoPE; the liger "
-        "extra, CUDA) where its model type has them",
-    )
-    trust_remote_code: bool = Field(False, description="allow model code from the checkpoint")
-    lora: LoraConfig = Field(default_factory=LoraConfig)
-
-
-class TeacherConfig(Section):
-    path: str | None = Field(None, description="teacher model: a local directory or a hub id")
-    tokenizer: str | None = Field(None, description="tokenizer path (default: teacher.path)")
-    dtype: Dtype = Field(
-        "auto",
-        description="weights dtype; auto: the checkpoint's own dtype on CUDA (bf16 for most "
-        "current models), float32 on CPU",
-    )
-    attn_implementation: str = Field("sdpa", description="sdpa, eager, flash_attention_2, ...")
-    device: str | None = Field(None, description="device of the teacher (default: the student's)")
-    placement: Literal["replicate", "shard"] = Field(
-        "replicate",
-        description="under FSDP: a whole teacher on every rank (replicate) or sharded over the "
-        "ranks like the student (shard; docs/scaling-out.md)",
-    )
-    trust_remote_code: bool = Field(False, description="allow model code from the checkpoint")
-    offload: bool = Field(
-        False,
-        description="teachers.models.NAME only: keep this live teacher's weights in host memory "
-        "(pinned with CUDA) and copy them to its device only while it scores a micro-batch "
-        "with rows for it (or takes its turn in a mixture), so a GPU holds the student and one "
-        "teacher at a time; costs one host-to-device copy of its weights per such micro-batch "
-        "(docs/multi-teacher.md, Memory)",
-    )
-    top_k: int | None = Field(
-        None, gt=0, description="keep the teacher's top-k log-probs + a rest bucket (null: full)"
-    )
-    cache: str | None = Field(
-        None,
-        description="a `distil cache-teacher` directory: read the teacher's top-k from disk "
-        "instead of running it (off-policy slices only; docs/teacher-cache.md)",
-    )
-    url: str | None = Field(
-        None,
-        description="an OpenAI-compatible server scoring the teacher (vllm serve, distil "
-        "serve-teacher), e.g. http://host:8000/v1; teacher.path is then the served model name "
-        "and only the tokenizer is loaded here (docs/scaling-out.md)",
-    )
-    api_key_env: str | None = Field(
-        None, description="environment variable holding the teacher server's API key"
-    )
-    context: str | None = Field(
-        None,
-        description="privileged context: the teacher's prompt as a template over the row's "
-        "columns, {prompt} being the student's (e.g. '{prompt}\\n\\nA correct solution: "
-        "{solution}'); both score the same completion (docs/privileged-context.md)",
-    )
-    system: str | None = Field(
-        None,
-        description="text only the teacher sees before the prompt (a system message for chat "
-        "prompts): context distillation",
-    )
-    from_student: Literal["current", "initial", "ema"] | None = Field(
-        None,
-        description="self-distillation: the teacher is the student itself, its current weights "
-        "(no second copy; needs teacher.context or teacher.system), a frozen copy of its "
-        "starting weights, or an exponential moving average of it; teacher.path stays null",
-    )
-    ema_decay: float = Field(
-        0.99, gt=0, lt=1, description="teacher.from_student=ema: ema <- d * ema + (1-d) * student"
     )
 
 
@@ -401,30 +317,6 @@ class LoggingConfig(Section):
     print_example: bool = Field(True, description="print one rendered training example")
 
 
-class TeachersConfig(Section):
-    """Several teachers: `models` by name, and which one scores each training row
-    (docs/multi-teacher.md). Either `column` (each row to one teacher, by a data column) or
-    `weights` (every row scored by every teacher named, their distributions mixed)."""
-
-    models: dict[str, TeacherConfig] = Field(
-        default_factory=dict,
-        description="teachers by name, each with the keys of `teacher` (teacher.path stays null)",
-    )
-    column: str | None = Field(
-        None,
-        description="data column naming each row's teacher: its value is a teacher's name, or "
-        "a key of teachers.map",
-    )
-    map: dict[str, str] = Field(
-        default_factory=dict, description="column value -> teacher name (default: the value)"
-    )
-    weights: dict[str, float] | None = Field(
-        None,
-        description="a mixture: teacher name -> weight (normalized to sum to 1); the targets are "
-        "log sum_i w_i T_i(v), fed to the configured divergence",
-    )
-
-
 class DistilConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     student: ModelConfig = Field(default_factory=ModelConfig)
@@ -439,3 +331,22 @@ class DistilConfig(Section):
 
 # Keys that say where a run lives rather than what it does; `config diff` skips them by default.
 LOCATION_KEYS = ("train.output_dir", "logging.run_name")
+
+
+__all__ = [
+    "LOCATION_KEYS",
+    "DataConfig",
+    "DistilConfig",
+    "Dtype",
+    "EvalConfig",
+    "GenerationConfig",
+    "LoggingConfig",
+    "LoraConfig",
+    "LossConfig",
+    "ModelConfig",
+    "Section",
+    "TeacherConfig",
+    "TeachersConfig",
+    "TrainConfig",
+    "VLLMConfig",
+]

@@ -31,30 +31,50 @@ from distil.align import (
 from distil.align.text_ends import rows_text_ends
 from distil.data.collate import collate
 from distil.models.tokenizers import (
+    PLAIN,
+    PromptFormat,
     completion_end_id,
+    prompt_format,
     render_prompt,
     right_pad,
     stop_token_ids,
 )
-from distil.types import Batch, Sample
+from distil.types import Batch, Messages, Sample
 
 
 class CrossTokenizer:
     """Everything the data path needs to pair a student with a teacher of another family."""
 
-    def __init__(self, student_tok, teacher_tok, *, max_prompt_tokens: int | None = None):
-        self.student_tok, self.teacher_tok = student_tok, teacher_tok
+    def __init__(
+        self,
+        student_tok,
+        teacher_tok,
+        *,
+        max_prompt_tokens: int | None = None,
+        fmt: PromptFormat = PLAIN,
+    ):
+        self.student_tok, self.teacher_tok, self.fmt = student_tok, teacher_tok, fmt
         self.student_vb = vocab_bytes(student_tok)
         self.teacher_vb = vocab_bytes(teacher_tok)
         self.match_tables = MatchTables(self.student_vb, self.teacher_vb)
         self.proj_tables = ProjectionTables(self.student_vb, self.teacher_vb)
         self.student_stops = set(stop_token_ids(student_tok))
         self.teacher_stops = set(stop_token_ids(teacher_tok))
-        # what a finished completion ends with, after plain text (False) or chat messages (True)
+        # what a finished completion ends with, after a verbatim (False) or chat (True) prompt
         self.teacher_ends = {c: completion_end_id(teacher_tok, c) for c in (False, True)}
         self.student_ends = {c: completion_end_id(student_tok, c) for c in (False, True)}
         self.max_prompt_tokens = max_prompt_tokens
         self._teacher_prompts: dict[int, str] = {}
+
+    @classmethod
+    def for_data(cls, student_tok, teacher_tok, data) -> CrossTokenizer:
+        """The pair as a config's data section asks: its prompt cut and prompt format."""
+        return cls(
+            student_tok,
+            teacher_tok,
+            max_prompt_tokens=data.max_prompt_tokens,
+            fmt=prompt_format(data),
+        )
 
     # ------------------------------------------------------------------ teacher side
 
@@ -62,8 +82,11 @@ class CrossTokenizer:
         """The prompt rendered with the teacher's own chat template (cached per example)."""
         text = self._teacher_prompts.get(sample.example_id)
         if text is None:
-            prompt = sample.prompt if sample.prompt is not None else ""
-            text = render_prompt(self.teacher_tok, prompt, name="teacher tokenizer")
+            text = ""  # a sample without a prompt (a bare completion) stays bare
+            if sample.prompt is not None:
+                text = render_prompt(
+                    self.teacher_tok, sample.prompt, name="teacher tokenizer", fmt=self.fmt
+                )
             self._teacher_prompts[sample.example_id] = text
         return text
 
@@ -104,7 +127,8 @@ class CrossTokenizer:
             # zero bytes: trailing text the teacher's tokenizer drops (WordPiece strips a final
             # '\n') stays in no teacher token, so the student's tokens for it are masked, and
             # the two EOS still pair by role at the end of the text (align_completion)
-            t_ids = [*t_ids, self.teacher_ends[not isinstance(sample.prompt, str)]]
+            chat = sample.prompt is not None and self.fmt.chat(self.teacher_tok, sample.prompt)
+            t_ids = [*t_ids, self.teacher_ends[chat]]
             ends = np.append(ends, ends[-1] if len(ends) else 0)
         if self.max_prompt_tokens is not None:
             prompt_ids = prompt_ids[-self.max_prompt_tokens :]
@@ -169,11 +193,17 @@ class CrossTokenizer:
         return out, np.asarray(prefix, np.bool_)
 
     def to_student(
-        self, teacher_completion_ids: Sequence[int], *, chat: bool = False, example=None
+        self,
+        teacher_completion_ids: Sequence[int],
+        *,
+        prompt: Messages | str | None = None,
+        example=None,
     ) -> tuple[list[int], str]:
         """A teacher-written completion (seq-KD) in student tokens; when the teacher stopped,
-        the student's own end (its turn terminator after chat prompts, else EOS) follows.
-        `example` (the row's index) is not read: routed teachers' converter picks by it."""
+        the student's own end (its turn terminator after a chat-rendered `prompt`, the row's
+        prompt, else EOS) follows. `example` (the row's index) is not read: routed teachers'
+        converter picks by it."""
+        chat = prompt is not None and self.fmt.chat(self.student_tok, prompt)
         ids = list(teacher_completion_ids)
         stopped = bool(ids) and ids[-1] in self.teacher_stops
         text = self.teacher_tok.decode(ids, skip_special_tokens=True)

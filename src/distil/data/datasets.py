@@ -2,6 +2,8 @@
 
 Every row becomes an `Example`: chat messages (or plain text) as the prompt, the reference
 completion if the data has one, and the remaining columns as `meta` (Countdown's nums/target).
+A conversation (`messages` ending in an assistant turn) is split at its last turn: the turns
+before it are the prompt, that turn the completion (docs/data.md has every format).
 A malformed row raises a `DataError` that names the file and the 1-based line (JSONL) or row.
 """
 
@@ -45,12 +47,12 @@ def load_examples(
     for where, row in rows:
         if not isinstance(row, dict):
             raise DataError(f"row is a {type(row).__name__}, expected an object", **where)
+        field = prompt_column(row, prompt_field)
         if render is not None:
             prompt, completion = render(row, where)
         else:
-            prompt = _prompt(row, prompt_field, where)
-            completion = completion_text(row.get(completion_field), completion_field, where)
-        used = (prompt_field, completion_field)
+            prompt, completion = prompt_and_completion(row, field, completion_field, where)
+        used = (field, completion_field)
         meta = {k: v for k, v in row.items() if k not in used}
         meta["_where"] = f"{where['path']}:{where['line']}"  # for messages about this row
         # the prompt and completion columns as read, for what carries the row on (`source_row`)
@@ -238,15 +240,54 @@ def read_hub(
     return [({"path": source, "line": i + 1}, r) for i, r in enumerate(ds)]
 
 
+CONVERSATION_FIELD = "messages"  # TRL's "conversational" column
+
+
+def prompt_column(row: dict[str, Any], field: str) -> str:
+    """The column a row's prompt is read from: `field`, or, when `field` is the default
+    "prompt" and the row has no such column, its `messages` conversation."""
+    if field == "prompt" and field not in row and CONVERSATION_FIELD in row:
+        return CONVERSATION_FIELD
+    return field
+
+
+def prompt_and_completion(
+    row: dict[str, Any], field: str, completion_field: str, where: dict[str, Any]
+) -> tuple[Messages | str, str | None]:
+    """(prompt, completion) of a row: the prompt column as text or messages; a conversation
+    ending in an assistant turn is split there (the turns before it are the prompt, that turn
+    the completion), so the answer is never inside the prompt."""
+    prompt = _prompt(row, field, where)
+    if isinstance(prompt, list) and prompt[-1]["role"] == "assistant":
+        if row.get(completion_field) is not None and completion_field != field:
+            raise DataError(
+                f"column '{field}' is a conversation ending in an assistant turn (its answer) and "
+                f"the row also has a '{completion_field}' column: which one is the completion is "
+                f"ambiguous. Fix: drop the last assistant turn from '{field}', or set "
+                "data.completion_field to a column the data does not have",
+                **where,
+            )
+        if len(prompt) == 1:
+            raise DataError(
+                f"column '{field}' holds only an assistant turn, so there is no prompt before "
+                "it. Fix: start each conversation with a user (or system) turn",
+                **where,
+            )
+        return prompt[:-1], prompt[-1]["content"]
+    return prompt, completion_text(row.get(completion_field), completion_field, where)
+
+
 def _prompt(row: dict[str, Any], field: str, where: dict[str, Any]) -> Messages | str:
     value = row.get(field)
     if isinstance(value, str) and value:
         return value
     if _is_messages(value):
         return [{"role": m["role"], "content": m["content"]} for m in value]
+    columns = ", ".join(map(repr, list(row)[:8]))
     raise DataError(
         f"column '{field}' must be a non-empty string or a list of chat messages "
-        f"({{'role', 'content'}}), got {short(value)}; set data.prompt_field to the prompt column",
+        f"({{'role', 'content'}}), got {short(value)}; the row's columns: {columns}. Fix: set "
+        "data.prompt_field to the prompt column (docs/data.md lists the formats)",
         **where,
     )
 

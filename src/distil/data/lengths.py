@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from distil.errors import DataError
-from distil.models.tokenizers import render_prompt
+from distil.models.tokenizers import PLAIN, PromptFormat, prompt_format, render_prompt
 from distil.types import Example
 
 MARGIN = 64  # bytes of slack for template markers whose size varies between rows
@@ -29,13 +29,16 @@ def _contents_bytes(prompt) -> int:
     return sum(len(m["content"].encode("utf-8")) for m in prompt)
 
 
-def over_limit(examples: Sequence[Example], tok, limit: int, *, prompts: bool) -> list[tuple]:
+def over_limit(
+    examples: Sequence[Example], tok, limit: int, *, prompts: bool, fmt: PromptFormat = PLAIN
+) -> list[tuple]:
     """[(example, tokens)] for the examples whose prompt (or completion) exceeds `limit`."""
     if prompts:
         first = examples[0].prompt
-        slack = len(render_prompt(tok, first).encode("utf-8")) - _contents_bytes(first)
+        rendered = render_prompt(tok, first, fmt=fmt)
+        slack = len(rendered.encode("utf-8")) - _contents_bytes(first)
         candidates = [e for e in examples if _contents_bytes(e.prompt) + slack + MARGIN > limit]
-        texts = [render_prompt(tok, e.prompt) for e in candidates]
+        texts = [render_prompt(tok, e.prompt, fmt=fmt) for e in candidates]
     else:
         candidates = [
             e
@@ -60,7 +63,7 @@ def check_lengths(examples: Sequence[Example], tok, data, *, completions_used: b
             ("completion", "data.max_completion_tokens", data.max_completion_tokens, False)
         )
     for what, key, limit, prompts in checks:
-        over = over_limit(examples, tok, limit, prompts=prompts)
+        over = over_limit(examples, tok, limit, prompts=prompts, fmt=prompt_format(data))
         if not over:
             continue
         example, tokens = max(over, key=lambda pair: pair[1])

@@ -196,16 +196,18 @@ def generate_for_model(
     model=None,
     tokenizer=None,
     generator=None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Generate `task.cfg.samples` completions per problem, batched, with `generator` (a
     training run's, over `model`) or transformers `generate`; prompts from `task` (a Countdown
-    template: eval.template, else the model's)."""
+    template: eval.template, else the model's), rendered with the chat template arguments
+    `template_kwargs` (None: those recorded with the model, data.chat_template_kwargs)."""
     import torch
 
     from distil.generation.base import SamplingParams
     from distil.generation.hf import HFGenerator
-    from distil.models.load import load_model, load_tokenizer
-    from distil.models.tokenizers import encode_prompts, stop_token_ids
+    from distil.models.load import load_model, load_tokenizer, read_model_meta
+    from distil.models.tokenizers import PromptFormat, encode_prompts, stop_token_ids
     from distil.progress import progress_bar
 
     tok = tokenizer or load_tokenizer(model_path, key="eval model")
@@ -214,6 +216,9 @@ def generate_for_model(
         model = load_model(model_path, key="eval model", device=device)
     cfg = task.cfg
     task = with_model_template(task, model_path)
+    if template_kwargs is None:
+        template_kwargs = read_model_meta(model_path).get("chat_template_kwargs") or {}
+    fmt = PromptFormat(kwargs=dict(template_kwargs))
     gen = generator or HFGenerator(
         model, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, model), vocab_limit=len(tok)
     )
@@ -224,7 +229,7 @@ def generate_for_model(
     ) as bar:
         for s in range(0, len(problems), cfg.batch_size):
             batch = problems[s : s + cfg.batch_size]
-            ids = encode_prompts(tok, [task.messages(p) for p in batch])
+            ids = encode_prompts(tok, [task.messages(p) for p in batch], fmt=fmt)
             rollout = gen.generate(ids, params)
             texts = tok.batch_decode(rollout.completion_lists(), skip_special_tokens=True)
             for j, p in enumerate(batch):
@@ -243,8 +248,10 @@ def evaluate_model(
     model=None,
     tokenizer=None,
     generator=None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> EvalResult:
-    """Generate and score; the summary records the generation seconds."""
+    """Generate and score (`generate_for_model`); the summary records the generation
+    seconds."""
     problems = problems if problems is not None else load_problems(task)
     start = time.perf_counter()
     with_completions = generate_for_model(
@@ -255,6 +262,7 @@ def evaluate_model(
         model=model,
         tokenizer=tokenizer,
         generator=generator,
+        template_kwargs=template_kwargs,
     )
     result = score(name or Path(model_path).name, with_completions, task=task)
     result.summary["seconds"] = round(time.perf_counter() - start, 2)

@@ -1,29 +1,114 @@
 """Prompt rendering and token ids: each model's own chat template, stop tokens, padding.
 
 A prompt is either chat messages (rendered with the tokenizer's chat template, so a teacher and
-a student from different families each see their own markers) or plain text used verbatim.
+a student from different families each see their own markers) or plain text. Plain text goes
+through the chat template as one user turn or stays verbatim, as `PromptFormat.text` says
+(`data.text_prompts`); `PromptFormat.kwargs` (`data.chat_template_kwargs`, e.g. Qwen3's
+`enable_thinking`) reach every template call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 
 from distil.errors import ConfigError
 from distil.types import Messages
 
+TEXT_PROMPTS = ("auto", "chat", "verbatim")
 
-def render_prompt(tok, prompt: Messages | str, *, name: str = "tokenizer") -> str:
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How prompts become text for one model: plain text as one user turn of its chat template
+    (`chat`), verbatim (`verbatim`), or the first where the tokenizer has a template (`auto`);
+    `kwargs` go to every `apply_chat_template` call."""
+
+    text: Literal["auto", "chat", "verbatim"] = "auto"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def chat(self, tok, prompt: Messages | str) -> bool:
+        """Whether `prompt` reaches `tok`'s model through its chat template."""
+        if not isinstance(prompt, str):
+            return True
+        if self.text == "auto":
+            return bool(getattr(tok, "chat_template", None))
+        return self.text == "chat"
+
+    def describe(self, tok) -> str:
+        """What a plain-text prompt becomes for `tok`, in a few words (config validate)."""
+        how = "one user turn of its chat template" if self.chat(tok, "") else "verbatim"
+        if self.text == "auto":
+            why = "it has a chat template" if self.chat(tok, "") else "it has no chat template"
+            return f"{how} (data.text_prompts=auto: {why})"
+        return f"{how} (data.text_prompts={self.text})"
+
+
+PLAIN = PromptFormat()  # the default: data.text_prompts=auto, no template arguments
+
+
+def prompt_format(data) -> PromptFormat:
+    """The `PromptFormat` of a config's data section (None: the default)."""
+    if data is None:
+        return PLAIN
+    return PromptFormat(data.text_prompts, dict(data.chat_template_kwargs))
+
+
+def render_prompt(
+    tok, prompt: Messages | str, *, name: str = "tokenizer", fmt: PromptFormat = PLAIN
+) -> str:
     """The text a model sees before its completion (generation prompt included)."""
-    if isinstance(prompt, str):
-        return prompt
+    if not fmt.chat(tok, prompt):
+        return prompt  # plain text, verbatim
     if not getattr(tok, "chat_template", None):
-        raise ConfigError(
-            f"the {name} has no chat template, so chat-message prompts cannot be rendered. "
-            "Fix: set tokenizer.chat_template and save it, or use plain-text prompts"
+        what = "chat-message prompts" if not isinstance(prompt, str) else "plain-text prompts"
+        fix = (
+            "use plain-text prompts"
+            if not isinstance(prompt, str)
+            else "set data.text_prompts=verbatim (or auto) to feed the text as it is"
         )
-    return tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        raise ConfigError(
+            f"the {name} has no chat template, so {what} cannot be rendered as a chat "
+            f"(data.text_prompts={fmt.text}). Fix: set tokenizer.chat_template and save it, "
+            f"or {fix}"
+        )
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return apply_template(tok, messages, fmt.kwargs, name=name)
+
+
+def apply_template(tok, messages: Messages, kwargs: dict[str, Any], *, name: str) -> str:
+    """`tok.apply_chat_template` with the generation prompt and `kwargs`; a template that
+    refuses them (raises) is a ConfigError naming data.chat_template_kwargs."""
+    try:
+        return tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **kwargs
+        )
+    except Exception as exc:  # jinja2's TemplateError and whatever a template raises itself
+        if not kwargs:
+            raise
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise ConfigError(
+            f"the {name}'s chat template refused data.chat_template_kwargs ({shown}): "
+            f"{' '.join(str(exc).split())[:200]}. Fix: remove the keys this template does not "
+            "take (each side's template gets the same ones)"
+        ) from exc
+
+
+def unused_template_kwargs(tok, fmt: PromptFormat) -> list[str]:
+    """The keys of `fmt.kwargs` that change nothing in `tok`'s rendering of a one-turn chat
+    (its template does not read them); [] without a template or kwargs."""
+    if not fmt.kwargs or not getattr(tok, "chat_template", None):
+        return []
+    turn = [{"role": "user", "content": "distil-probe"}]
+    base = apply_template(tok, turn, {}, name="tokenizer")
+    return [
+        k
+        for k, v in fmt.kwargs.items()
+        if apply_template(tok, turn, {k: v}, name="tokenizer") == base
+    ]
 
 
 def encode_prompts(
@@ -32,9 +117,10 @@ def encode_prompts(
     *,
     max_tokens: int | None = None,
     name: str = "tokenizer",
+    fmt: PromptFormat = PLAIN,
 ) -> list[list[int]]:
     """Render and tokenize prompts; keep the last `max_tokens` tokens (the end matters most)."""
-    texts = [render_prompt(tok, p, name=name) for p in prompts]
+    texts = [render_prompt(tok, p, name=name, fmt=fmt) for p in prompts]
     ids = tok(texts, add_special_tokens=False)["input_ids"]
     if max_tokens is not None:
         ids = [row[-max_tokens:] for row in ids]
@@ -55,15 +141,17 @@ class EncodedPrompts(Sequence[list[int]]):
         *,
         max_tokens: int | None = None,
         name: str = "tokenizer",
+        fmt: PromptFormat = PLAIN,
     ):
         self.tok, self.prompts, self.max_tokens, self.name = tok, prompts, max_tokens, name
+        self.fmt = fmt
         self._ids: list[list[int] | None] = [None] * len(prompts)
         if prompts:
             self[0]
         if not getattr(tok, "chat_template", None):  # render_prompt's error, before any step
-            chat = next((p for p in prompts if not isinstance(p, str)), None)
+            chat = next((p for p in prompts if fmt.chat(tok, p)), None)
             if chat is not None:
-                render_prompt(tok, chat, name=name)
+                render_prompt(tok, chat, name=name, fmt=fmt)
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -73,7 +161,7 @@ class EncodedPrompts(Sequence[list[int]]):
             return [self[i] for i in range(*index.indices(len(self)))]
         ids = self._ids[index]  # IndexError / negative indices as a list's
         if ids is None:
-            text = render_prompt(self.tok, self.prompts[index], name=self.name)
+            text = render_prompt(self.tok, self.prompts[index], name=self.name, fmt=self.fmt)
             ids = self.tok(text, add_special_tokens=False)["input_ids"]
             if self.max_tokens is not None:
                 ids = ids[-self.max_tokens :]
@@ -118,12 +206,14 @@ def turn_end_id(tok) -> int | None:
     return next((int(i) for i in ids if i in specials), None)
 
 
-def completion_rows(tok, examples, max_tokens: int) -> list[list[int] | None]:
+def completion_rows(
+    tok, examples, max_tokens: int, fmt: PromptFormat = PLAIN
+) -> list[list[int] | None]:
     """Each example's dataset completion as ids (`reference_ids`), ended as its prompt asks:
-    the template's turn terminator after chat messages, EOS after plain text."""
+    the template's turn terminator after a chat-rendered prompt, EOS after verbatim text."""
     ends = {chat: completion_end_id(tok, chat) for chat in (False, True)}
     return [
-        reference_ids(tok, e.completion, max_tokens, ends[not isinstance(e.prompt, str)])
+        reference_ids(tok, e.completion, max_tokens, ends[fmt.chat(tok, e.prompt)])
         for e in examples
     ]
 
@@ -148,7 +238,7 @@ def stop_token_ids(tok, model=None) -> list[int]:
 
 def completion_end_id(tok, chat: bool) -> int:
     """The token a finished completion ends with: the chat template's turn terminator when the
-    prompts are chat messages (Llama 3 closes a turn with <|eot_id|>, not its EOS
+    prompts are rendered as a chat (Llama 3 closes a turn with <|eot_id|>, not its EOS
     <|end_of_text|>), else the tokenizer's EOS."""
     end = turn_end_id(tok) if chat else None
     return end if end is not None else stop_token_ids(tok)[0]

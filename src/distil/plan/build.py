@@ -48,6 +48,7 @@ class Plan:
     suggestions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     teachers: list[several.TeacherPlan] = field(default_factory=list)  # teachers.models
+    teacher_cache: str | None = None  # teacher.cache: the targets' directory
 
     @property
     def fits(self) -> bool:
@@ -92,7 +93,9 @@ class Plan:
 
 
 def shapes(cfg: DistilConfig) -> tuple[ModelShape, ModelShape | None]:
-    """The student's and (when a run reads it) the teacher's shapes, from config.json only."""
+    """The student's and (when a run loads it) the teacher's shapes, from config.json only: a
+    teacher behind a server or a cache is never looked up (a cache's vocabulary comes from its
+    manifest, `sizes.cached_vocab`)."""
     if not cfg.student.path:
         raise ConfigError(
             "student.path is not set. Fix: set it to a model directory, a config.json file or "
@@ -103,7 +106,7 @@ def shapes(cfg: DistilConfig) -> tuple[ModelShape, ModelShape | None]:
     t = None
     if cfg.teacher.from_student:  # self-distillation: the student's own shape
         return s, s
-    if cfg.teacher.path and not cfg.teacher.url:
+    if cfg.teacher.path and not cfg.teacher.url and not cfg.teacher.cache:
         t = model_shape(cfg.teacher.path, key="teacher.path",
                         trust_remote_code=cfg.teacher.trust_remote_code)  # fmt: skip
     return s, t
@@ -129,6 +132,7 @@ def make_plan(cfg: DistilConfig, target: Target, *, context_tokens: int | None =
               "planned here" for tp in teachers if tp.kind == "remote"]  # fmt: skip
     notes += several.host_notes(teachers)
     plan = Plan(target, s, t, z, devices, notes=notes, teachers=teachers)
+    plan.teacher_cache = cfg.teacher.cache
     for d in devices:
         for p in d.phases:
             p.seconds = max(
@@ -216,6 +220,11 @@ def _notes(
         )
     if z.teacher_kind == "remote":
         out.append("teacher.url: the teacher's memory is the server's, not planned here")
+    if z.teacher_kind == "cache" and z.cross and not z.teacher_vocab:
+        out.append(
+            f"teacher.cache = {cfg.teacher.cache!r} has no readable manifest yet: the "
+            "cross-tokenizer loss's teacher vocabulary is not counted (write the cache first)"
+        )
     if cfg.loss.compile is True or (cfg.loss.compile == "auto" and target.cuda):
         out.append(
             "loss.compile: a fused chunk holds fewer fp32 copies than the eager count planned "

@@ -58,7 +58,7 @@ def measure(cfg: DistilConfig) -> tuple[int, int]:
     """(largest tokens added over the rows read, rows read), with the student's tokenizer."""
     from distil.data.context import row_prompts
     from distil.models.load import load_tokenizer
-    from distil.models.tokenizers import encode_prompts
+    from distil.models.tokenizers import encode_prompts, prompt_format
     from distil.tasks.prompts import config_examples
     from distil.teacher.several import row_contexts
 
@@ -68,9 +68,12 @@ def measure(cfg: DistilConfig) -> tuple[int, int]:
     examples = config_examples(d, limit=SAMPLE_ROWS)
     s = cfg.student
     tok = load_tokenizer(s.tokenizer or s.path, trust_remote_code=s.trust_remote_code)
-    student = encode_prompts(tok, [e.prompt for e in examples], max_tokens=d.max_prompt_tokens)
+    fmt = prompt_format(d)
+    student = encode_prompts(
+        tok, [e.prompt for e in examples], max_tokens=d.max_prompt_tokens, fmt=fmt
+    )
     prompts = row_prompts(examples, row_contexts(cfg, examples) or [(None, None)] * len(examples))
     own = [e.prompt if p is None else p for e, p in zip(examples, prompts, strict=True)]
-    teacher = encode_prompts(tok, own)  # each row's teacher's (its own without context)
+    teacher = encode_prompts(tok, own, fmt=fmt)  # each row's teacher's (its own without context)
     added = max((len(a) - len(b) for a, b in zip(teacher, student, strict=True)), default=0)
     return max(0, added), len(examples)

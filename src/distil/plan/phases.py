@@ -207,7 +207,7 @@ def student_step(cfg: DistilConfig, z: Sizes, s: ModelShape, t: ModelShape | Non
     rows_bt = z.batch * (z.seq - 1)
     for term in targets_terms(z, t, rows_bt):
         p.add(term.name, term.bytes, term.note)
-    vocab = s.vocab + (t.vocab if (z.cross and t is not None) else 0)
+    vocab = s.vocab + (z.teacher_vocab if z.cross else 0)
     rows = min(z.chunk_rows or z.loss_rows, z.loss_rows)
     copies = m.LOSS_CHUNK_COPIES.get(cfg.loss.name, m.LOSS_CHUNK_DEFAULT)
     copies += m.RECOMPUTE_COPIES if rows < z.loss_rows else 0  # checkpointed chunks

@@ -43,6 +43,9 @@ def render(plan: Plan) -> str:
             f"teacher {t.path}: {t.params:,} params ({t.model_type}, vocabulary "
             f"{t.vocab:,}; {z.teacher_kind})"
         )
+    elif z.teacher_kind == "cache" and not plan.teachers:
+        vocab = f"vocabulary {z.teacher_vocab:,}" if z.teacher_vocab else "no manifest yet"
+        lines.append(f"teacher: top-k targets read from {plan.teacher_cache} ({vocab}; not loaded)")
     lines.append(
         f"micro-batch {z.batch} x {z.seq} tokens (prompt {z.prompt} + completion "
         f"{z.completion}), {z.accum} micro-batches a step, {tg.gpus} x {tg.kind}"

@@ -42,6 +42,7 @@ class Sizes:
     top_k: int | None
     shards: int  # FSDP shards of the student
     context: int = 0  # tokens privileged context adds to each teacher sequence (plan/context.py)
+    teacher_vocab: int = 0  # the teacher's vocabulary rows (a cache's, from its manifest)
 
 
 def resolve_dtype(name: str, shape: ModelShape, target: Target) -> str:
@@ -125,4 +126,18 @@ def sizes(
         top_k=cfg.teacher.top_k,
         shards=target.gpus if target.fsdp else 1,
         context=context,
+        teacher_vocab=teacher.vocab if teacher else cached_vocab(cfg),
     )
+
+
+def cached_vocab(cfg: DistilConfig) -> int:
+    """The vocabulary rows of `teacher.cache`'s targets, from its manifest (0: no readable
+    manifest yet); the teacher itself is never looked up."""
+    if not cfg.teacher.cache:
+        return 0
+    from distil.teacher.cache import CacheError, read_manifest
+
+    try:
+        return int(read_manifest(cfg.teacher.cache).get("vocab_size") or 0)
+    except (CacheError, ValueError, TypeError):
+        return 0

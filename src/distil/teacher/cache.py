@@ -58,6 +58,7 @@ HEADER_KEYS = (
     "teacher_template_sha256",
     "context",
     "system",
+    "prompt_format",
 )
 TEACHER_TOKENIZER = "teacher-tokenizer"  # cross caches: the teacher's tokenizer, saved alongside
 

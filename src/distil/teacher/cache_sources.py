@@ -167,7 +167,7 @@ def _single(cfg: DistilConfig, tok, k: int, s_rows: int | None) -> Source:
     if t_tok.get_vocab() != tok.get_vocab():  # the teacher's own template and tokens
         from distil.data.crosstok import CrossTokenizer
 
-        cross = CrossTokenizer(tok, t_tok, max_prompt_tokens=cfg.data.max_prompt_tokens)
+        cross = CrossTokenizer.for_data(tok, t_tok, cfg.data)
     t_rows = model.get_output_embeddings().weight.shape[0]
     keep = min(t_rows, s_rows) if s_rows and s_rows != t_rows else None
     if cross is not None:  # logits past the teacher's tokenizer are padded embedding rows

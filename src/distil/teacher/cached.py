@@ -343,6 +343,20 @@ def check_settings(cfg) -> None:
 
 
 def context_expect(cfg) -> dict[str, Any]:
-    """The manifest keys of privileged context a run must agree with (a cache written before
-    they were recorded holds none, as a run without context)."""
-    return {"context": cfg.teacher.context, "system": cfg.teacher.system}
+    """The manifest keys of the teacher's prompts a run must agree with: privileged context,
+    and how plain text and chat template arguments render them (a cache written before they
+    were recorded holds none, as a run without context and with the default format)."""
+    return {
+        "context": cfg.teacher.context,
+        "system": cfg.teacher.system,
+        "prompt_format": prompt_format_header(cfg),
+    }
+
+
+def prompt_format_header(cfg) -> dict[str, Any] | None:
+    """data.text_prompts and data.chat_template_kwargs as a cache manifest records them; None
+    for the defaults (auto, none), as a cache written before they were recorded."""
+    d = cfg.data
+    if d.text_prompts == "auto" and not d.chat_template_kwargs:
+        return None
+    return {"text_prompts": d.text_prompts, "chat_template_kwargs": dict(d.chat_template_kwargs)}

@@ -40,7 +40,7 @@ def generate_completions(
     """Write the completions; returns counts {"prompts", "completions", "kept"}."""
     from distil.generation.select import build_generator, teacher_backend
     from distil.models.load import load_model, load_tokenizer
-    from distil.models.tokenizers import encode_prompts, stop_token_ids
+    from distil.models.tokenizers import encode_prompts, prompt_format, stop_token_ids
 
     path = model_path or cfg.teacher.path
     if not path:
@@ -60,7 +60,11 @@ def generate_completions(
     dtype = "bfloat16" if device == "cuda" else cfg.teacher.dtype
     model = load_model(path, key=key, dtype=dtype, device=device).eval()
     prompts = encode_prompts(
-        tok, [e.prompt for e in examples], max_tokens=cfg.data.max_prompt_tokens, name=key
+        tok,
+        [e.prompt for e in examples],
+        max_tokens=cfg.data.max_prompt_tokens,
+        name=key,
+        fmt=prompt_format(cfg.data),
     )
     g = cfg.generation
     params = SamplingParams(

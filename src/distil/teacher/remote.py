@@ -365,7 +365,7 @@ def remote_setup(cfg, tok, student_model):
     if is_cross_tokenizer(cfg.loss.name):
         from distil.data.crosstok import CrossTokenizer
 
-        cross = CrossTokenizer(tok, teacher_tok, max_prompt_tokens=cfg.data.max_prompt_tokens)
+        cross = CrossTokenizer.for_data(tok, teacher_tok, cfg.data)
         keep = len(tok) if rows > len(tok) else None
         return connect(cfg, teacher_tok, vocab_limit=None), teacher_tok, cross, keep
     if problem := vocab_mismatch(cfg.loss.name, tok, teacher_tok):

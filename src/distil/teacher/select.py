@@ -83,7 +83,7 @@ def build_scorer(
     if cfg.loss.name == "sft":  # supervised: the teacher (if any) only writes completions
         cross = None
         if teacher_tok is not None and teacher_tok.get_vocab() != tok.get_vocab():
-            cross = CrossTokenizer(tok, teacher_tok, max_prompt_tokens=cfg.data.max_prompt_tokens)
+            cross = CrossTokenizer.for_data(tok, teacher_tok, cfg.data)
         return NullTeacher(), teacher_tok, cross, None
     if cfg.teacher.url:  # only the teacher's tokenizer is loaded; the server is checked once
         return scorer_class("remote").from_config(cfg, tok, student)
@@ -150,7 +150,7 @@ def cross_tokenizer_setup(cfg: DistilConfig, tok, teacher_tok, model, teacher_mo
             "cross-tokenizer losses need the teacher's full distribution. Fix: set "
             "teacher.top_k=null"
         )
-    cross = CrossTokenizer(tok, teacher_tok, max_prompt_tokens=cfg.data.max_prompt_tokens)
+    cross = CrossTokenizer.for_data(tok, teacher_tok, cfg.data)
     if cfg.loss.name == "gold":
         matched_vocab(cross.student_vb, cross.teacher_vb)  # raises when nothing is shared
     vs = model.get_output_embeddings().weight.shape[0]
@@ -180,7 +180,7 @@ def cached_cross_setup(cfg: DistilConfig, tok, model):
             "written by an older distil) and teacher.path is null: the cross-tokenizer losses "
             "need the teacher's tokenizer. Fix: set teacher.tokenizer to it, or rewrite the cache"
         )
-    cross = CrossTokenizer(tok, teacher_tok, max_prompt_tokens=cfg.data.max_prompt_tokens)
+    cross = CrossTokenizer.for_data(tok, teacher_tok, cfg.data)
     vs = model.get_output_embeddings().weight.shape[0]
     return cross, (len(tok) if vs > len(tok) else None)
 
@@ -216,6 +216,8 @@ def open_cache(cfg: DistilConfig, tok, model, rows: Rows) -> tuple:
     tokenizers (and the teacher's chat template for a cross cache), k, temperature, vocabulary
     and the data `rows` exactly as the buffer tokenizes them; every shard's checksum is checked
     before the first step."""
+    from distil.teacher.cached import prompt_format_header
+
     cross, keep = None, None
     if is_cross_tokenizer(cfg.loss.name):
         cross, keep = cached_cross_setup(cfg, tok, model)
@@ -235,6 +237,8 @@ def open_cache(cfg: DistilConfig, tok, model, rows: Rows) -> tuple:
         "temperature": cfg.loss.temperature,
         "template": cfg.data.template,
         "cross_tokenizer": True if cross is not None else None,
+        # how the teacher's prompts were rendered (privileged context: checked per row, cached.py)
+        "prompt_format": prompt_format_header(cfg),
     }
     if cross is not None:
         expect["teacher_tokenizer_sha256"] = tokenizer_sha256(cross.teacher_tok)

@@ -31,21 +31,27 @@ from distil.errors import ConfigError
 from distil.progress import progress_bar
 from distil.teacher import cache as fmt
 from distil.teacher.cache import CacheError
+from distil.teacher.cached import prompt_format_header
 from distil.types import Sample
 
 
 def prepare_rows(cfg: DistilConfig, tok):
     """(examples, prompt ids, completion ids) of the config's data, as the trainer builds them."""
     from distil.data.lengths import check_lengths
-    from distil.models.tokenizers import completion_rows, encode_prompts
+    from distil.models.tokenizers import completion_rows, encode_prompts, prompt_format
     from distil.tasks.prompts import config_examples
 
     examples = config_examples(cfg.data)
     check_lengths(examples, tok, cfg.data, completions_used=True)
+    style = prompt_format(cfg.data)  # (`fmt` is the cache format module here)
     prompts = encode_prompts(
-        tok, [e.prompt for e in examples], max_tokens=cfg.data.max_prompt_tokens, name="student"
+        tok,
+        [e.prompt for e in examples],
+        max_tokens=cfg.data.max_prompt_tokens,
+        name="student",
+        fmt=style,
     )
-    completions = completion_rows(tok, examples, cfg.data.max_completion_tokens)
+    completions = completion_rows(tok, examples, cfg.data.max_completion_tokens, style)
     missing = [i for i, c in enumerate(completions) if c is None]
     if missing:
         raise ConfigError(
@@ -108,7 +114,9 @@ def cache_teacher(
     manifest = _start_or_resume(out, header)
     if source.cross is not None:
         fmt.save_teacher_tokenizer(out, source.teacher_tok)
-    rows = _Rows(examples, prompts, completions, tok, source.cross, routes=source.routes)
+    rows = _Rows(
+        examples, prompts, completions, tok, source.cross, routes=source.routes, data=cfg.data
+    )
     if cfg.teacher.context or cfg.teacher.system:
         rows.give_context(cfg.teacher.context, cfg.teacher.system)
     batch_size = batch_size or cfg.train.per_device_batch_size
@@ -143,6 +151,7 @@ def _header(cfg: DistilConfig, tok, source, values: str, *, row_fps) -> dict:
         # privileged context (data/context.py): the targets were scored after this prompt
         "context": t.context,
         "system": t.system,
+        "prompt_format": prompt_format_header(cfg),
     }
 
 
@@ -185,9 +194,12 @@ class _Rows:
     with privileged context the teacher's prompt is the context prompt (data/context.py), as
     the trainer's `ContextCollate` builds it."""
 
-    def __init__(self, examples, prompts, completions, tok, cross, *, routes=None):
+    def __init__(self, examples, prompts, completions, tok, cross, *, routes=None, data=None):
+        from distil.models.tokenizers import prompt_format
+
         self.examples, self.prompts, self.completions = examples, prompts, completions
         self.tok, self.cross, self.routes = tok, cross, routes
+        self.style = prompt_format(data)
         pad_tok = tok if cross is None else cross.teacher_tok
         self.pad = pad_tok.pad_token_id if pad_tok.pad_token_id is not None else 0
         self._teacher: dict[int, tuple[list[int], list[int], list[int]]] = {}
@@ -201,7 +213,7 @@ class _Rows:
         self.context_prompts = [context_prompt(e, context, system) for e in self.examples]
         if self.cross is None:  # as train/setup.py's collate: the whole prompt, not cut
             self.context_ids = encode_prompts(
-                self.tok, self.context_prompts, name="teacher context"
+                self.tok, self.context_prompts, name="teacher context", fmt=self.style
             )
 
     def scored(self, i: int) -> tuple[int, list[int], list[int]]:

@@ -255,8 +255,7 @@ class GenerationBuffer:
             lps = out.logprobs[j, : len(ids)].tolist() if out.logprobs is not None else None
             ended += bool(out.stopped[j]) if out.stopped is not None else 0
             if side.to_student is not None:
-                chat = not isinstance(self.examples[ex].prompt, str)
-                ids, text = side.to_student(ids, chat=chat, example=ex)
+                ids, text = side.to_student(ids, prompt=self.examples[ex].prompt, example=ex)
                 lps = None  # sampling log-probs are in the other tokenizer's units
             if policy != ON:
                 lps = None

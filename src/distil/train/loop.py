@@ -150,6 +150,7 @@ def _save_final(c: Components, cfg: DistilConfig, step: int) -> None:
         c.tokenizer,
         Path(cfg.train.output_dir) / "final",
         template=run_template(cfg),
+        chat_template_kwargs=cfg.data.chat_template_kwargs,
         student=cfg.student.path,
         teacher=cfg.teacher.path,
         steps=step,
@@ -437,6 +438,7 @@ def _evaluate_main(c: Components, cfg: DistilConfig, task, problems) -> dict[str
             model=c.unwrapped,
             tokenizer=c.tokenizer,
             generator=generator,
+            template_kwargs=cfg.data.chat_template_kwargs,
         )
     return eval_metrics(r.summary)
 

@@ -27,6 +27,7 @@ from distil.models.tokenizers import (
     EncodedPrompts,
     completion_rows,
     encode_prompts,
+    prompt_format,
     stop_token_ids,
 )
 from distil.teacher.select import Rows, build_scorer, loads_teacher_model
@@ -210,13 +211,15 @@ def _compile_backend(cfg: DistilConfig, device) -> str | None:
 def tokenize_examples(cfg: DistilConfig, examples, tok) -> Rows:
     """(prompt ids, completion ids) of every example in student tokens: each prompt's last
     `data.max_prompt_tokens`, each dataset completion by `reference_ids` (None when absent)."""
+    fmt = prompt_format(cfg.data)
     prompt_ids = EncodedPrompts(
         tok,
         [e.prompt for e in examples],
         max_tokens=cfg.data.max_prompt_tokens,
         name="student tokenizer",
+        fmt=fmt,
     )
-    return prompt_ids, completion_rows(tok, examples, cfg.data.max_completion_tokens)
+    return prompt_ids, completion_rows(tok, examples, cfg.data.max_completion_tokens, fmt)
 
 
 def build_buffer(
@@ -257,7 +260,8 @@ def build_buffer(
 
         context = teacher_prompts(cfg.teacher, examples)  # privileged: it writes after them
         if cross is None:  # same tokenizer: the same prompt ids and completion ids
-            ids = context and EncodedPrompts(tok, context, name="teacher context")
+            fmt = prompt_format(cfg.data)
+            ids = context and EncodedPrompts(tok, context, name="teacher context", fmt=fmt)
             teacher_side = PromptSide(ids or prompt_ids, t_gen)
         else:  # the teacher writes in its own template and tokens; the student gets the text
             t_prompts = EncodedPrompts(
@@ -265,6 +269,7 @@ def build_buffer(
                 context or [e.prompt for e in examples],
                 max_tokens=cfg.data.max_prompt_tokens,
                 name="teacher tokenizer",
+                fmt=prompt_format(cfg.data),
             )
             teacher_side = PromptSide(t_prompts, t_gen, to_student=cross.to_student)
     return GenerationBuffer(
@@ -316,12 +321,15 @@ def _collate_fn(cfg: DistilConfig, examples, rows: Rows, tok, cross):
     from distil.data.context import ContextCollate, row_prompts
 
     prompts = row_prompts(examples, contexts)
+    fmt = prompt_format(cfg.data)
     if cross is not None:  # the teacher renders them with its own template
         own = [e.prompt if p is None else p for e, p in zip(examples, prompts, strict=True)]
         return ContextCollate(fn, context_prompts=own)
     if all(p is not None for p in prompts):  # one context for every row: encoded when read
-        return ContextCollate(fn, context_ids=EncodedPrompts(tok, prompts, name="teacher context"))
-    given = encode_prompts(tok, [p for p in prompts if p is not None], name="teacher context")
+        ids = EncodedPrompts(tok, prompts, name="teacher context", fmt=fmt)
+        return ContextCollate(fn, context_ids=ids)
+    given = [p for p in prompts if p is not None]
+    given = encode_prompts(tok, given, name="teacher context", fmt=fmt)
     it = iter(given)
     ids = [list(rows[0][i]) if p is None else next(it) for i, p in enumerate(prompts)]
     return ContextCollate(fn, context_ids=ids)

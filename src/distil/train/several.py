@@ -156,13 +156,13 @@ def routed_writers(cfg: DistilConfig, examples, prompt_ids, tok, models, build_g
     in teachers.models order; `build_gen(model)` its generator) after its own privileged
     prompt (the student's where its teacher has none). A mixture's rows (no teachers.column)
     are all teacher 0's, after the context its teachers share."""
-    from distil.models.tokenizers import EncodedPrompts
+    from distil.models.tokenizers import EncodedPrompts, prompt_format
 
     route_of, prompts = _writer_rows(cfg, examples)
     given = None
     if any(p is not None for p in prompts):  # "" stands where the student's prompt is read
         filled = [("" if p is None else p) for p in prompts]
-        given = EncodedPrompts(tok, filled, name="teacher context")
+        given = EncodedPrompts(tok, filled, name="teacher context", fmt=prompt_format(cfg.data))
     rows = _RoutedPrompts(prompt_ids, prompts, given, route_of)
     return rows, RoutedGenerator([build_gen(m) for m in models])
 
@@ -257,7 +257,7 @@ def writers_side(cfg: DistilConfig, examples, prompt_ids, tok, models, cross) ->
 def _teacher_token_rows(cfg: DistilConfig, examples, crosses: list) -> tuple:
     """(rows, to_student) for teachers of other tokenizers: each row's prompt (its teacher's
     privileged one, else the student's) in its teacher's tokens, as a `RoutedPrompt`."""
-    from distil.models.tokenizers import EncodedPrompts
+    from distil.models.tokenizers import EncodedPrompts, prompt_format
 
     names = list(cfg.teachers.models)
     route_of, given = _writer_rows(cfg, examples)
@@ -268,7 +268,11 @@ def _teacher_token_rows(cfg: DistilConfig, examples, crosses: list) -> tuple:
         if id(c) not in encoded:
             name = f"teachers.models.{names[t]} tokenizer"
             encoded[id(c)] = EncodedPrompts(
-                c.teacher_tok, prompts, max_tokens=cfg.data.max_prompt_tokens, name=name
+                c.teacher_tok,
+                prompts,
+                max_tokens=cfg.data.max_prompt_tokens,
+                name=name,
+                fmt=prompt_format(cfg.data),
             )
         per_teacher.append(encoded[id(c)])
     return _TeacherRows(per_teacher, route_of), RoutedToStudent(crosses, route_of)
@@ -298,6 +302,6 @@ class RoutedToStudent:
     def __init__(self, crosses: list, route_of: Sequence[int]):
         self.crosses, self.route_of = crosses, route_of
 
-    def __call__(self, ids, *, chat: bool = False, example: int | None = None):
+    def __call__(self, ids, *, prompt=None, example: int | None = None):
         assert example is not None, "routed teachers convert a row by its example index"
-        return self.crosses[self.route_of[example]].to_student(ids, chat=chat)
+        return self.crosses[self.route_of[example]].to_student(ids, prompt=prompt)

@@ -8,34 +8,60 @@ and their relations only) cannot know.
 - `preflight(cfg)`: `distil config validate`, every check `distil train` makes before its first
   step that needs no model weights, so `ok` means training would start. Beyond `check`: the
   loss is registered, the needed extras are installed, the first rows of the data parse and fit
-  the token limits, the tokenizers load, have an EOS token and render the prompts, a
-  same-tokenizer loss gets one vocabulary on both sides, and the evaluation problems file reads.
+  the token limits, the tokenizers load, have an EOS token and render the prompts (with
+  data.text_prompts and data.chat_template_kwargs), a same-tokenizer loss gets one vocabulary
+  on both sides, and the evaluation problems file reads. `validation(cfg)` returns the same with
+  the tokenizers and rows it read, for `distil config validate` to show the first row as each
+  model sees it (inspect_prompts.first_row).
 
-Hub ids are not fetched; they are returned as notes.
+Models and data given as hub ids are not fetched (notes say so); their tokenizers are, as the
+run loads them (a few files; from the local hub cache when offline).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
+from typing import Any
 
 from distil.config import DistilConfig
 from distil.errors import ConfigError, DistilError
 from distil.paths import looks_local, output_dir_problem, path_problem
+from distil.preflight.tokenizers import several_tokenizers, side_tokenizers
 
 ROWS_READ = 64  # rows of each data file parsed and measured
 
 
+@dataclass
+class Validation:
+    """What `validation` found: problems stop `distil train`; notes say what was not checked
+    or what a run will do; `tokenizers` ("student", "teacher") and `examples` (the first rows
+    of data.train) are what it read (empty where it could not)."""
+
+    problems: list[str]
+    notes: list[str]
+    tokenizers: dict[str, Any] = dataclass_field(default_factory=dict)
+    examples: list | None = None
+
+
 def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
     """(problems, notes): problems stop `distil train`; notes say what was not checked."""
+    v = validation(cfg)
+    return v.problems, v.notes
+
+
+def validation(cfg: DistilConfig) -> Validation:
+    """`preflight`, with the tokenizers and rows it read."""
     notes = source_problems(cfg)[1]
     from distil.config.rules import warmup_notice
 
     notes += filter(None, [cpu_precision_note(cfg), warmup_notice(cfg)])
     problems = command_problems(cfg, "train")
     if problems:  # the checks below read files: only once every path is there
-        return problems, notes
+        return Validation(problems, notes)
     found = _Problems()
     _settings(cfg, found)
     if cfg.teacher.cache:  # manifest only; shards and data rows are checked by `distil train`
@@ -50,7 +76,7 @@ def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
         routes = found.attempt(row_teachers, examples, cfg.teachers, list(cfg.teachers.models))
     if examples and (routes is not None or not cfg.teachers.column):
         _context_fields(cfg, examples, routes, found)
-    toks = _tokenizers(cfg, examples, found, notes)
+    toks = side_tokenizers(cfg, examples, found, notes)
     from distil.losses import is_cross_tokenizer
     from distil.models.load import vocab_mismatch
 
@@ -58,8 +84,8 @@ def preflight(cfg: DistilConfig) -> tuple[list[str], list[str]]:
     if same_tokenizer and len(toks) == 2 and not found:
         found += filter(None, [vocab_mismatch(cfg.loss.name, toks["student"], toks["teacher"])])
     if cfg.teachers.models:
-        _teachers(cfg, toks.get("student"), found)
-    return list(found), notes
+        several_tokenizers(cfg, toks.get("student"), found)
+    return Validation(list(found), notes, toks, examples)
 
 
 def _context_fields(cfg: DistilConfig, examples, routes, found: _Problems) -> None:
@@ -254,7 +280,8 @@ def _check_source(key: str, value: str, kind: str, problems: list[str], notes: l
         )
         problems.append(f"{key} = {value!r}: no such local {what}. Fix: check the path ({fix})")
     else:
-        notes.append(f"{key} = {value!r} is taken as a hub id; not checked (no network access)")
+        what = "not checked beyond its tokenizer" if kind == "model" else "not read here"
+        notes.append(f"{key} = {value!r} is taken as a hub id; {what} (no weights or data rows)")
 
 
 class _Problems(list):
@@ -309,95 +336,3 @@ def _data(cfg: DistilConfig, found: _Problems):
         if task is not None and cfg.eval.data and looks_local(cfg.eval.data):
             found.attempt(task.load)
     return examples
-
-
-def _tokenizers(cfg: DistilConfig, examples, found: _Problems, notes: list[str]) -> dict:
-    """Load the local tokenizers (no weights); render a prompt; measure the student's rows;
-    note which token ends a turn and which stop generation."""
-    from distil.data.lengths import check_lengths, uses_completions
-    from distil.models.load import load_tokenizer
-    from distil.models.tokenizers import (
-        generation_defaults,
-        render_prompt,
-        stop_token_ids,
-        stops_summary,
-    )
-
-    sides = [("student", cfg.student)]
-    if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd):
-        sides.append(("teacher", cfg.teacher))
-    toks = {}
-    for name, section in sides:
-        if not Path(os.path.expanduser(section.tokenizer)).exists():
-            continue  # a hub id: a note, not fetched
-        key = f"{name}.tokenizer" if section.tokenizer != section.path else f"{name}.path"
-        tok = found.attempt(
-            load_tokenizer, section.tokenizer, key=key, trust_remote_code=section.trust_remote_code
-        )
-        if tok is None:
-            continue
-        toks[name] = tok
-        if found.attempt(stop_token_ids, tok) is not None:
-            model = generation_defaults(section.path)  # a local directory's; never the hub
-            notes.append(f"{name}: {stops_summary(tok, model)}")
-        rendered = examples and found.attempt(render_prompt, tok, examples[0].prompt, name=name)
-        if rendered and name == "student":
-            found.attempt(
-                check_lengths, examples, tok, cfg.data, completions_used=uses_completions(cfg)
-            )
-    return toks
-
-
-def _teachers(cfg: DistilConfig, student_tok, found: _Problems) -> None:
-    """Each of several teachers as `teacher` alone is checked: a cache's settings, a url's
-    tokenizer and loss, a cross-tokenizer loss's full distribution, and, for a same-tokenizer
-    loss, a local teacher tokenizer of the student's vocabulary; a cross-tokenizer mixture
-    needs one teacher tokenizer."""
-    from distil.losses import is_cross_tokenizer
-    from distil.models.load import load_tokenizer, vocab_mismatch
-
-    name, cross = cfg.loss.name, is_cross_tokenizer(cfg.loss.name)
-    vocabs = {}
-    for teacher, t in cfg.teachers.models.items():
-        key = f"teachers.models.{teacher}"
-        if t.cache:  # this teacher alone, with its privileged context
-            from distil.teacher.cache_sources import one_teacher_config
-            from distil.teacher.cached import check_settings
-
-            found.attempt(check_settings, one_teacher_config(cfg, teacher))
-        if t.url and not t.tokenizer:
-            found.append(
-                f"{key}.url = {t.url!r} with {key}.path and .tokenizer null: distil sends the "
-                f"server token ids, so it needs the served model's tokenizer. Fix: set "
-                f"{key}.tokenizer"
-            )
-        if t.url and cross and name != "sampled_chunk_reverse_kl":
-            found.append(
-                f"loss.name = {name!r} with {key}.url: this cross-tokenizer loss reads the "
-                "teacher's full distribution, a server returns its top-k. Fix: "
-                "loss.name=sampled_chunk_reverse_kl, or a local teacher"
-            )
-        elif cross and t.top_k is not None and not t.url:
-            found.append(
-                f"{key}.top_k = {t.top_k} with loss.name = {name!r}: the cross-tokenizer losses "
-                f"need the teacher's full distribution. Fix: {key}.top_k=null"
-            )
-        if not t.tokenizer or t.cache or not Path(os.path.expanduser(t.tokenizer)).exists():
-            continue  # a hub id is not fetched; a cache's tokenizers are checked when it opens
-        tok = found.attempt(load_tokenizer, t.tokenizer, key=f"{key}.tokenizer")
-        if tok is None:
-            continue
-        vocabs[teacher] = tok.get_vocab()
-        mismatch = not cross and student_tok is not None and vocab_mismatch(name, student_tok, tok)
-        if mismatch:
-            found.append(f"{key}: {mismatch}")
-    if (
-        cross
-        and cfg.teachers.weights is not None
-        and len({str(sorted(v.items())) for v in vocabs.values()}) > 1
-    ):
-        found.append(
-            f"teachers.weights mixes {', '.join(vocabs)} with a cross-tokenizer loss, but their "
-            "tokenizers differ: a mixture adds distributions over one vocabulary. Fix: mix "
-            "teachers of one tokenizer, or route rows (teachers.column)"
-        )

@@ -1,0 +1,247 @@
+"""Every data format docs/data.md names reads as the page says, and prompts reach each model as
+the user meant: a conversation is split at its last assistant turn (never the answer inside
+the prompt), plain text becomes one user turn of a chat template (data.text_prompts), and
+data.chat_template_kwargs reach every template call.
+
+The examples of docs/data.md are read from the page itself, so the page and the loader cannot
+drift apart."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from distil.config import build_config
+from distil.data.datasets import load_examples
+from distil.errors import ConfigError, DataError
+from distil.models.tokenizers import (
+    PromptFormat,
+    encode_prompts,
+    render_prompt,
+    turn_end_id,
+    unused_template_kwargs,
+)
+from distil.tasks.prompts import config_examples
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "data.md"
+SYSTEM = {"role": "system", "content": "Be brief."}
+USER = {"role": "user", "content": "What is 2+3?"}
+ANSWER = {"role": "assistant", "content": "5"}
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def doc_examples() -> dict[str, list[dict]]:
+    """docs/data.md's examples: each ```jsonl block after a '### NAME' heading, by NAME."""
+    text = DOC.read_text()
+    out = {}
+    pattern = r"^### ([^\n]+)\n(?:(?!^#).)*?```jsonl\n(.*?)```"  # no heading in between
+    for name, block in re.findall(pattern, text, re.M | re.S):
+        out[name.strip()] = [json.loads(line) for line in block.strip().splitlines()]
+    return out
+
+
+# what each documented format reads as: (prompt, completion) of its first row
+DOCUMENTED = {
+    "Prompt only, text": ("What is 2+3?", None),
+    "Prompt only, chat messages": ([SYSTEM, USER], None),
+    "Prompt and completion, text": ("What is 2+3?", "5"),
+    "Prompt and completion, chat messages": ([USER], "5"),
+    "A conversation": ([SYSTEM, USER], "5"),
+}
+
+
+def test_the_page_documents_every_format_with_a_five_line_example():
+    found = doc_examples()
+    assert set(found) == set(DOCUMENTED)
+    assert all(len(rows) == 5 for rows in found.values())
+
+
+@pytest.mark.parametrize("name", list(DOCUMENTED))
+def test_each_documented_format_reads_as_the_page_says(tmp_path, name):
+    rows = doc_examples()[name]
+    path = write_jsonl(tmp_path / "data.jsonl", rows)
+    examples = load_examples(str(path))
+    assert len(examples) == 5
+    prompt, completion = DOCUMENTED[name]
+    assert (examples[0].prompt, examples[0].completion) == (prompt, completion)
+    for e in examples:  # the answer is never inside a prompt
+        turns = e.prompt if isinstance(e.prompt, list) else []
+        assert all(m["role"] != "assistant" for m in turns[-1:])
+
+
+def test_a_conversation_is_cut_at_its_last_assistant_turn(tmp_path):
+    """Multi-turn: every turn before the last assistant turn is the prompt, earlier answers
+    included; that last turn is the completion."""
+    convo = [SYSTEM, USER, ANSWER, {"role": "user", "content": "And 5+5?"}]
+    last = {"role": "assistant", "content": "10"}
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [*convo, last]}])
+    (e,) = load_examples(str(path))  # data.prompt_field left at "prompt": 'messages' is read
+    assert e.prompt == convo and e.completion == "10"
+    (named,) = load_examples(str(path), prompt_field="messages")
+    assert named.prompt == convo and named.completion == "10"
+
+
+def test_a_conversation_ending_with_a_user_turn_is_a_prompt(tmp_path):
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [SYSTEM, USER]}])
+    (e,) = load_examples(str(path))
+    assert e.prompt == [SYSTEM, USER] and e.completion is None
+
+
+def test_an_answer_in_two_places_names_the_row(tmp_path):
+    rows = [{"messages": [USER]}, {"messages": [USER, ANSWER], "completion": "5"}]
+    path = write_jsonl(tmp_path / "both.jsonl", rows)
+    with pytest.raises(DataError, match=r"both\.jsonl:2.*ambiguous"):
+        load_examples(str(path))
+    only = write_jsonl(tmp_path / "only.jsonl", [{"messages": [ANSWER]}])
+    with pytest.raises(DataError, match=r"only\.jsonl:1.*no prompt before it"):
+        load_examples(str(only))
+
+
+def test_a_missing_prompt_column_lists_the_rows_columns(tmp_path):
+    path = write_jsonl(tmp_path / "q.jsonl", [{"question": "2+3?", "answer": "5"}])
+    with pytest.raises(DataError, match=r"q\.jsonl:1.*'question', 'answer'.*data\.prompt_field"):
+        load_examples(str(path))
+
+
+@pytest.mark.parametrize("field", ["prompt", "messages"])
+def test_a_conversation_trains_on_its_prompt_and_its_answer(tmp_path, make_train_config, field):
+    """Off-policy slices of a `messages` dataset: the student's prompt ids are the rendered
+    turns before the answer (generation prompt included), its completion ids the answer and
+    the template's turn end. Before conversations were split, the answer sat in the prompt."""
+    from distil.train.setup import build
+
+    rows = [
+        {"messages": [USER, {"role": "assistant", "content": f"answer {i}"}]} for i in range(16)
+    ]
+    path = write_jsonl(tmp_path / "convo.jsonl", rows)
+    raw = make_train_config(
+        data={"train": str(path), "template": None, "prompt_field": field},
+        train={"lambda": 0.0, "max_steps": 1},
+    )
+    c = build(build_config(raw))
+    tok = c.tokenizer
+    samples = [s for b in c.buffer.next_window().micro_batches for s in b.samples]
+    assert samples
+    for s in samples:
+        want_prompt = tok(render_prompt(tok, [USER]), add_special_tokens=False)["input_ids"]
+        assert list(s.prompt_ids) == want_prompt
+        i = int(tok.decode(s.completion_ids, skip_special_tokens=True).split()[-1])
+        answer = tok(f"answer {i}", add_special_tokens=False)["input_ids"]
+        assert list(s.completion_ids) == [*answer, turn_end_id(tok)]
+        assert "answer" not in tok.decode(s.prompt_ids)
+
+
+# ----------------------------------------------------------------------------- plain text
+
+
+def test_plain_text_is_one_user_turn_where_a_chat_template_exists(bpe_tokenizer):
+    as_chat = render_prompt(bpe_tokenizer, "What is 2+3?")
+    assert as_chat == render_prompt(bpe_tokenizer, [USER])  # data.text_prompts=auto
+    assert as_chat != "What is 2+3?"
+    verbatim = PromptFormat("verbatim")
+    assert render_prompt(bpe_tokenizer, "What is 2+3?", fmt=verbatim) == "What is 2+3?"
+    assert render_prompt(bpe_tokenizer, [USER], fmt=verbatim) == as_chat  # chat stays chat
+
+
+def test_plain_text_stays_verbatim_without_a_template_unless_chat_is_asked(bpe_tokenizer):
+    import copy
+
+    bare = copy.deepcopy(bpe_tokenizer)
+    bare.chat_template = None
+    assert render_prompt(bare, "What is 2+3?") == "What is 2+3?"
+    with pytest.raises(ConfigError, match=r"no chat template.*data\.text_prompts=chat"):
+        render_prompt(bare, "What is 2+3?", fmt=PromptFormat("chat"))
+
+
+def test_the_setting_reaches_training_prompts(tmp_path, make_train_config, bpe_tokenizer):
+    """train.setup tokenizes a text prompt as the setting says."""
+    from distil.train.setup import tokenize_examples
+
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "What is 2+3?"}])
+    for mode, want in (("auto", render_prompt(bpe_tokenizer, [USER])), ("verbatim", None)):
+        raw = make_train_config(data={"train": str(path), "template": None, "text_prompts": mode})
+        cfg = build_config(raw)
+        examples = config_examples(cfg.data)
+        ids, _ = tokenize_examples(cfg, examples, bpe_tokenizer)
+        text = want or "What is 2+3?"
+        assert list(ids[0]) == bpe_tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+# ----------------------------------------------------------------------------- template kwargs
+
+PICKY = (
+    "{% if shout is defined %}{{ raise_exception('shout is not supported') }}{% endif %}"
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
+    "{% if m['role'] == 'user' and brief is defined and brief %} (briefly){% endif %}"
+    "</{{ m['role'] }}>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+@pytest.fixture
+def picky(bpe_tokenizer):
+    import copy
+
+    tok = copy.deepcopy(bpe_tokenizer)
+    tok.chat_template = PICKY
+    return tok
+
+
+def test_template_kwargs_reach_the_template(picky):
+    fmt = PromptFormat(kwargs={"brief": True})
+    assert render_prompt(picky, [USER], fmt=fmt) == "<user>What is 2+3? (briefly)</user><assistant>"
+    assert render_prompt(picky, "What is 2+3?", fmt=fmt).endswith("(briefly)</user><assistant>")
+    ids = encode_prompts(picky, [[USER]], fmt=fmt)[0]
+    assert picky.decode(ids) == "<user>What is 2+3? (briefly)</user><assistant>"
+    assert unused_template_kwargs(picky, fmt) == []
+    assert unused_template_kwargs(picky, PromptFormat(kwargs={"enable_thinking": False})) == [
+        "enable_thinking"
+    ]
+
+
+def test_a_template_that_refuses_a_key_is_a_config_error(picky):
+    with pytest.raises(ConfigError, match=r"refused data\.chat_template_kwargs \(shout=True\)"):
+        render_prompt(
+            picky, [USER], name="student tokenizer", fmt=PromptFormat(kwargs={"shout": True})
+        )
+
+
+def test_validate_stops_on_a_refused_key_and_notes_an_ignored_one(
+    tmp_path, make_train_config, picky
+):
+    from distil.preflight import preflight
+
+    picky.save_pretrained(tmp_path / "tok")
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "What is 2+3?"}] * 4)
+    base = {"train": str(path), "template": None}
+    student = {"tokenizer": str(tmp_path / "tok")}
+    bad = make_train_config(data={**base, "chat_template_kwargs": {"shout": True}}, student=student)
+    problems, _ = preflight(build_config(bad))
+    assert any("refused data.chat_template_kwargs (shout=True)" in p for p in problems), problems
+    ok = make_train_config(data={**base, "chat_template_kwargs": {"other": 1}}, student=student)
+    problems, notes = preflight(build_config(ok))
+    assert problems == []
+    assert any(n.startswith("student: its chat template does not read") for n in notes), notes
+    assert any("plain-text prompts are rendered as one user turn" in n for n in notes), notes
+
+
+QWEN3 = Path(__file__).resolve().parents[3] / "shared" / "tokenizers" / "qwen3"
+
+
+@pytest.mark.skipif(
+    not (QWEN3 / "tokenizer.json").exists(), reason=f"real Qwen3 tokenizer not found at {QWEN3}"
+)
+def test_qwen3_thinking_is_switched_off_by_a_template_kwarg():
+    from distil.models.load import load_tokenizer
+
+    tok = load_tokenizer(str(QWEN3))
+    off = render_prompt(tok, [USER], fmt=PromptFormat(kwargs={"enable_thinking": False}))
+    on = render_prompt(tok, [USER])
+    assert off == on + "<think>\n\n</think>\n\n"
+    assert unused_template_kwargs(tok, PromptFormat(kwargs={"enable_thinking": False})) == []
