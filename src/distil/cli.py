@@ -318,6 +318,9 @@ def _add_countdown(sub) -> None:
     g = csub.add_parser("generate", help="solvable problems, disjoint train/test splits")
     g.add_argument("--n", type=_positive_int, required=True, help="training problems")
     g.add_argument("--test-n", type=int, default=500, help="test problems (default 500)")
+    g.add_argument(
+        "--dev-n", type=int, default=0, help="dev problems, a second held-out split (default 0)"
+    )
     g.add_argument("--numbers", default="3", help="numbers per problem: 3, 4 or 3-4")
     g.add_argument("--max-number", type=_positive_int, default=99, help="largest number")
     g.add_argument("--max-target", type=_positive_int, default=None, help="largest target")
@@ -330,13 +333,14 @@ def _add_countdown(sub) -> None:
 def _countdown_generate(args) -> int:
     from distil.tasks.countdown import generate_dataset, parse_numbers
 
-    if args.test_n < 0:
-        raise ConfigError(f"--test-n must be >= 0, got {args.test_n}")
+    if args.test_n < 0 or args.dev_n < 0:
+        raise ConfigError(f"--test-n and --dev-n must be >= 0, got {args.test_n}, {args.dev_n}")
     _check_out(args.out)
     summary = generate_dataset(
         args.out,
         n=args.n,
         test_n=args.test_n,
+        dev_n=args.dev_n,
         numbers=parse_numbers(args.numbers),
         max_number=args.max_number,
         max_target=args.max_target,

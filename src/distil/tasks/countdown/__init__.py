@@ -21,6 +21,7 @@ from distil.tasks.countdown.solver import (
     reachable_targets,
     solution_steps,
     solve,
+    split_set,
 )
 from distil.tasks.countdown.task import COLUMNS, Countdown
 from distil.tasks.countdown.templates import (
@@ -58,6 +59,7 @@ __all__ = [
     "read_rows",
     "solution_steps",
     "solve",
+    "split_set",
     "summarize",
     "tinyzero_score",
     "to_rows",

@@ -428,16 +428,38 @@ def generate_splits(
     max_target: int | None = None,
     seed: int = 0,
 ) -> tuple[list[Problem], list[Problem]]:
-    """Disjoint (train, test) splits. The test split depends only on the seed and settings, not
-    on n_train, so growing the training set keeps the test set fixed."""
+    """Disjoint (train, test) splits (`split_set` without a dev split)."""
+    splits = split_set(n_train, n_test, 0, numbers=numbers, max_number=max_number,
+                       max_target=max_target, seed=seed)  # fmt: skip
+    return splits["train"], splits["test"]
+
+
+def split_set(
+    n_train: int,
+    n_test: int,
+    n_dev: int = 0,
+    *,
+    numbers: str | Sequence[int] = (3,),
+    max_number: int = 99,
+    max_target: int | None = None,
+    seed: int = 0,
+) -> dict[str, list[Problem]]:
+    """Disjoint train, dev and test splits, by name. The test split is drawn first and depends
+    only on the seed and settings; the dev split is drawn the same way (its own seed) with the
+    test keys excluded; train excludes both. So growing the training set, or adding a dev split,
+    keeps the test set fixed, and dev is a second held-out set from the test's distribution
+    (recipe choices are made on it; the test set is read once per model)."""
     target_cap = max_number if max_target is None else max_target
     numbers = parse_numbers(numbers)
     _check_settings(n_train, numbers, max_number, target_cap)
-    if type(n_test) is not int or n_test < 0:
-        raise ConfigError(f"n_test={n_test!r}: the number of test problems must be an int >= 0")
-    _check_supply(n_train + n_test, numbers, max_number, target_cap)
+    for name, n in (("n_test", n_test), ("n_dev", n_dev)):
+        if type(n) is not int or n < 0:
+            raise ConfigError(f"{name}={n!r}: the number of held-out problems must be an int >= 0")
+    _check_supply(n_train + n_test + n_dev, numbers, max_number, target_cap)
     common = dict(numbers=numbers, max_number=max_number, max_target=max_target)
     test = generate_problems(n_test, seed=f"countdown-test-{seed}", **common)
     exclude = frozenset(p.key for p in test)
+    dev = generate_problems(n_dev, seed=f"countdown-dev-{seed}", exclude=exclude, **common)
+    exclude |= frozenset(p.key for p in dev)
     train = generate_problems(n_train, seed=seed, exclude=exclude, **common)
-    return train, test
+    return {"train": train, "dev": dev, "test": test}
