@@ -383,12 +383,12 @@ def _step_metrics(step, sums, window, grad_norm, lr, finite, t_teacher, t_train,
 
 
 def _window_seconds(window) -> float:
-    """Seconds of the step spent getting the window: sampling and collating it, or (with
-    generation.async, where both run in the background) waiting for it."""
+    """Seconds of the step spent getting the window: sampling, scoring and collating it, or (with
+    generation.async, where they run in the background) waiting for it."""
     t = window.metrics
     if "time/generate_wait" in t:
         return t["time/generate_wait"]
-    return t.get("time/generate", 0.0) + t.get("time/collate", 0.0)
+    return t.get("time/generate", 0.0) + t.get("time/collate", 0.0) + t.get("time/reward", 0.0)
 
 
 def _eval_set(cfg: DistilConfig):
