@@ -45,10 +45,11 @@ def add_demo(sub, positive_int) -> None:
     p.add_argument(
         "--study",
         default=None,
-        choices=["multi-teacher", "self-distill"],
+        choices=["multi-teacher", "self-distill", "reward"],
         help="run a study instead of the demo: two teachers (3- and 4-number Countdown) routed "
-        "per row, or self-distillation with privileged context and context distillation "
-        "(presets full, smoke; docs/multi-teacher.md, docs/privileged-context.md)",
+        "per row, self-distillation with privileged context and context distillation, or a "
+        "task's reward (GRPO) against and with on-policy distillation (presets full, smoke; "
+        "docs/multi-teacher.md, docs/privileged-context.md, docs/reward.md)",
     )
     p.add_argument(
         "--tune",

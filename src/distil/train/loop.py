@@ -32,7 +32,13 @@ from distil.train.checkpoint import save_checkpoint, save_final_model
 from distil.train.cost import CostMeter
 from distil.train.fsdp import full_weights, is_sharded
 from distil.train.guard import Guard
-from distil.train.logging import MetricsLog, ProgressLine, memory_metrics, print_sample
+from distil.train.logging import (
+    MetricsLog,
+    ProgressLine,
+    flat_config,
+    memory_metrics,
+    print_sample,
+)
 from distil.train.optim import final_weights, fold_grads, grad_params, set_lr
 from distil.train.resume import resume
 from distil.train.rundir import RunLock, record_config
@@ -88,7 +94,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
     log = MetricsLog(out, enabled=acc.is_main_process, resume_step=step if state else None)
     progress = _progress_line(cfg, acc, step, clock, cost)
     if cfg.logging.trackers:
-        acc.init_trackers(cfg.logging.project, config=_flat_config(cfg))
+        acc.init_trackers(cfg.logging.project, config=flat_config(cfg))
     eval_set = _eval_set(cfg) if cfg.train.eval_every else None
     guard = Guard(cfg.train, state, last_good)  # its save timer starts here
     metrics: dict[str, Any] = {}
@@ -441,12 +447,3 @@ def _evaluate_main(c: Components, cfg: DistilConfig, task, problems) -> dict[str
             template_kwargs=cfg.data.chat_template_kwargs,
         )
     return eval_metrics(r.summary)
-
-
-def _flat_config(cfg: DistilConfig) -> dict[str, Any]:
-    from distil.config import flatten, to_dict
-
-    return {
-        k: (v if isinstance(v, (int, float, str, bool)) else str(v))
-        for k, v in flatten(to_dict(cfg)).items()
-    }

@@ -402,18 +402,5 @@ def build(cfg: DistilConfig) -> Components:
         "unmatched_weight": cfg.loss.unmatched_weight,
         **reward_opts,
     }
-    return Components(
-        accelerator,
-        model,
-        unwrapped,
-        tok,
-        teacher,
-        optimizer,
-        buffer,
-        loss_fn,
-        loss_opts,
-        vocab_size,
-        examples,
-        cross,
-        planned_peak,
-    )
+    return Components(accelerator, model, unwrapped, tok, teacher, optimizer, buffer, loss_fn,
+                      loss_opts, vocab_size, examples, cross, planned_peak)  # fmt: skip

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from distil.losses import get_loss, group_advantages, with_reward
+from distil.losses import StudentHidden, get_loss, group_advantages, with_reward
 from distil.types import TeacherTargets
 
 grpo = get_loss("grpo")
@@ -113,8 +113,27 @@ def test_chunked_equals_unchunked_and_all_masked_is_zero():
     chunked, g_chunked = run(logits, mask, labels, adv, chunk_size=3)
     assert chunked.loss.item() == pytest.approx(full.loss.item(), abs=1e-6)
     torch.testing.assert_close(g_chunked, g_full, rtol=1e-5, atol=1e-7)
+    for k, v in full.metrics.items():
+        torch.testing.assert_close(chunked.metrics[k], v, rtol=1e-5, atol=1e-6)
     empty, g_empty = run(logits, torch.zeros_like(mask), labels, adv, num_tokens=0)
     assert empty.loss.item() == 0.0 and torch.isfinite(g_empty).all() and g_empty.abs().sum() == 0
+
+
+def test_hidden_states_and_head_chunked_equal_the_logits():
+    # the memory-lean path: hidden states + head, chunked and checkpointed, against logits
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(4, 7, 6, generator=g, requires_grad=True)
+    weight = torch.randn(11, 6, generator=g).requires_grad_()
+    _, labels, mask, adv = case(seed=5)
+    opts = dict(num_tokens=int(mask.sum()), labels_B_T=labels, advantages_B=adv,
+                sampling_temperature=0.8)  # fmt: skip
+    ref = grpo(hidden @ weight.T, None, mask, **opts)
+    ref_grads = torch.autograd.grad(ref.loss, (hidden, weight))
+    out = grpo(StudentHidden(hidden, weight), None, mask, chunk_size=4, **opts)
+    grads = torch.autograd.grad(out.loss, (hidden, weight))
+    assert out.loss.item() == pytest.approx(ref.loss.item(), abs=1e-6)
+    for a, b in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_with_reward_is_the_loss_plus_weight_times_grpo():
