@@ -176,7 +176,8 @@ def test_grpo_trains_without_a_teacher_on_a_user_reward(tmp_path, monkeypatch, m
     for m in lines:
         assert m["reward/share/scored"] == 1.0 and m["reward/no_signal_groups"] < 1.0
         assert m["grad_norm"] > 0 and m["skipped"] == 0
-        assert m["ratio_clipped"] == 0.0  # synchronous: ρ = 1
+        assert m["ratio_clipped"] == 0.0  # synchronous: ρ = 1, the loss is -A per token
+        assert m["loss"] == pytest.approx(-m["advantage"], abs=1e-7)
     assert metrics["cost/teacher_flops"] == 0.0  # no teacher ran
 
 
@@ -194,7 +195,7 @@ def test_async_reward_scores_on_the_sampler_thread(tmp_path, monkeypatch, make_t
     raw = make_train_config(
         loss={"name": "jsd", "reward_weight": 0.5},
         train={"lambda": 1.0, "max_steps": 3},
-        generation={"async": True},
+        generation={"async": True, "temperature": 0.7},  # ρ at the sampler's temperature
         reward={"function": f"{mod}:score"},
     )
     metrics = loop.train(build_config(raw))
@@ -204,6 +205,13 @@ def test_async_reward_scores_on_the_sampler_thread(tmp_path, monkeypatch, make_t
     assert threads == {"distil-async-generation"} and threading.current_thread().name not in threads
     assert metrics["policy/staleness"] == 1.0  # the ratio corrects a one-step lag
     assert 0.0 <= metrics["ratio_clipped"] < 1.0 and "reward_loss" in metrics
+    # reward loss = -mean over tokens of min(ρ A, clip(ρ) A): -advantage exactly when ρ = 1.
+    # Step 1's window was sampled by the weights it trains (no lag): the sampler's log-probs
+    # equal the learner's and ρ = 1 up to float noise; later windows lag a step and ρ != 1.
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    gaps = [abs(m["reward_loss"] + m["advantage"]) for m in lines]
+    assert [m["policy/staleness"] for m in lines] == [0.0, 1.0, 1.0]
+    assert gaps[0] < 1e-6 and min(gaps[1:]) > 1e-5
 
 
 def test_grpo_micro_batch_split_does_not_change_gradients(pair_dirs, bpe_tokenizer):
@@ -240,3 +248,20 @@ def test_progress_line_shows_the_reward(capsys):
     line.update(1, {"loss": 0.5, "reward/mean": 0.375, "reward/no_signal_groups": 0.25})
     err = capsys.readouterr().err
     assert "reward 0.375" in err and "flat groups 25%" in err
+
+
+def test_a_grpo_window_without_signal_is_not_a_dead_model():
+    from distil.config import TrainConfig
+    from distil.errors import DistilError
+    from distil.train.guard import Guard
+
+    guard = Guard(TrainConfig(max_zero_grad_steps=2), {}, None)
+    flags = {"bad_ranks": [], "time": False, "signum": 0}
+    flat = {"grad_norm": 0.0, "tokens/loss": 100, "reward/no_signal_groups": 1.0}
+    for step in range(1, 5):  # every group's rewards equal: zero gradient by design
+        guard.after_step(step, True, flat, flags, last=False)
+    assert guard.zeros == 0 and guard.healthy
+    dead = {**flat, "reward/no_signal_groups": 0.5}  # a signal, and still no gradient: dead
+    guard.after_step(5, True, dead, flags, last=False)
+    with pytest.raises(DistilError, match="exactly 0 for 2 steps"):
+        guard.after_step(6, True, dead, flags, last=False)
