@@ -126,18 +126,27 @@ RW_ARMS = ("opd", "grpo", "both")
 
 
 def test_reward_study_arms_share_starts_sampling_and_compute(tmp_path):
-    out, lines, results = run_study("reward", tmp_path)
+    check_reward_study(*run_study("reward", tmp_path))
+
+
+def check_reward_study(out, lines, results):
+    """The reward study's smoke output: the table's rows, each panel's three arms on one
+    start, sampling, data set and teacher (none for GRPO) at the distillation arm's compute,
+    the reward logged by every arm, the comparisons on each run's slice, the data."""
     assert lines[0] == "| Model | 3 numbers | 4 numbers | Steps | Student Cost (TFLOP) |"
-    got = labels(lines)
-    assert got[:2] == ["teacher (three numbers: the demo's)", "teacher (four numbers)"]
-    assert len(got) == 2 + 2 * 7  # per student: its start and six runs
+    m = study_manifest("reward")
+    want = ["teacher (three numbers: the demo's)", "teacher (four numbers)"]
+    for student in m.students:
+        want.append(f"{student} student: start (SFT on labelled set)")
+        want += [f"{student} student: {r.label}" for r in m.runs if r.student == student]
+    assert labels(lines)[: len(want)] == want and len(want) == 2 + 2 * 7
     runs = out / "runs"
 
     def config(key):
         return yaml.safe_load((runs / key / "config.yaml").read_text())
 
     rows = {r["model"]: r for r in results["rows"]}
-    label = {r.key: f"{r.student} student: {r.label}" for r in study_manifest("reward").runs}
+    label = {r.key: f"{r.student} student: {r.label}" for r in m.runs}
     for student, loss in (("bpe", "forward_kl"), ("char", "aligned_kl")):
         for four in ("", "4"):
             keys = [f"study_rw{four}_{arm}_{student}" for arm in RW_ARMS]

@@ -17,9 +17,10 @@ from distil.data.datasets import load_examples
 from distil.errors import ConfigError, DataError
 from distil.losses import get_loss, group_advantages
 from distil.tasks.countdown import Countdown
+from distil.tasks.reward import FunctionReward, TaskReward
 from distil.train import loop
 from distil.train.logging import ProgressLine
-from distil.train.reward import FunctionReward, TaskReward, WindowRewards
+from distil.train.reward import WindowRewards
 from distil.train.step import micro_step
 from distil.types import Sample
 
@@ -265,3 +266,16 @@ def test_a_grpo_window_without_signal_is_not_a_dead_model():
     guard.after_step(5, True, dead, flags, last=False)
     with pytest.raises(DistilError, match="exactly 0 for 2 steps"):
         guard.after_step(6, True, dead, flags, last=False)
+
+
+def test_the_preflight_names_a_bad_reward_before_any_weights_load(make_train_config):
+    from distil.preflight import check
+
+    on = {"loss": {"reward_weight": 0.5}, "train": {"lambda": 1.0}}
+    cfg = build_config(make_train_config(**on, reward={"values": {"right": 1.0}}))
+    with pytest.raises(ConfigError, match=r"reward.values names \['right'\]"):
+        check(cfg, "train")
+    cfg = build_config(make_train_config(**on, reward={"function": "rw_nowhere_mod:score"}))
+    with pytest.raises(ConfigError, match="cannot import module 'rw_nowhere_mod'"):
+        check(cfg, "train")
+    check(build_config(make_train_config(**on)), "train")  # the default: Countdown's correct

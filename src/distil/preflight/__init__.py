@@ -169,10 +169,19 @@ def command_problems(cfg: DistilConfig, command: str) -> list[str]:
 
 
 def _names(cfg: DistilConfig) -> list[str]:
-    """The names a training run resolves: eval.task, and a loss a remote teacher can feed."""
+    """The names a training run resolves: eval.task, a loss a remote teacher can feed, and the
+    reward's task (with reward.values) or function."""
+    from distil.config.rules_reward import scores_rewards
     from distil.losses import is_cross_tokenizer
 
     found = _task_named(cfg)
+    if scores_rewards(cfg):
+        from distil.tasks.reward import reward_scorer
+
+        try:
+            reward_scorer(cfg)
+        except DistilError as exc:
+            found += getattr(exc, "problems", None) or [str(exc)]
     name = cfg.loss.name
     if cfg.teacher.url and is_cross_tokenizer(name) and name != "sampled_chunk_reverse_kl":
         found.append(

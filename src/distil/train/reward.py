@@ -16,8 +16,6 @@ nothing) go to metrics.jsonl and the progress line with the window's other metri
 
 from __future__ import annotations
 
-import importlib
-import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,82 +24,9 @@ import torch
 
 from distil.config import DistilConfig
 from distil.config.rules_reward import rewarded, scores_rewards
-from distil.data.datasets import short, source_row
-from distil.errors import ConfigError, DataError
 from distil.losses import get_loss, group_advantages, with_reward
+from distil.tasks.reward import Scored, reward_scorer
 from distil.types import Batch, Example, Sample
-
-# what a reward function returns: a number, or (number, outcome category)
-Scored = tuple[float, str]
-
-
-class TaskReward:
-    """reward(example, text) -> (value, outcome): the task's checker on the completion, the
-    outcome's value from `values` (else `default`). Problems are built once per example."""
-
-    def __init__(self, task, values: dict[str, float], default: float):
-        unknown = sorted(set(values) - set(task.outcomes))
-        if unknown:
-            raise ConfigError(
-                f"reward.values names {unknown}, which are not outcomes of task {task.name!r}. "
-                f"Fix: use its outcomes: {', '.join(task.outcomes)}"
-            )
-        self.task, self.values, self.default = task, dict(values), float(default)
-        self._problems: dict[int, dict[str, Any]] = {}
-
-    def __call__(self, example: Example, text: str) -> Scored:
-        problem = self._problems.get(example.id)
-        if problem is None:
-            path, _, line = example.meta.get("_where", "").rpartition(":")
-            where = {"path": path or None, "line": int(line) if line.isdigit() else None}
-            problem = self.task.make_problem(source_row(example), where, example.id)
-            self._problems[example.id] = problem
-        outcome = self.task.check(text, problem).outcome
-        return self.values.get(outcome, self.default), outcome
-
-
-class FunctionReward:
-    """reward(example, text) -> (value, category): a user's `fn(row, completion)` by import
-    path, its answer checked (a finite number, or (number, str)); errors name the row."""
-
-    def __init__(self, path: str):
-        module, _, attr = path.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), attr, None)
-        except ImportError as exc:
-            raise ConfigError(
-                f"reward.function = {path!r}: cannot import module {module!r} ({exc}). Fix: "
-                "install the package or put its directory on PYTHONPATH"
-            ) from exc
-        if not callable(fn):
-            raise ConfigError(
-                f"reward.function = {path!r}: module {module!r} has no function {attr!r}"
-            )
-        self.path, self.fn = path, fn
-
-    def __call__(self, example: Example, text: str) -> Scored:
-        row = source_row(example)
-        try:
-            out = self.fn(row, text)
-        except Exception as exc:
-            raise self._error(example, text, f"raised {type(exc).__name__}: {exc}") from exc
-        value, category = out if isinstance(out, tuple) and len(out) == 2 else (out, "scored")
-        if not isinstance(category, str):
-            raise self._error(example, text, f"returned the category {short(category)}, not a str")
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or not math.isfinite(value):
-            raise self._error(example, text, f"returned {short(out)}")
-        return float(value), category
-
-    def _error(self, example: Example, text: str, what: str) -> DataError:
-        path, _, line = example.meta.get("_where", "").rpartition(":")
-        return DataError(
-            f"data row {example.id}: reward.function {self.path} {what} for the completion "
-            f"{short(text)}. Fix: return a finite number (or (number, category name)) for "
-            "every row and completion",
-            path=path or None,
-            line=int(line) if line.isdigit() else None,
-        )
 
 
 class WindowRewards:
@@ -140,25 +65,16 @@ class WindowRewards:
 
 def build_rewards(cfg: DistilConfig, examples: Sequence[Example], tok) -> WindowRewards | None:
     """The run's window scorer (None when it scores no rewards): reward.function, else the
-    checker of reward.task (null: eval.task) built with the eval section."""
+    checker of reward.task (null: eval.task) built with the eval section (`reward_scorer`)."""
     if not scores_rewards(cfg):
         return None
-    r = cfg.reward
-    if r.function:
-        reward: Callable[[Example, str], Scored] = FunctionReward(r.function)
-        outcomes: Sequence[str] = ()
-    else:
-        from distil.tasks import make_task
-
-        name = r.task or cfg.eval.task
-        task = make_task(cfg.eval.model_copy(update={"task": name}))
-        reward, outcomes = TaskReward(task, r.values, r.default), task.outcomes
+    reward, outcomes = reward_scorer(cfg)
 
     def decode(ids: list[int]) -> str:
         return tok.decode(ids, skip_special_tokens=True)
 
     return WindowRewards(reward, examples, decode, group_size=cfg.generation.num_generations,
-                         normalize_std=r.normalize_std, outcomes=outcomes)  # fmt: skip
+                         normalize_std=cfg.reward.normalize_std, outcomes=outcomes)  # fmt: skip
 
 
 def reward_loss(cfg: DistilConfig):
