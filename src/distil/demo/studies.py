@@ -62,10 +62,12 @@ def run_study(
     seeds: int = 1,
     lanes: int = 1,
     resume: bool = False,
+    tune: bool = False,
 ) -> dict[str, Any]:
     """Run one study end to end on seeds 0..seeds-1 (the teachers trained once, the students'
     starts and runs per seed, in `lanes` worker processes); returns its results (also
-    out/results.{md,json})."""
+    out/results.{md,json}). `tune`: instead, every run at each lr of the manifest's
+    analysis.lr_grid on its tuning seed, scored on each run's dev split (tune.py)."""
     import torch
 
     from distil.demo import lanes as lanes_
@@ -98,6 +100,12 @@ def run_study(
         stages.make_tokenizers(run)
         teachers.train_teacher(run)  # the positive control's: the demo's teacher
         context_start_data(run)
+    if tune:
+        from distil.demo.tune import run_tuning
+
+        if m.analysis is None:
+            raise ConfigError(f"--tune: the {name} study states no analysis.lr_grid to tune over")
+        return run_tuning(run, prepared=True)
     seeded = [run.for_seed(k) for k in range(seeds)]
     lanes_.run_seeds(seeded)
     return report(name, seeded)
