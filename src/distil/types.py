@@ -267,7 +267,8 @@ class Sample:
 
     `source` is "on_policy" (the student sampled it), "off_policy" (the dataset's completion)
     or "seq_kd" (the teacher wrote it). `completion_text` is what the completion decodes to;
-    cross-tokenizer teachers re-tokenize it with their own tokenizer.
+    cross-tokenizer teachers re-tokenize it with their own tokenizer. An on-policy sample of a
+    run that scores rewards carries its `reward` and its group-relative `advantage`.
     """
 
     example_id: int
@@ -277,6 +278,8 @@ class Sample:
     prompt: Messages | str | None = None
     completion_text: str | None = None
     sampling_logprobs: list[float] | None = None
+    reward: float | None = None
+    advantage: float | None = None
 
 
 @dataclass

@@ -66,7 +66,9 @@ def test_table_over_seeds_paired_leads_and_compute_to_match(seeds2):
     lines = table_lines(run.stdout)
     assert lines[0].endswith("| Student Cost (TFLOP) | Compute to Match |")
     assert " ± " in lines[2]
-    head = "| Distilled | Control | Lead per seed | Lead (points) | 95% CI | p | p (Holm) | Verdict |"
+    head = (
+        "| Distilled | Control | Lead per seed | Lead (points) | 95% CI | p | p (Holm) | Verdict |"
+    )
     assert head in lines
     assert all("p_holm" in x for x in leads)  # Holm over the 4 comparisons
     assert "not significant" in run.stdout and "Paired lead" in run.stdout

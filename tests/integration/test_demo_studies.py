@@ -12,6 +12,8 @@ import sys
 import pytest
 import yaml
 
+from distil.demo.studies import study_manifest
+
 pytestmark = pytest.mark.slow
 
 MT_ROWS = [
@@ -118,3 +120,58 @@ def test_self_distill_study_table(tmp_path):
         assert positive["train"][key] == cfg["train"][key]
     assert positive["data"]["train"] == cfg["data"]["train"]
     assert len(results["paired_leads"]) == 4
+
+
+RW_ARMS = ("opd", "grpo", "both")
+
+
+def test_reward_study_arms_share_starts_sampling_and_compute(tmp_path):
+    check_reward_study(*run_study("reward", tmp_path))
+
+
+def check_reward_study(out, lines, results):
+    """The reward study's smoke output: the table's rows, each panel's three arms on one
+    start, sampling, data set and teacher (none for GRPO) at the distillation arm's compute,
+    the reward logged by every arm, the comparisons on each run's slice, the data."""
+    assert lines[0] == "| Model | 3 numbers | 4 numbers | Steps | Student Cost (TFLOP) |"
+    m = study_manifest("reward")
+    want = ["teacher (three numbers: the demo's)", "teacher (four numbers)"]
+    for student in m.students:
+        want.append(f"{student} student: start (SFT on labelled set)")
+        want += [f"{student} student: {r.label}" for r in m.runs if r.student == student]
+    assert labels(lines)[: len(want)] == want and len(want) == 2 + 2 * 7
+    runs = out / "runs"
+
+    def config(key):
+        return yaml.safe_load((runs / key / "config.yaml").read_text())
+
+    rows = {r["model"]: r for r in results["rows"]}
+    label = {r.key: f"{r.student} student: {r.label}" for r in m.runs}
+    for student, loss in (("bpe", "forward_kl"), ("char", "aligned_kl")):
+        for four in ("", "4"):
+            keys = [f"study_rw{four}_{arm}_{student}" for arm in RW_ARMS]
+            opd, grpo, both = (config(k) for k in keys)
+            assert (opd["loss"]["name"], grpo["loss"]["name"], both["loss"]["name"]) == (
+                loss, "grpo", loss)  # fmt: skip
+            assert both["loss"]["reward_weight"] == 1.0 and opd["loss"]["reward_weight"] == 0.0
+            teacher = out / "models" / ("teacher_four" if four else "teacher")
+            assert opd["teacher"]["path"] == both["teacher"]["path"] == str(teacher)
+            assert grpo["teacher"]["path"] is None  # the pure-RL arm reads no teacher
+            data = out / "data" / ("four/prompts.jsonl" if four else "prompts.jsonl")
+            for c in (opd, grpo, both):  # one start, one sampling, one data set per panel
+                assert c["student"]["path"] == str(out / "models" / f"student_{student}_start")
+                assert c["data"]["train"] == str(data)
+                assert c["generation"] == {**opd["generation"]}
+                assert c["generation"]["num_generations"] == 8
+            flops = [rows[label[k]]["student_flops"][0] for k in keys]
+            assert flops[1] >= flops[0] and flops[2] >= flops[0]  # at least the distillation's
+            for k in keys:  # every arm logs the reward of its samples, every step
+                m = [json.loads(x) for x in (runs / k / "metrics.jsonl").read_text().splitlines()]
+                assert all("reward/mean" in x and "reward/no_signal_groups" in x for x in m)
+    leads = results["paired_leads"]
+    assert [x["on"] for x in leads] == ["3 numbers"] * 6 + ["4 numbers"] * 6
+    mix = [json.loads(x) for x in (out / "data" / "labelled_mix.jsonl").read_text().splitlines()]
+    assert [len(r["nums"]) for r in mix] == [3, 4] * (len(mix) // 2) and "completion" in mix[0]
+    four = (out / "data" / "four" / "prompts.jsonl").read_text().splitlines()
+    assert four and all(len(json.loads(x)["nums"]) == 4 for x in four)
+    assert (out / "curves.png").stat().st_size > 0

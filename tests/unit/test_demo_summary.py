@@ -25,9 +25,7 @@ SEQKD = "char student: control, sequence-level KD (the same teacher-written comp
 SFT = "char student: control, continued SFT"
 SAME = "bpe student: on-policy distilled, same tokenizer"
 SFT_BPE = "bpe student: control, continued SFT"
-SEQKD_BPE = (
-    "bpe student: control, sequence-level KD (teacher-written completions of its prompts)"
-)
+SEQKD_BPE = "bpe student: control, sequence-level KD (teacher-written completions of its prompts)"
 
 
 def demo(tmp_path, n_seeds=1) -> DemoRun:

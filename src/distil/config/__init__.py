@@ -27,6 +27,7 @@ from distil.config.schema import (
     LoggingConfig,
     LossConfig,
     ModelConfig,
+    RewardConfig,
     TeacherConfig,
     TrainConfig,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "LoggingConfig",
     "LossConfig",
     "ModelConfig",
+    "RewardConfig",
     "TeacherConfig",
     "TrainConfig",
     "apply_overrides",

@@ -13,6 +13,7 @@ from pathlib import Path
 from distil.config.contexts import has_context, teacher_contexts
 from distil.config.output import flatten, to_dict
 from distil.config.rules_backends import CHECKS as BACKEND_CHECKS
+from distil.config.rules_reward import CHECKS as REWARD_CHECKS
 from distil.config.schema import DistilConfig
 
 
@@ -36,7 +37,8 @@ def resolve(cfg: DistilConfig) -> DistilConfig:
 
 
 Check = Callable[[DistilConfig], "tuple[tuple[str, ...], str] | None"]
-_CHECKS: list[Check] = list(BACKEND_CHECKS)  # rules over generation and teacher backends
+# rules over generation and teacher backends, and over a task's reward in the loss
+_CHECKS: list[Check] = [*BACKEND_CHECKS, *REWARD_CHECKS]
 
 
 def check(fn: Check) -> Check:

@@ -46,7 +46,7 @@ def _remote_teacher(cfg: DistilConfig):
                 "or write the completions once with `distil generate` and train on them",
             )
         )
-    if cfg.loss.temperature != 1.0 and cfg.loss.name != "sft":
+    if cfg.loss.temperature != 1.0 and cfg.loss.name not in ("sft", "grpo"):
         found.append(
             (
                 ("teacher.url", "loss.temperature"),

@@ -1,4 +1,4 @@
-"""The config tree: nine sections, every default and its description in one place (the
+"""The config tree: ten sections, every default and its description in one place (the
 student's and teachers' sections in schema_models.py)."""
 
 from __future__ import annotations
@@ -190,6 +190,55 @@ class LossConfig(Section):
     unmatched_weight: float | None = Field(
         None, ge=0.0, description="hybrid loss: weight of the unmatched (sorted L1) term"
     )
+    reward_weight: float = Field(
+        0.0,
+        ge=0.0,
+        description="weight of a task's reward (the `reward` section's group-relative policy "
+        "gradient, GRPO) added to this on-policy distillation loss (0: distillation alone, "
+        "bit-identical to no reward; loss.name=grpo is the reward alone; docs/reward.md)",
+    )
+
+
+class RewardConfig(Section):
+    """A verifiable reward on each on-policy completion (loss.name=grpo, loss.reward_weight > 0
+    or reward.log); docs/reward.md."""
+
+    task: str | None = Field(
+        None,
+        description="the task whose checker judges each completion (countdown, gsm8k, math, "
+        "mmlu, mypkg.tasks:MyTask), built with the eval section's settings (null: eval.task)",
+    )
+    function: str | None = Field(
+        None,
+        description="instead of a task's checker: a function by import path "
+        "(mypkg.rewards:score) called with the data row (dict) and the completion (str), "
+        "returning a finite number or (number, category name)",
+    )
+    values: dict[str, float] = Field(
+        default_factory=lambda: {"correct": 1.0},
+        description="the reward of each outcome category of the task's checker (Countdown: "
+        "correct, missing_answer_tags, wrong_value, ...; `distil eval` lists them)",
+    )
+    default: float = Field(
+        0.0, description="the reward of an outcome that reward.values does not list"
+    )
+    normalize_std: bool = Field(
+        True,
+        description="divide each group's centred rewards by its standard deviation (GRPO); "
+        "false: centred only (Dr. GRPO)",
+    )
+    clip: float = Field(
+        0.2,
+        ge=0.0,
+        lt=1.0,
+        description="generation.async: the importance ratio to the lagging sampler is clipped "
+        "to [1 - clip, 1 + clip] (PPO's epsilon)",
+    )
+    log: bool = Field(
+        False,
+        description="score every on-policy completion and log the reward metrics even when "
+        "the loss does not use them (a distillation run's reward curve)",
+    )
 
 
 class TrainConfig(Section):
@@ -326,6 +375,7 @@ class DistilConfig(Section):
     loss: LossConfig = Field(default_factory=LossConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
 
@@ -344,6 +394,7 @@ __all__ = [
     "LoraConfig",
     "LossConfig",
     "ModelConfig",
+    "RewardConfig",
     "Section",
     "TeacherConfig",
     "TeachersConfig",

@@ -45,17 +45,18 @@ def add_demo(sub, positive_int) -> None:
     p.add_argument(
         "--study",
         default=None,
-        choices=["multi-teacher", "self-distill"],
+        choices=["multi-teacher", "self-distill", "reward"],
         help="run a study instead of the demo: two teachers (3- and 4-number Countdown) routed "
-        "per row, or self-distillation with privileged context and context distillation "
-        "(presets full, smoke; docs/multi-teacher.md, docs/privileged-context.md)",
+        "per row, self-distillation with privileged context and context distillation, or a "
+        "task's reward (GRPO) against and with on-policy distillation (presets full, smoke; "
+        "docs/multi-teacher.md, docs/privileged-context.md, docs/reward.md)",
     )
     p.add_argument(
         "--tune",
         action="store_true",
-        help="choose each run's learning rate: every run of demo.yaml at each lr of its "
-        "analysis.lr_grid on the tuning seed, scored on the dev split (never the test split); "
-        "writes tune.md (docs/demo.md)",
+        help="choose each run's learning rate: every run of demo.yaml (or of --study reward's "
+        "manifest) at each lr of its analysis.lr_grid on the tuning seed, scored on its dev "
+        "split (never the test split); writes tune.md (docs/demo.md, docs/reward.md)",
     )
     p.add_argument(
         "--resume",
@@ -112,9 +113,10 @@ def run(args) -> int:
         command += f" --threads {args.threads}" + (
             f" --seeds {args.seeds}" if args.seeds != 1 else ""
         )
+        command += " --tune" if args.tune else ""
         run_study(args.study, args.out, preset=preset, threads=args.threads,
                   cache_dir=args.cache_dir, command=command, seeds=args.seeds, lanes=lanes,
-                  resume=args.resume)  # fmt: skip
+                  resume=args.resume, tune=args.tune)  # fmt: skip
         return 0
     presets = manifest().presets
     if preset not in presets:

@@ -33,6 +33,7 @@ class Preset:
     eval_every: int | None  # None: the configs' own
     eval_n: int
     bpe_vocab: int = 512
+    n_slice: int | None = None  # the reward study's four-number problems (null: n_train)
     # minutes measured on the reference machine (2 cores, 2 threads, 2 lanes): the teacher's
     # training and one seed's students' stages, for the estimate printed before a run
     minutes: dict[str, Any] | None = None  # teacher, seed (floats), machine (text)

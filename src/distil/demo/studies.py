@@ -1,5 +1,6 @@
-"""`distil demo --study NAME`: the two CPU studies (several teachers; self-distillation), on the demo's machinery (its
-data, tokenizers, students' starts and `distil train` stages), outside the default demo.
+"""`distil demo --study NAME`: the CPU studies (several teachers; self-distillation; a task's
+reward with the teacher), on the demo's machinery (its data, tokenizers, students' starts and
+`distil train` stages), outside the default demo.
 
 - `multi-teacher` (configs/study_multi_teacher.yaml): Countdown in two slices, three-number and
   four-number problems; one teacher trained on each slice; the bpe student's supervised start
@@ -11,6 +12,12 @@ data, tokenizers, students' starts and `distil train` stages), outside the defau
   teacher (`teacher.from_student: initial`, its frozen starting weights) given the row's
   reference answer (privileged context) or worked examples as a system prompt (context distillation), against its start
   and continued SFT on the same labelled problems at equal student compute.
+- `reward` (configs/study_reward.yaml): GRPO alone, on-policy distillation alone and both in
+  one update, for the bpe student (same tokenizer as the teacher) and the char student (across
+  tokenizers), every arm at the distillation arm's student compute; on the demo's
+  three-number problems with the demo's teacher, and on four-number problems with a
+  four-number teacher (the multi-teacher study's recipe: a weak teacher). The students start
+  from labelled problems of both slices (`reward_data`).
 
 Each study is a manifest in demo.yaml's format (students, runs, presets: `smoke` for tests,
 `full` for numbers); its runs are ordinary configs in configs/ whose `runs/demo/` paths, also
@@ -31,7 +38,11 @@ from distil.demo.study_report import SLICE_COLUMN, SLICES, report
 from distil.errors import ConfigError
 from distil.progress import console
 
-STUDIES = {"multi-teacher": "study_multi_teacher", "self-distill": "study_self_distill"}
+STUDIES = {
+    "multi-teacher": "study_multi_teacher",
+    "self-distill": "study_self_distill",
+    "reward": "study_reward",
+}
 
 
 def study_manifest(name: str) -> Manifest:
@@ -51,10 +62,12 @@ def run_study(
     seeds: int = 1,
     lanes: int = 1,
     resume: bool = False,
+    tune: bool = False,
 ) -> dict[str, Any]:
     """Run one study end to end on seeds 0..seeds-1 (the teachers trained once, the students'
     starts and runs per seed, in `lanes` worker processes); returns its results (also
-    out/results.{md,json})."""
+    out/results.{md,json}). `tune`: instead, every run at each lr of the manifest's
+    analysis.lr_grid on its tuning seed, scored on each run's dev split (tune.py)."""
     import torch
 
     from distil.demo import lanes as lanes_
@@ -77,11 +90,22 @@ def run_study(
         for slice_name in SLICES:
             train_slice_teacher(run, slice_name)
         train_general_teacher(run)
+    elif name == "reward":
+        reward_data(run)
+        stages.make_tokenizers(run)
+        teachers.train_teacher(run)  # three numbers: the demo's teacher (its cache)
+        train_slice_teacher(run, "four")  # four numbers: as the multi-teacher study's
     else:
         stages.make_data(run)
         stages.make_tokenizers(run)
         teachers.train_teacher(run)  # the positive control's: the demo's teacher
         context_start_data(run)
+    if tune:
+        from distil.demo.tune import run_tuning
+
+        if m.analysis is None:
+            raise ConfigError(f"--tune: the {name} study states no analysis.lr_grid to tune over")
+        return run_tuning(run, prepared=True)
     seeded = [run.for_seed(k) for k in range(seeds)]
     lanes_.run_seeds(seeded)
     return report(name, seeded)
@@ -138,6 +162,38 @@ def make_slices(run: DemoRun) -> None:
             f"train, {p.n_dev} dev and {p.n_test} test each; {p.n_labelled} labelled "
             f"({SLICE_COLUMN} column)"
         )
+        console.print(stage.note)
+
+
+def reward_data(run: DemoRun) -> None:
+    """The reward study's data: the demo's three-number problems (stages.make_data, which the
+    demo's teacher reads), four-number problems under data/four/ (train: its teacher's; the
+    rows after the labelled ones as prompts.jsonl; dev; test) and labelled_mix.jsonl, the
+    students' start: n_labelled labelled problems, half from each slice, interleaved."""
+    from distil.tasks.countdown import generate_dataset, read_rows
+
+    stages.make_data(run)
+    p, data = run.preset, run.paths["data"]
+    four, n, half, seed = data / "four", p.n_slice or p.n_train, p.n_labelled // 2, stages.SEED + 4
+    with run.timed("four-number problems; the students' labelled mix of both slices") as stage:
+        wanted = {"n": n, "test_n": p.n_test, "dev_n": p.n_dev, "n_labelled": p.n_labelled,
+                  "seed": seed, "three": content_hash(data / "labelled.jsonl")}  # fmt: skip
+        meta = four / "study.json"
+        if not (meta.exists() and json.loads(meta.read_text()) == wanted):
+            generate_dataset(four, n=n, test_n=p.n_test, dev_n=p.n_dev, numbers=(4,),
+                             seed=seed, template="countdown_plain")  # fmt: skip
+            rows = read_rows(four / "train.jsonl")
+            prompts = [{k: r[k] for k in ("nums", "target", "prompt")} for r in rows[half:]]
+            stages._write_jsonl(four / "prompts.jsonl", prompts)
+            three = read_rows(data / "labelled.jsonl")[:half]
+            stages._write_jsonl(data / "labelled_mix.jsonl", _interleave(three, rows[:half]))
+            meta.write_text(json.dumps(wanted))
+        run.commands.append(
+            f"distil countdown generate --n {n} --test-n {p.n_test} --dev-n {p.n_dev} --numbers "
+            f"4 --template countdown_plain --seed {seed} --out {four}"
+        )
+        stage.note = (f"{n} four-number problems ({n - half} prompts), {p.n_dev} dev, {p.n_test} "
+                      f"test; {2 * half} labelled (half of each slice)")  # fmt: skip
         console.print(stage.note)
 
 

@@ -9,6 +9,8 @@ paired leads (95% t interval, two-sided p, Holm over all of them); Markdown and 
 - self-distill: accuracy on the demo's test problems; the privileged teacher (the frozen start
   reading the reference solution in its context) scored as the self-distilled arms' teacher
   sees each problem; the demo's teacher (the positive control's).
+- reward: accuracy on the three-number and the four-number test split, teachers first; each
+  comparison on the test split of the slice its runs trained on; curves.png (study_plot.py).
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ def rows(name: str, run: DemoRun) -> list[Row]:
         for s, k in [*SLICES.items(), ("general", "both")]:
             label = f"teacher ({k}-number slice)" if s in SLICES else "teacher (generalist)"
             out.append(Row(label, shared / f"teacher_{s}", shared / f"teacher_{s}"))
+    elif name == "reward":
+        out.append(Row("teacher (three numbers: the demo's)", p["teacher"], p["teacher"]))
+        four = shared / "teacher_four"
+        out.append(Row("teacher (four numbers)", four, four))
     else:
         out.append(Row("teacher (the demo's: the positive control's)", p["teacher"], p["teacher"]))
         context = next(
@@ -82,7 +88,20 @@ def splits(name: str, run: DemoRun) -> dict[str, Path]:
     data = run.paths["data"]
     if name == "multi-teacher":
         return {f"{k} numbers": data / s / "test.jsonl" for s, k in SLICES.items()}
+    if name == "reward":
+        return {"3 numbers": data / "test.jsonl", "4 numbers": data / "four" / "test.jsonl"}
     return {"Accuracy": data / "test.jsonl"}
+
+
+def compared_on(name: str, r) -> str:
+    """The table column a run's comparisons read: the mix (multi-teacher), the slice it trained
+    on (reward: four numbers when its data.train is under data/four/), else the accuracy."""
+    if name == "multi-teacher":
+        return "mix"
+    if name == "reward":
+        train = str(r.overrides.get("data.train", ""))
+        return "4 numbers" if "/four/" in train else "3 numbers"
+    return "Accuracy"
 
 
 def _task(path: Path, n: int, context: str | None):
@@ -158,7 +177,7 @@ def accuracies(name: str, run: DemoRun, scores: dict[str, dict[str, Any]]) -> di
     """One model's accuracy per column, and on the mix of the columns when there are several."""
     cols = list(splits(name, run))
     out = {c: scores[c]["accuracy"] for c in cols}
-    if len(cols) > 1:
+    if name == "multi-teacher":
         out["mix"] = sum(scores[c]["correct"] for c in cols) / max(
             sum(scores[c]["total"] for c in cols), 1
         )
@@ -192,14 +211,17 @@ def comparisons(name: str, runs: list[DemoRun], table_rows: list[dict]) -> list[
     """The manifest's comparisons on the mix (multi-teacher) or the accuracy, paired by seed,
     with Holm's adjustment over all of them."""
     run = runs[0]
-    by_key = {r.key: run_label(r) for r in run.manifest.runs}
-    metric = "mix" if name == "multi-teacher" else "Accuracy"
-    acc = {x["model"]: [a[metric] for a in x["accuracy"]] for x in table_rows}
+    by_key = {r.key: r for r in run.manifest.runs}
+    acc = {x["model"]: x["accuracy"] for x in table_rows}
     out = []
     for a, b in run.manifest.comparisons:
-        d = paired(acc[by_key[a]], acc[by_key[b]])
-        out.append({"distilled": by_key[a], "control": by_key[b], "mean": d.mean, "sd": d.sd,
-                    "n": d.n, "differences": [x - y for x, y in zip(acc[by_key[a]], acc[by_key[b]], strict=True)],
+        metric = compared_on(name, by_key[a])
+        xs = [s[metric] for s in acc[run_label(by_key[a])]]
+        ys = [s[metric] for s in acc[run_label(by_key[b])]]
+        d = paired(xs, ys)
+        out.append({"distilled": run_label(by_key[a]), "control": run_label(by_key[b]),
+                    "on": metric, "mean": d.mean, "sd": d.sd, "n": d.n,
+                    "differences": [x - y for x, y in zip(xs, ys, strict=True)],
                     "ci95": None if d.half_width is None else [d.low, d.high], "p": d.p_value,
                     "verdict": d.verdict})  # fmt: skip
     ps = [x["p"] for x in out]
@@ -221,6 +243,13 @@ def report(name: str, runs: list[DemoRun]) -> dict[str, Any]:
         stage.note = f"{len(scores[0])} rows x {len(runs)} seeds x {len(splits(name, run))} splits"
     md, table_rows = table(name, runs, scores)
     leads = comparisons(name, runs, table_rows)
+    if name == "reward":  # the arms' curves against student compute
+        from functools import partial
+
+        from distil.demo.study_plot import plot_arms
+
+        curves = plot_arms(runs, table_rows, partial(compared_on, name))
+        md += f"\n\nCurves (dev accuracy and each arm's mean reward against student compute): {curves}"
     seeds = "" if len(runs) == 1 else f"; {len(runs)} seeds, mean ± sd (each seed's)"
     head = (
         f"`{run.command or f'distil demo --study {name}'}` (study {name}, preset "
@@ -228,7 +257,9 @@ def report(name: str, runs: list[DemoRun]) -> dict[str, Any]:
         f"{run.preset.n_test} test problems per split, greedy decoding, strict checker{seeds}; "
         f"{COST_NOTE}\n"
     )
-    what = "the mix" if name == "multi-teacher" else "the test problems"
+    what = {"multi-teacher": "the mix", "reward": "the test split of each run's slice"}.get(
+        name, "the test problems"
+    )
     text = (f"{md}\n\nPaired leads on {what} (same seed; 95% interval and two-sided p: t with "
             f"N-1 dof; p (Holm) over these comparisons):\n\n{leads_table(leads)}")  # fmt: skip
     (run.out / "results.md").write_text(f"{head}\n{text}\n")

@@ -81,39 +81,47 @@ def configured_lrs(m: Manifest) -> dict[str, float]:
     return {r.key: lr(r) for r in m.runs}
 
 
+def dev_split(run: DemoRun, r: Run):
+    """The dev split a run's curves read (its config's eval.data, with the manifest's
+    overrides, moved under --out): the demo's data/dev.jsonl, or a study slice's."""
+    from distil.demo.stages import _config, moved_paths
+
+    values = {**moved_paths(run, _config(r.config)), **moved_paths(run, r.overrides)}
+    return values.get("eval.data", run.paths["data"] / "dev.jsonl")
+
+
 def evaluate_dev(run: DemoRun) -> dict[str, float]:
-    """Every grid run's final model on the dev split (greedy, the table's settings)."""
+    """Every grid run's final model on its dev split (greedy, the table's settings)."""
     from distil.config import EvalConfig
     from distil.eval.runner import evaluate_model, load_problems
     from distil.tasks.countdown import Countdown
 
-    task = Countdown(
-        EvalConfig(
-            data=str(run.paths["data"] / "dev.jsonl"),
-            n=run.preset.n_dev,
-            max_new_tokens=32,
-            batch_size=128,
-            template="countdown_plain",
-        )
-    )
-    problems = load_problems(task)
+    splits: dict[str, tuple] = {}
     out = {}
     for r in run.manifest.runs:
+        dev = str(dev_split(run, r))
+        if dev not in splits:
+            task = Countdown(EvalConfig(data=dev, n=run.preset.n_dev, max_new_tokens=32,
+                                        batch_size=128, template="countdown_plain"))  # fmt: skip
+            splits[dev] = (task, load_problems(task))
+        task, problems = splits[dev]
         model = str(run.paths["runs"] / r.key / "final")
         out[r.key] = evaluate_model(model, task, name=r.key, problems=problems).summary["accuracy"]
         console.print(f"{r.key}: {100 * out[r.key]:.1f}% on dev")
     return out
 
 
-def run_tuning(run: DemoRun) -> dict[str, Any]:
-    """The grid on the tuning seed (data, tokenizers and teacher as the demo's), scored on dev;
-    writes tune.md and tune.json under the run's output directory."""
+def run_tuning(run: DemoRun, *, prepared: bool = False) -> dict[str, Any]:
+    """The grid on the tuning seed (data, tokenizers and teacher as the demo's; `prepared`: a
+    study made its own), each run scored on its dev split; writes tune.md and tune.json under
+    the run's output directory."""
     from distil.demo import lanes, teachers
     from distil.demo.report import machine
 
     base = run.manifest
     grid = replace(run, manifest=grid_manifest(base), seed=base.analysis.tune_seed)
-    teachers.train_teacher(run)
+    if not prepared:
+        teachers.train_teacher(run)
     lanes.run_seeds([grid])
     with run.timed("evaluation of every grid run on the dev split"):
         accuracy = evaluate_dev(grid)
@@ -121,7 +129,8 @@ def run_tuning(run: DemoRun) -> dict[str, Any]:
     table = tuning_table(base, chosen, configured_lrs(base))
     head = (
         f"`{run.command or 'distil demo --tune'}`: lr grid {list(base.analysis.lr_grid)} on seed "
-        f"{base.analysis.tune_seed}, {run.preset.n_dev} dev problems (greedy, strict checker), "
+        f"{base.analysis.tune_seed}, {run.preset.n_dev} dev problems of each run's split (greedy, "
+        "strict checker), "
         f"{machine()}, {run.threads} threads"
     )
     (run.out / "tune.md").write_text(f"{head}\n\n{table}\n")

@@ -21,7 +21,7 @@ from distil.align import matched_vocab
 from distil.config import DistilConfig
 from distil.data.crosstok import CrossTokenizer
 from distil.errors import ConfigError
-from distil.losses import is_cross_tokenizer
+from distil.losses import is_cross_tokenizer, needs_teacher
 from distil.models.load import load_tokenizer
 from distil.models.tokenizers import id_rows
 from distil.teacher.cache import (
@@ -53,7 +53,7 @@ def scorer_class(name: str):
 
 
 class NullTeacher:
-    """The `sft` loss needs no teacher targets: scoring is free."""
+    """The `sft` and `grpo` losses need no teacher targets: scoring is free."""
 
     temperature = 1.0
 
@@ -63,10 +63,10 @@ class NullTeacher:
 
 def loads_teacher_model(cfg: DistilConfig) -> bool:
     """Whether the run needs the teacher model itself: to score (unless a cache or a server
-    stands in for it) or, with `sft`, to write seq-KD completions."""
+    stands in for it) or, with `sft`, to write seq-KD completions (`grpo` reads none)."""
     if not cfg.teacher.path:
         return False
-    if cfg.loss.name == "sft":
+    if not needs_teacher(cfg.loss.name):
         return cfg.train.seq_kd
     return not (cfg.teacher.cache or cfg.teacher.url)
 
@@ -81,7 +81,7 @@ def build_scorer(
     which a cache is checked against. The logits to keep are None when every student logit is
     a token of the compared vocabulary.
     """
-    if cfg.loss.name == "sft":  # supervised: the teacher (if any) only writes completions
+    if not needs_teacher(cfg.loss.name):  # sft, grpo: the teacher (if any) only writes
         cross = None
         if teacher_tok is not None and teacher_tok.get_vocab() != tok.get_vocab():
             cross = CrossTokenizer.for_data(tok, teacher_tok, cfg.data)

@@ -14,6 +14,9 @@ would write later, and a run resumed inside a block writes that block again, ide
 Every completion id must be below `vocab_limit` (the student tokenizer's largest id + 1): an id
 past it (a model vocabulary padded past its tokenizer; the generators never sample one) is a
 DataError naming the row, not an index error deep in a loss.
+With `reward` (train/reward.py) the window's on-policy samples are scored right after they
+are sampled (on the sampler's thread with generation.async) and carry their reward and
+group-relative advantage.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ class GenerationBuffer:
         seeded: bool = False,
         teacher_windows: int = 1,
         vocab_limit: int | None = None,
+        reward: Callable[[list[Sample]], dict[str, float]] | None = None,
     ):
         self.examples = list(examples)
         self.student, self.teacher = student, teacher
@@ -113,6 +117,7 @@ class GenerationBuffer:
         self.seeded = seeded
         self.ahead = teacher_windows
         self.vocab_limit = vocab_limit  # completion ids must be below it (None: unchecked)
+        self.reward = reward  # scores the on-policy samples: rewards, advantages, metrics
         self._written: dict[int, tuple[list[int], list[Sample | None], dict[str, float]]] = {}
         self.state = BufferState()
         self._orders: dict[int, list[int]] = {}
@@ -206,6 +211,11 @@ class GenerationBuffer:
                 self._generate(side, policy, params, rows, picked, samples, metrics)
         metrics["time/generate"] = time.perf_counter() - start
         self._written.pop(index, None)  # a block's window without teacher-written slices
+        on = [s for s, p in zip(samples, row_policy, strict=True) if p == ON]
+        if self.reward is not None and on:  # whole groups: a prompt's n rows share a slice
+            start = time.perf_counter()
+            metrics.update(self.reward(on))  # type: ignore[arg-type]
+            metrics["time/reward"] = time.perf_counter() - start
         for r, p in enumerate(row_policy):
             if p == OFF:
                 samples[r] = self._reference(rows[r])

@@ -52,6 +52,8 @@ class Guard:
         self.skips = 0 if finite else self.skips + 1
         dead = finite and metrics["grad_norm"] == 0.0 and metrics["tokens/loss"] > 0
         dead = dead and self.cfg.max_zero_grad_steps > 0  # 0: the user trains on regardless
+        # a reward alone (grpo) has no gradient when every group's rewards are equal: by design
+        dead = dead and metrics.get("reward/no_signal_groups") != 1.0
         self.zeros = self.zeros + 1 if dead else 0
         if not finite:
             self._report_skip(step, flags["bad_ranks"])

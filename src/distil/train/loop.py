@@ -32,7 +32,13 @@ from distil.train.checkpoint import save_checkpoint, save_final_model
 from distil.train.cost import CostMeter
 from distil.train.fsdp import full_weights, is_sharded
 from distil.train.guard import Guard
-from distil.train.logging import MetricsLog, ProgressLine, memory_metrics, print_sample
+from distil.train.logging import (
+    MetricsLog,
+    ProgressLine,
+    flat_config,
+    memory_metrics,
+    print_sample,
+)
 from distil.train.optim import final_weights, fold_grads, grad_params, set_lr
 from distil.train.resume import resume
 from distil.train.rundir import RunLock, record_config
@@ -88,7 +94,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
     log = MetricsLog(out, enabled=acc.is_main_process, resume_step=step if state else None)
     progress = _progress_line(cfg, acc, step, clock, cost)
     if cfg.logging.trackers:
-        acc.init_trackers(cfg.logging.project, config=_flat_config(cfg))
+        acc.init_trackers(cfg.logging.project, config=flat_config(cfg))
     eval_set = _eval_set(cfg) if cfg.train.eval_every else None
     guard = Guard(cfg.train, state, last_good)  # its save timer starts here
     metrics: dict[str, Any] = {}
@@ -383,12 +389,12 @@ def _step_metrics(step, sums, window, grad_norm, lr, finite, t_teacher, t_train,
 
 
 def _window_seconds(window) -> float:
-    """Seconds of the step spent getting the window: sampling and collating it, or (with
-    generation.async, where both run in the background) waiting for it."""
+    """Seconds of the step spent getting the window: sampling, scoring and collating it, or (with
+    generation.async, where they run in the background) waiting for it."""
     t = window.metrics
     if "time/generate_wait" in t:
         return t["time/generate_wait"]
-    return t.get("time/generate", 0.0) + t.get("time/collate", 0.0)
+    return t.get("time/generate", 0.0) + t.get("time/collate", 0.0) + t.get("time/reward", 0.0)
 
 
 def _eval_set(cfg: DistilConfig):
@@ -441,12 +447,3 @@ def _evaluate_main(c: Components, cfg: DistilConfig, task, problems) -> dict[str
             template_kwargs=cfg.data.chat_template_kwargs,
         )
     return eval_metrics(r.summary)
-
-
-def _flat_config(cfg: DistilConfig) -> dict[str, Any]:
-    from distil.config import flatten, to_dict
-
-    return {
-        k: (v if isinstance(v, (int, float, str, bool)) else str(v))
-        for k, v in flatten(to_dict(cfg)).items()
-    }

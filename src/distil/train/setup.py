@@ -6,7 +6,6 @@ teacher scorer is chosen in `distil.teacher.select`.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -14,13 +13,12 @@ from typing import Any
 import torch
 
 from distil.config import DistilConfig
-from distil.config.rules import fp32_on_cuda_note, precision_notices, warmup_notice
 from distil.data.collate import collate
 from distil.data.lengths import check_lengths, uses_completions
 from distil.errors import ConfigError, require
 from distil.generation.base import SamplingParams
 from distil.generation.select import build_generator, teacher_backend
-from distil.losses import get_loss
+from distil.losses import needs_teacher
 from distil.losses.chunked import auto_chunk_size
 from distil.models.load import enable_tf32, load_model, load_tokenizer, resolve_dtype
 from distil.models.tokenizers import (
@@ -44,7 +42,9 @@ from distil.train.fsdp import (
     report_sharding,
     shard_teacher,
 )
+from distil.train.notices import memory_plan, print_notices
 from distil.train.optim import build_optimizer
+from distil.train.reward import build_rewards, reward_loss
 from distil.train.several import several_teachers, several_write, writers_side
 from distil.train.step import check_bypassed_logits
 
@@ -295,6 +295,7 @@ def build_buffer(
         num_workers=cfg.data.num_workers,
         teacher_windows=g.teacher_windows,
         vocab_limit=id_rows(tok),
+        reward=build_rewards(cfg, examples, tok),
     )
 
 
@@ -339,19 +340,6 @@ def _collate_fn(cfg: DistilConfig, examples, rows: Rows, tok, cross):
     return ContextCollate(fn, context_ids=ids)
 
 
-def _print_notices(cfg: DistilConfig, accelerator) -> None:
-    """What the run was asked for but probably did not mean, said once at its start."""
-    from distil.preflight import cpu_precision_note
-
-    for notice in precision_notices(cfg):
-        print(f"distil: warning: {notice}", file=sys.stderr, flush=True)
-    cuda = accelerator.device.type == "cuda"
-    notes = [cpu_precision_note(cfg, cuda=cuda), fp32_on_cuda_note(cfg, cuda=cuda)]
-    notes.append(warmup_notice(cfg))
-    for note in filter(None, notes):
-        print(f"note: {note}", file=sys.stderr)
-
-
 def build(cfg: DistilConfig) -> Components:
     """Everything the loop needs, prepared with accelerate, before any resume."""
     from accelerate.utils import set_seed
@@ -364,9 +352,9 @@ def build(cfg: DistilConfig) -> Components:
     planned_peak = memory_plan(cfg, accelerator)  # before any weights load, too
     enable_tf32(accelerator.device)  # the matmuls autocast leaves in fp32 (and fp32 runs)
     if accelerator.is_main_process:
-        _print_notices(cfg, accelerator)
+        print_notices(cfg, accelerator)
     set_seed(cfg.train.seed, device_specific=True)
-    loss_fn = get_loss(cfg.loss.name)
+    loss_fn, reward_opts = reward_loss(cfg)  # loss.name, + the task's reward (reward_weight)
     examples = config_examples(cfg.data)
     model, tok = load_student(cfg, accelerator)
     check_lengths(examples, tok, cfg.data, completions_used=uses_completions(cfg))
@@ -405,7 +393,7 @@ def build(cfg: DistilConfig) -> Components:
         teacher_tok,
         accelerator,
         cross,
-        align=cfg.loss.name != "sft",
+        align=needs_teacher(cfg.loss.name),
         writers=[t.model for t in teacher.teachers] if several_write(cfg) else None,
     )
     loss_opts = {
@@ -416,41 +404,7 @@ def build(cfg: DistilConfig) -> Components:
         "compile_backend": _compile_backend(cfg, accelerator.device),
         "matched_weight": cfg.loss.matched_weight,
         "unmatched_weight": cfg.loss.unmatched_weight,
+        **reward_opts,
     }
-    return Components(
-        accelerator,
-        model,
-        unwrapped,
-        tok,
-        teacher,
-        optimizer,
-        buffer,
-        loss_fn,
-        loss_opts,
-        vocab_size,
-        examples,
-        cross,
-        planned_peak,
-    )
-
-
-def memory_plan(cfg: DistilConfig, accelerator) -> int | None:
-    """The peak `distil plan` expects on this device, its headline printed once (expected peak
-    against the device's memory); None, with a one-line note, when the config cannot be
-    planned (a plan is advice: it never stops a run)."""
-    from distil.plan import headline, make_plan
-    from distil.plan.target import for_device
-
-    # on stdout, with the run's other reports ("resumed from", "final model:"): stderr carries
-    # notices and a user's mistake as one paragraph (distil: error: ...)
-    try:
-        target = for_device(accelerator.device, accelerator.num_processes, fsdp_requested())
-        plan = make_plan(cfg, target)
-    except Exception as exc:  # an unknown architecture, remote code, a hub id offline
-        if accelerator.is_main_process:
-            reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            print(f"memory plan: not made ({reason})", flush=True)
-        return None
-    if accelerator.is_main_process:
-        print(headline(plan), flush=True)
-    return plan.devices[0].peak
+    return Components(accelerator, model, unwrapped, tok, teacher, optimizer, buffer, loss_fn,
+                      loss_opts, vocab_size, examples, cross, planned_peak)  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from distil.data.packing import head_bypassed, model_forward
+from distil.train.reward import reward_inputs
 from distil.types import Batch, LossOutput, TeacherTargets
 
 
@@ -126,6 +127,7 @@ def micro_step(
 
 def _loss(loss_fn, student, batch: Batch, targets, num_tokens: float, loss_opts: dict):
     extra = {} if batch.alignment is None else {"alignment": batch.alignment}
+    extra.update(reward_inputs(batch))  # on-policy rows of a run that scores rewards
     return loss_fn(
         student,
         targets,

@@ -15,7 +15,8 @@ from distil.data.datasets import read_jsonl_rows
 from distil.errors import DataError
 from distil.files import atomic_write
 from distil.paths import path_problem
-from distil.tasks.countdown.solver import Problem, parse_numbers, paused_gc, split_set
+from distil.tasks.countdown.generate import parse_numbers, paused_gc, split_set
+from distil.tasks.countdown.solver import Problem
 from distil.tasks.countdown.templates import Template, get_template
 
 
