@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from distil.demo.cli import add_demo
+from distil.env import add_env
 from distil.errors import ConfigError, DistilError
 from distil.plan.cli import add_plan
 from distil.serve.cli import add_serve_teacher
@@ -38,7 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from distil import __version__
+
     p = argparse.ArgumentParser(prog="distil", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"distil {__version__}")
     sub = p.add_subparsers(metavar="COMMAND")
     add_demo(sub, _positive_int)
     _add_train(sub)
@@ -52,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate(sub, _positive_int)
     add_serve_teacher(sub, _positive_int)
     add_plan(sub, _positive_int)
+    add_env(sub)
     return p
 
 
