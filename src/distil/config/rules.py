@@ -217,6 +217,17 @@ def _resume_changed_keys(cfg: DistilConfig):
 
 
 @check
+def _hub_repo_named(cfg: DistilConfig):
+    """train.push_to_hub needs train.hub_model_id, the repo it uploads to."""
+    if cfg.train.push_to_hub and not cfg.train.hub_model_id:
+        return ("train.push_to_hub", "train.hub_model_id"), (
+            "train.push_to_hub=true but train.hub_model_id is not set. Fix: set "
+            "train.hub_model_id to the Hub repo, e.g. my-org/qwen3-0.6b-distilled"
+        )
+    return None
+
+
+@check
 def _hybrid_weights(cfg: DistilConfig):
     m, u = cfg.loss.matched_weight, cfg.loss.unmatched_weight
     if (m is None) != (u is None):

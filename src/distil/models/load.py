@@ -161,6 +161,25 @@ def load_model(
     return model
 
 
+def place_model(model, dtype: str, device: str | torch.device | None = None, *, key="student"):
+    """An already-loaded causal LM as `load_model` returns one: cast to `dtype` (a DTYPES name;
+    auto keeps its own) and moved to `device`; TF32 matmuls for an fp32 model on CUDA."""
+    head = getattr(model, "get_output_embeddings", None)
+    if head is None or head() is None:
+        raise ConfigError(
+            f"{key}: got a {type(model).__name__}, not a causal language model with an output "
+            "head. Fix: pass a model loaded with AutoModelForCausalLM.from_pretrained (or its "
+            "path or hub id)"
+        )
+    if dtype in DTYPES:
+        model.to(DTYPES[dtype])
+    if dtype == "float32":
+        enable_tf32(device)
+    if device is not None:
+        model.to(device)
+    return model
+
+
 def quiet_transformers() -> None:
     """distil shows its own progress; transformers' per-file bars only add noise."""
     from transformers.utils import logging as hf_logging
