@@ -1,0 +1,131 @@
+"""`distil.Distiller`: a run from Python, the same run `distil train` makes from the command
+line (the CLI calls this class), with models, tokenizers and data given as objects as well
+as paths, and callbacks.
+
+    import distil
+    d = distil.Distiller("configs/qwen3_8b_to_qwen3_0.6b.yaml", {"train.max_steps": 50},
+                         student=model, student_tokenizer=tok, train_data=dataset)
+    d.validate()                 # `distil config validate`: ConfigError listing every problem
+    print(distil.render(d.plan()))    # `distil plan`
+    result = d.train()           # `distil train`: result.metrics, result.final_model
+
+Every error a user can cause is raised as a `DistilError` subclass (`ConfigError`,
+`DataError`, ...) whose message says what was wrong and the fix; nothing is printed for it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from distil.api.inputs import ConfigLike, Overrides, make_config
+from distil.errors import ConfigError
+
+
+@dataclass
+class TrainResult:
+    """What `Distiller.train` returns: the last step's metrics (those of metrics.jsonl, with
+    the last evaluation's eval/* values when one ran then), the final model's directory (a
+    plain transformers model with its model card) and, with train.push_to_hub, the Hub URL."""
+
+    metrics: dict[str, Any]
+    final_model: Path
+    run_dir: Path
+    hub_url: str | None = None
+
+
+class Distiller:
+    """A distillation run: its config (`.config`, validated) and the objects given for it.
+
+    `config`: a YAML file or run directory, a dict of sections or a `DistilConfig`;
+    `overrides`: ["train.max_steps=200", ...] as on the command line, or
+    {"train.max_steps": 200}. `student`/`teacher`: a path or hub id, or a model already loaded
+    (then `student_tokenizer`/`teacher_tokenizer` too, an object or a path): it is trained
+    (the student) or scored with (the teacher) in place. `train_data` (data.train) and
+    `eval_data` (eval.data, the problems of the in-training evaluation): a path or hub id, a
+    `datasets.Dataset` or a list of dicts. Arguments given win over the config's values.
+    `callbacks`: `distil.Callback` objects (or functions of (step, metrics)), called on each
+    step's metrics, after each evaluation and after each checkpoint; any can stop the run.
+    """
+
+    def __init__(
+        self,
+        config: ConfigLike = None,
+        overrides: Overrides = (),
+        *,
+        student: Any = None,
+        student_tokenizer: Any = None,
+        teacher: Any = None,
+        teacher_tokenizer: Any = None,
+        train_data: Any = None,
+        eval_data: Any = None,
+        callbacks: Iterable[Any | Callable] = (),
+    ) -> None:
+        self.config, self.models = make_config(
+            config,
+            overrides,
+            models={
+                "student": (student, student_tokenizer),
+                "teacher": (teacher, teacher_tokenizer),
+            },
+            data={"data.train": train_data, "eval.data": eval_data},
+        )
+        self.callbacks = list(callbacks)
+
+    def validate(self):
+        """`distil config validate`: every check `train` makes before its first step that
+        needs no weights. Returns the `Validation` (its notes, the tokenizers and first rows it
+        read); raises ConfigError listing every problem."""
+        return validate(self.config, name="the config")
+
+    def plan(
+        self,
+        device: str = "h100",
+        *,
+        gpus: int = 1,
+        fsdp: bool = False,
+        gpu_memory: str | None = None,
+        tflops: float | None = None,
+        bandwidth: float | None = None,
+        context_tokens: int | None = None,
+    ):
+        """`distil plan`: the memory and time of a step per device and phase (a
+        `distil.plan.Plan`; `distil.render(plan)` is the text the command prints)."""
+        from distil.plan import make_target, plan_config
+
+        target = make_target(
+            device, memory=gpu_memory, gpus=gpus, fsdp=fsdp, tflops=tflops, bandwidth=bandwidth
+        )
+        return plan_config(self.config, target, context_tokens=context_tokens)
+
+    def train(self) -> TrainResult:
+        """`distil train`: run to the end (or resume), save the final model with its model
+        card, push it when train.push_to_hub; the same steps, losses and files as the CLI."""
+        from distil.train.loop import train
+
+        cfg = self.config
+        metrics = train(cfg, models=self.models, callbacks=self.callbacks)
+        out = Path(cfg.train.output_dir)
+        url = None
+        if cfg.train.push_to_hub and int(os.environ.get("RANK", "0")) == 0:
+            from distil.hub import push_run
+
+            url = push_run(out, cfg.train.hub_model_id, private=cfg.train.hub_private)
+        return TrainResult(metrics, out / "final", out, url)
+
+
+def validate(cfg, *, name: str, notes: Callable[[str], Any] | None = None):
+    """The checks of `distil config validate` on a built config (`preflight.validation`),
+    each note handed to `notes` first; ConfigError naming `name` when the config is valid but
+    cannot train."""
+    from distil.preflight import validation
+
+    v = validation(cfg)
+    for note in v.notes if notes else ():
+        notes(note)
+    if v.problems:
+        raise ConfigError(v.problems, header=f"{name} is valid but cannot train")
+    return v
