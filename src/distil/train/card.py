@@ -54,8 +54,7 @@ def model_card(cfg: DistilConfig, rows: list[dict[str, Any]], *, title: str | No
         "## Reproduce",
         "",
         "```bash",
-        f"pip install distil=={version}",
-        f"distil train {CONFIG_FILE}",
+        f"distil train {CONFIG_FILE}    # distil {version}",
         "```",
         "",
         f"`{CONFIG_FILE}` is the run's resolved config (every value, defaults included); "
@@ -164,9 +163,9 @@ def evaluation_lines(cfg: DistilConfig, rows: list[dict[str, Any]]) -> list[str]
     last = evaluated[-1]
     e = cfg.eval
     source = e.data or "the task's hub dataset"
-    head = (
-        f"`{e.task}` on `{source}` ({e.n} problems, {e.samples} samples each), step {last['step']}:"
-    )
+    n = last.get("eval/problems", e.n)
+    samples = f"{e.samples} sample{'s' * (e.samples != 1)} each"
+    head = f"`{e.task}` on `{source}` ({n} problems, {samples}), step {last['step']}:"
     shown = [
         (k.removeprefix("eval/"), v)
         for k, v in last.items()

@@ -1,0 +1,142 @@
+"""The model card (its whole text for a known config and log) and the upload of a finished run
+to a local stand-in of the Hub's HTTP API (hub_server.FakeHub): `train.push_to_hub` at the
+end of `Distiller.train` and `distil push RUN_DIR --repo ID`, every file byte for byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hub_server import hub_endpoint  # noqa: F401  (the fixture)
+
+import distil
+from distil.cli import main
+from distil.config import build_config
+from distil.hub import HubError, push_run
+from distil.train.card import CONFIG_FILE, distil_version, model_card, run_card
+
+CONFIG = {
+    "student": {"path": "Qwen/Qwen3-0.6B"},
+    "teacher": {"path": "Qwen/Qwen3-8B"},
+    "data": {"train": "openai/gsm8k", "subset": "main"},
+    "loss": {"name": "reverse_kl"},
+    "train": {"output_dir": "runs/q", "max_steps": 2, "per_device_batch_size": 4, "lr": 1e-6},
+    "generation": {"num_generations": 4},
+    "eval": {"task": "gsm8k", "n": 50, "samples": 2},
+}
+ROWS = [
+    {"step": 1, "loss": 0.5},
+    {
+        "step": 2,
+        "loss": 0.25,
+        "cost/student_flops": 1.5e15,
+        "cost/teacher_flops": 2e16,
+        "cost/student_train_tokens": 123456.0,
+        "time/train_clock": 90.0,
+        "eval/total": 100,
+        "eval/accuracy": 0.42,
+        "eval/correct": 42,
+        "eval/group/x": 1.0,
+        "eval/seconds": 3.0,
+    },
+]
+
+
+def test_the_card_says_who_taught_whom_how_and_how_to_reproduce():
+    version = distil_version()
+    expected = f"""---
+base_model: Qwen/Qwen3-0.6B
+datasets:
+- openai/gsm8k
+library_name: transformers
+pipeline_tag: text-generation
+tags:
+- distil
+- distillation
+---
+
+# me/qwen3-distilled
+
+A student distilled from a teacher's next-token distributions with distil {version}.
+
+| | |
+|---|---|
+| student | `Qwen/Qwen3-0.6B` |
+| teacher | `Qwen/Qwen3-8B` |
+| loss | `reverse_kl` (beta 0.5, temperature 1.0) |
+| lambda (share of on-policy slices) | 1.0 |
+| data | `openai/gsm8k` (subset main, split train) |
+| steps | 2 optimizer steps of 4 sequences x 1 micro-batches per process, lr 1e-06 (cosine) |
+| compute | 1.5e+15 student FLOPs, 2e+16 teacher FLOPs, 123,456 tokens trained on, 1.5 minutes of training |
+| final loss | 0.2500 (step 2) |
+
+## Final evaluation
+
+`gsm8k` on `the task's hub dataset` (50 problems, 2 samples each), step 2:
+
+| metric | value |
+|---|---|
+| total | 100 |
+| accuracy | 0.4200 |
+| correct | 42 |
+
+## Reproduce
+
+```bash
+distil train distil_config.yaml    # distil {version}
+```
+
+`distil_config.yaml` is the run's resolved config (every value, defaults included); the local paths in it are those of the machine it ran on.
+"""
+    assert model_card(build_config(CONFIG), ROWS, title="me/qwen3-distilled") == expected
+    local = {**CONFIG, "student": {"path": "./models/s"}, "data": {"train": "d.jsonl"}}
+    card = model_card(build_config(local), ROWS[:1])
+    assert "base_model" not in card and "datasets" not in card  # local paths: no hub metadata
+    assert "# q\n" in card and "No evaluation ran during training" in card
+
+
+def test_push_to_hub_uploads_the_final_model_and_its_card(
+    tmp_path, make_train_config, hub_endpoint
+):  # noqa: F811
+    raw = make_train_config(
+        train={"max_steps": 2, "eval_every": 2, "push_to_hub": True, "hub_model_id": "me/tiny"}
+    )
+    result = distil.Distiller(raw).train()
+    hub = hub_endpoint
+    assert result.hub_url == f"{hub.url}/me/tiny"
+    (commit,) = hub.commits
+    assert commit["repo"] == "me/tiny" and commit["token"] == "Bearer hf_test_token"
+    final = tmp_path / "run" / "final"
+    local = {p.name: p.read_bytes() for p in final.iterdir()}
+    assert hub.repos["me/tiny"]["files"] == local  # every file, byte for byte
+    assert {"model.safetensors", "config.json", "tokenizer.json", CONFIG_FILE} <= set(local)
+    card = local["README.md"].decode()
+    assert card == run_card(tmp_path / "run", title="me/tiny")
+    assert "\n---\n\n# me/tiny\n" in card  # the repo id is the title
+    assert "| eval/accuracy" not in card and "| accuracy | " in card
+    assert hub.repos["me/tiny"]["private"] is False
+
+
+def test_distil_push_a_run_directory(tmp_path, make_train_config, hub_endpoint, capsys):  # noqa: F811
+    distil.Distiller(make_train_config(train={"max_steps": 1})).train()
+    run = tmp_path / "run"
+    assert main(["push", str(run), "--repo", "org/student", "--private"]) == 0
+    assert f"pushed {run / 'final'} to {hub_endpoint.url}/org/student" in capsys.readouterr().out
+    repo = hub_endpoint.repos["org/student"]
+    assert repo["private"] is True
+    assert "\n# org/student\n" in repo["files"]["README.md"].decode()
+    assert repo["files"]["model.safetensors"] == (run / "final" / "model.safetensors").read_bytes()
+
+
+def test_push_errors_are_one_paragraph(tmp_path, monkeypatch, capsys):
+    assert main(["push", str(tmp_path), "--repo", "me/x"]) == 2
+    assert "holds no final model" in capsys.readouterr().err
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "config.json").write_text("{}")
+    Path(final / CONFIG_FILE).write_text("train:\n  output_dir: x\n")
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # as the tests run: no network
+    with pytest.raises(HubError, match="HF_HUB_OFFLINE=1 forbids uploads"):
+        push_run(tmp_path, "me/x")
