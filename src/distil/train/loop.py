@@ -44,7 +44,7 @@ from distil.train.setup import Components, build
 from distil.train.signals import StopRequest
 from distil.train.step import TEACHER_SUMS, micro_step, score_micro_batch, teacher_names
 from distil.train.timing import PhaseClock
-from distil.train.trackers import start_trackers
+from distil.train.trackers import log_metrics, start_trackers
 
 
 def train(
@@ -194,8 +194,7 @@ def _log(acc, cfg: DistilConfig, log: MetricsLog, progress, metrics: dict, last:
     """The step's metrics to metrics.jsonl, the trackers and the progress line."""
     log.write(metrics)  # before the checkpoint: a resume drops lines past its step
     if cfg.logging.trackers:
-        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-        acc.log(numbers, step=metrics["step"])
+        log_metrics(acc, metrics)
     progress.update(metrics["step"], metrics, final=last)
 
 

@@ -5,7 +5,8 @@ A resumed run continues the same tracker run instead of opening a new one: the i
 MLflow give a run are kept in the run directory (`trackers.json`) and handed back on resume;
 trackio continues the run of the same name (`resume="allow"`); TensorBoard appends to the same
 directory, `output_dir/tensorboard/<run_name>`. A run that starts over (no checkpoint to resume
-from) opens new tracker runs. W&B writes its files under the run directory (`wandb/`).
+from) opens new tracker runs. W&B writes its files under the run directory (`wandb/`); MLflow
+logs to MLFLOW_TRACKING_URI, its metric names with "." for "/" (`log_metrics`).
 """
 
 from __future__ import annotations
@@ -71,6 +72,20 @@ def start_trackers(accelerator, cfg: DistilConfig, resumed: bool) -> None:
             ids["mlflow"] = accelerator.get_tracker("mlflow", unwrap=True).info.run_id
         text = json.dumps(ids, indent=2, sort_keys=True) + "\n"
         atomic_write(run_dir / IDS_FILE, lambda tmp: Path(tmp).write_text(text))
+
+
+def log_metrics(accelerator, metrics: dict[str, Any]) -> None:
+    """A step's numbers to every tracker (main process). MLflow gets `loss.on_policy` for
+    `loss/on_policy`: its file store keeps a metric as a file named after it, so `loss` and
+    `loss/on_policy` cannot both exist there."""
+    if not accelerator.is_main_process:
+        return
+    numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "step"}
+    for tracker in accelerator.trackers:
+        if tracker.name == "mlflow":
+            tracker.log({k.replace("/", "."): v for k, v in numbers.items()}, step=metrics["step"])
+        else:
+            tracker.log(numbers, step=metrics["step"])
 
 
 def read_ids(run_dir: str | Path) -> dict[str, str]:
