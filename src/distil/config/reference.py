@@ -87,9 +87,19 @@ def _cell(text: str) -> str:
 
 
 def _type(info) -> str:
-    text = type_text(info.annotation)
-    bounds = [_bound(m) for m in info.metadata]
-    return " ".join([text, *filter(None, bounds)])
+    return " ".join([type_text(info.annotation), *_bounds(info.metadata)])
+
+
+def _bounds(metadata) -> list[str]:
+    """The constraints of a field's or an Annotated type's metadata (a nested FieldInfo's
+    too) as `> 0`, `<= 1.0`, ..."""
+    out = []
+    for meta in metadata:
+        if hasattr(meta, "metadata") and not isinstance(meta, type):  # Field(gt=0) in Annotated
+            out += _bounds(meta.metadata)
+        elif bound := _bound(meta):
+            out.append(bound)
+    return out
 
 
 def _bound(meta: Any) -> str | None:
@@ -111,8 +121,7 @@ def type_text(ann: Any) -> str:
     if origin in (Union, types.UnionType):
         return " or ".join(type_text(a) for a in args)
     if origin is typing.Annotated:
-        bounds = [b for m in args[1:] if (b := _bound(m))]
-        return " ".join([type_text(args[0]), *bounds])
+        return " ".join([type_text(args[0]), *_bounds(args[1:])])
     if origin is list:
         return f"list of {type_text(args[0])}"
     if origin is tuple:

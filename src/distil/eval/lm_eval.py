@@ -35,7 +35,11 @@ def run_lm_eval(
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=include_path)
+    manager = None
+    if include_path:  # only tasks of their own: lm-eval's thousands of task files not indexed
+        manager = TaskManager(include_path=include_path, include_defaults=False)
+        manager = manager if all(manager.match_tasks([t]) for t in tasks) else None
+    manager = manager or TaskManager(include_path=include_path)
     unknown = [t for t in tasks if not manager.match_tasks([t])]
     if unknown:
         where = f" or in {include_path}" if include_path else ""

@@ -1,0 +1,136 @@
+"""MMLU scored by log-likelihood (eval.mmlu_scoring=loglik) means what lm-evaluation-harness's
+MMLU means: on the same tiny model and rows, distil's per-choice log-likelihoods and accuracy
+equal lm-eval's (run on a local task file with MMLU's own template); and each log-likelihood
+equals a plain unbatched forward pass."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import distil
+from distil.cli import main
+from distil.eval.loglik import encode_pair
+from distil.testing import load_tokenizer
+
+SUBJECT = "abstract_algebra"
+
+
+def _row(i: int) -> dict:
+    choices = [f"{2 * i}", f"{2 * i + 1}", f"{i} and {i}", "none of these"]
+    return {
+        "question": f"What is {i} + {i + 1}? ",
+        "choices": choices,
+        "answer": i % 4,
+        "subject": SUBJECT,
+    }
+
+
+# lm-eval's MMLU task (lm_eval/tasks/mmlu/default) over local JSON files
+TASK = """task: tiny_mmlu
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {test}
+    dev: {dev}
+test_split: test
+fewshot_split: dev
+fewshot_config:
+  sampler: first_n
+output_type: multiple_choice
+description: "The following are multiple choice questions (with answers) about abstract algebra.\\n\\n"
+doc_to_text: "{{{{question.strip()}}}}\\nA. {{{{choices[0]}}}}\\nB. {{{{choices[1]}}}}\\nC. {{{{choices[2]}}}}\\nD. {{{{choices[3]}}}}\\nAnswer:"
+doc_to_choice: ["A", "B", "C", "D"]
+doc_to_target: answer
+num_fewshot: 2
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+
+@pytest.fixture
+def mmlu_files(tmp_path):
+    test, dev = tmp_path / "test.jsonl", tmp_path / "dev.jsonl"
+    test.write_text("".join(json.dumps(_row(i)) + "\n" for i in range(12)))
+    dev.write_text("".join(json.dumps(_row(100 + i)) + "\n" for i in range(3)))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "tiny_mmlu.yaml").write_text(TASK.format(test=test, dev=dev))
+    return test, dev, tasks
+
+
+def _distil_loglik(model, test, dev, **kw):
+    return distil.evaluate(
+        model,
+        task="mmlu",
+        mmlu_scoring="loglik",
+        data=str(test),
+        fewshot_data=str(dev),
+        fewshot_split="train",  # a local file's rows are its "train" split
+        num_fewshot=2,
+        **kw,
+    )
+
+
+def test_loglik_mmlu_equals_lm_evaluation_harness(mmlu_files, pair_dirs):
+    pytest.importorskip("lm_eval")
+    test, dev, tasks = mmlu_files
+    student = str(pair_dirs[1])
+    ours = _distil_loglik(student, test, dev)
+    theirs = distil.evaluate(
+        student, lm_eval="tiny_mmlu", include_path=str(tasks), log_samples=True
+    )
+    samples = sorted(theirs["samples"]["tiny_mmlu"], key=lambda s: s["doc_id"])
+    assert len(samples) == len(ours.rows) == 12
+    for row, sample in zip(ours.rows, samples, strict=True):
+        assert row["logliks"] == pytest.approx([r[0][0] for r in sample["resps"]], abs=1e-4)
+        assert (row["correct"] == 1) == (sample["acc"] == 1.0)
+    assert ours.summary["accuracy"] == theirs["results"]["tiny_mmlu"]["acc,none"]
+
+
+def test_each_loglik_is_a_plain_forward_pass(mmlu_files, pair_dirs):
+    test, dev, _ = mmlu_files
+    tok = load_tokenizer(pair_dirs[1])
+    model = AutoModelForCausalLM.from_pretrained(pair_dirs[1]).eval()
+    result = _distil_loglik(model, test, dev, tokenizer=tok, batch_size=5)  # ragged batches
+    from distil.config import EvalConfig
+    from distil.tasks import make_task
+
+    task = make_task(
+        EvalConfig(
+            task="mmlu", num_fewshot=2, fewshot_data=str(dev), fewshot_split="train", data=str(test)
+        )
+    )
+    problems = task.load()[0]
+    for row, problem in zip(result.rows, problems, strict=True):
+        context, options = task.choice_prompt(problem)
+        assert (
+            context.endswith("D. none of these\nAnswer:") and "about abstract algebra." in context
+        )
+        expected = []
+        for continuation, _ in options:
+            head, cont = encode_pair(tok, context, continuation)
+            with torch.no_grad():
+                logp = model(torch.tensor([head + cont])).logits[0].log_softmax(-1)
+            expected.append(sum(float(logp[len(head) - 1 + j, t]) for j, t in enumerate(cont)))
+        assert row["logliks"] == pytest.approx(expected, abs=1e-4)
+        best = "ABCD"[max(range(4), key=lambda i: expected[i])]
+        assert row["samples"][0]["completion"] == best
+
+
+def test_distil_eval_lm_eval_writes_lm_evals_numbers(mmlu_files, pair_dirs, tmp_path, capsys):
+    pytest.importorskip("lm_eval")
+    _, _, tasks = mmlu_files
+    out = tmp_path / "report"
+    argv = ["eval", "--lm-eval", "tiny_mmlu", "--lm-eval-include", str(tasks)]
+    assert main([*argv, "--model", str(pair_dirs[1]), "--n", "4", "--out", str(out)]) == 0
+    report = json.loads((out / "lm_eval.json").read_text())
+    assert report["results"]["tiny_mmlu"]["sample_len"] == 4
+    assert "tiny_mmlu" in capsys.readouterr().out  # lm-eval's own table
