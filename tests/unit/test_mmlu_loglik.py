@@ -134,3 +134,24 @@ def test_distil_eval_lm_eval_writes_lm_evals_numbers(mmlu_files, pair_dirs, tmp_
     report = json.loads((out / "lm_eval.json").read_text())
     assert report["results"]["tiny_mmlu"]["sample_len"] == 4
     assert "tiny_mmlu" in capsys.readouterr().out  # lm-eval's own table
+
+
+def test_in_training_mmlu_scores_by_loglik_as_the_final_model_does(
+    mmlu_files, make_train_config, tmp_path
+):
+    test, dev, _ = mmlu_files
+    eval_keys = {
+        "task": "mmlu",
+        "mmlu_scoring": "loglik",
+        "data": str(test),
+        "fewshot_data": str(dev),
+        "fewshot_split": "train",
+        "num_fewshot": 2,
+    }
+    raw = make_train_config(train={"max_steps": 2, "eval_every": 2}, eval=eval_keys)
+    result = distil.Distiller(raw).train()
+    again = distil.evaluate(result.final_model, **eval_keys, n=8)
+    assert result.metrics["eval/problems"] == again.summary["problems"] == 8
+    for outcome in ("correct", "wrong_choice", "no_choice"):
+        assert result.metrics[f"eval/{outcome}"] == again.summary[outcome]
+    assert result.metrics["eval/no_choice"] == 0  # a letter for every problem: none generated
