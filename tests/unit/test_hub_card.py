@@ -140,3 +140,13 @@ def test_push_errors_are_one_paragraph(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # as the tests run: no network
     with pytest.raises(HubError, match="HF_HUB_OFFLINE=1 forbids uploads"):
         push_run(tmp_path, "me/x")
+
+
+def test_a_failed_push_keeps_the_trained_model_and_says_how_to_retry(tmp_path, make_train_config):
+    raw = make_train_config(
+        train={"max_steps": 1, "push_to_hub": True, "hub_model_id": "me/tiny"}
+    )  # the tests' hub is offline: the upload fails after training
+    with pytest.raises(HubError, match="training finished and saved") as err:
+        distil.Distiller(raw).train()
+    assert f"distil push {tmp_path / 'run'} --repo me/tiny" in str(err.value)
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()

@@ -111,9 +111,16 @@ class Distiller:
         out = Path(cfg.train.output_dir)
         url = None
         if cfg.train.push_to_hub and int(os.environ.get("RANK", "0")) == 0:
-            from distil.hub import push_run
+            from distil.hub import HubError, push_run
 
-            url = push_run(out, cfg.train.hub_model_id, private=cfg.train.hub_private)
+            repo = cfg.train.hub_model_id
+            try:
+                url = push_run(out, repo, private=cfg.train.hub_private)
+            except HubError as exc:
+                raise HubError(
+                    f"training finished and saved {out / 'final'}, but the upload failed: {exc} "
+                    f"Once fixed: distil push {out} --repo {repo}"
+                ) from exc
         return TrainResult(metrics, out / "final", out, url)
 
 

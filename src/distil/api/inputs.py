@@ -25,6 +25,7 @@ from typing import Any
 from distil.config import DistilConfig, apply_overrides, build_config, read_yaml, to_dict
 from distil.errors import ConfigError, DataError
 from distil.files import atomic_write
+from distil.paths import output_dir_problem
 from distil.train.card import INPUT_FILE
 
 ConfigLike = str | os.PathLike | Mapping[str, Any] | DistilConfig | None
@@ -88,7 +89,11 @@ def make_config(
         if is_path(value):
             _set(raw, key, str(value))
     cfg = build_config(raw, problems)  # the config's own problems first, all of them
-    root = Path(root) if root is not None else Path(cfg.train.output_dir) / "inputs"
+    if root is None:
+        if problem := output_dir_problem(cfg.train.output_dir, "train.output_dir"):
+            raise ConfigError(problem)  # before anything is written under it
+        root = Path(cfg.train.output_dir) / "inputs"
+    root = Path(root)
     loaded: dict[str, Any] = {}
     written = False
     for side, (model, tok) in models.items():
