@@ -6,7 +6,7 @@ as paths, and callbacks.
     d = distil.Distiller("configs/qwen3_8b_to_qwen3_0.6b.yaml", {"train.max_steps": 50},
                          student=model, student_tokenizer=tok, train_data=dataset)
     d.validate()                 # `distil config validate`: ConfigError listing every problem
-    print(distil.render(d.plan()))    # `distil plan`
+    print(distil.plan.render(d.plan()))  # `distil plan`
     result = d.train()           # `distil train`: result.metrics, result.final_model
 
 Every error a user can cause is raised as a `DistilError` subclass (`ConfigError`,
@@ -93,7 +93,7 @@ class Distiller:
         context_tokens: int | None = None,
     ):
         """`distil plan`: the memory and time of a step per device and phase (a
-        `distil.plan.Plan`; `distil.render(plan)` is the text the command prints)."""
+        `distil.plan.Plan`; `distil.plan.render(plan)` is the text the command prints)."""
         from distil.plan import make_target, plan_config
 
         target = make_target(

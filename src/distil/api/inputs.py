@@ -89,24 +89,24 @@ def make_config(
         if is_path(value):
             _set(raw, key, str(value))
     cfg = build_config(raw, problems)  # the config's own problems first, all of them
+    given = [*(v for pair in models.values() for v in pair), *data.values()]
+    if all(v is None or is_path(v) for v in given):
+        return cfg, {}
     if root is None:
         if problem := output_dir_problem(cfg.train.output_dir, "train.output_dir"):
             raise ConfigError(problem)  # before anything is written under it
         root = Path(cfg.train.output_dir) / "inputs"
     root = Path(root)
     loaded: dict[str, Any] = {}
-    written = False
     for side, (model, tok) in models.items():
         if model is not None and not is_path(model):
             loaded[side] = model
         if (paths := write_side(root, side, model, tok)) is not None:
             _set_side(raw, side, *paths)
-            written = True
     for key, value in data.items():
         if value is not None and not is_path(value):
             _set(raw, key, str(write_rows(root / DATA_FILES[key], value, key)))
-            written = True
-    return (build_config(raw) if written else cfg), loaded
+    return build_config(raw), loaded
 
 
 def _set(raw: dict[str, Any], key: str, value: Any) -> None:
