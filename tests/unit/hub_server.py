@@ -11,8 +11,6 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import pytest
-
 
 class FakeHub:
     def __init__(self) -> None:
@@ -104,9 +102,9 @@ def _handler(hub: FakeHub):
     return Handler
 
 
-@pytest.fixture
-def hub_endpoint(monkeypatch):
-    """A running FakeHub that huggingface_hub talks to (online, with a token), for this test."""
+def serve(monkeypatch):
+    """The body of a test's `hub_endpoint` fixture: a running FakeHub that huggingface_hub
+    talks to (online, with a token) for that test."""
     import huggingface_hub.constants as constants
 
     with FakeHub() as hub:

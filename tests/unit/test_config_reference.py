@@ -29,7 +29,9 @@ def test_the_config_page_is_the_schemas():
 
 def test_the_page_lists_every_key_with_its_default_and_every_rule():
     page = reference_markdown()
-    rows = dict(re.findall(r"^\| `([a-z0-9_.]+)` \| [^|]*(?:\\\|[^|]*)* \| `([^`]*)` \|", page, re.M))
+    rows = dict(
+        re.findall(r"^\| `([a-z0-9_.]+)` \| [^|]*(?:\\\|[^|]*)* \| `([^`]*)` \|", page, re.M)
+    )
     leaves = leaf_fields()
     assert set(rows) == set(leaves)  # every key, no other
     for key, info in leaves.items():

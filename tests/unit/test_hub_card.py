@@ -6,14 +6,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import hub_server
 import pytest
-from hub_server import hub_endpoint  # noqa: F401  (the fixture)
 
 import distil
 from distil.cli import main
 from distil.config import build_config
 from distil.hub import HubError, push_run
 from distil.train.card import CONFIG_FILE, distil_version, model_card, run_card
+
+
+@pytest.fixture
+def hub_endpoint(monkeypatch):
+    yield from hub_server.serve(monkeypatch)
+
 
 CONFIG = {
     "student": {"path": "Qwen/Qwen3-0.6B"},
@@ -97,7 +103,7 @@ distil train distil_config.yaml    # distil {version}
 
 def test_push_to_hub_uploads_the_final_model_and_its_card(
     tmp_path, make_train_config, hub_endpoint
-):  # noqa: F811
+):
     raw = make_train_config(
         train={"max_steps": 2, "eval_every": 2, "push_to_hub": True, "hub_model_id": "me/tiny"}
     )
@@ -117,7 +123,7 @@ def test_push_to_hub_uploads_the_final_model_and_its_card(
     assert hub.repos["me/tiny"]["private"] is False
 
 
-def test_distil_push_a_run_directory(tmp_path, make_train_config, hub_endpoint, capsys):  # noqa: F811
+def test_distil_push_a_run_directory(tmp_path, make_train_config, hub_endpoint, capsys):
     distil.Distiller(make_train_config(train={"max_steps": 1})).train()
     run = tmp_path / "run"
     assert main(["push", str(run), "--repo", "org/student", "--private"]) == 0

@@ -28,9 +28,7 @@ def encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[i
 
 
 @torch.no_grad()
-def logliks(
-    model, tok, requests: list[tuple[str, str]], *, batch_size: int = 16
-) -> list[float]:
+def logliks(model, tok, requests: list[tuple[str, str]], *, batch_size: int = 16) -> list[float]:
     """The summed log-probability of each (context, continuation) request's continuation."""
     device = next(model.parameters()).device
     limit = getattr(model.config, "max_position_embeddings", None)
@@ -64,7 +62,9 @@ def _batch(model, pairs, device, limit: int | None) -> list[float]:
     out = []
     for i, (r, (_, cont)) in enumerate(zip(rows, pairs, strict=True)):
         n = len(cont)
-        picked = logp_B_L_V[i, len(r) - n : len(r)].gather(-1, torch.tensor(cont, device=device)[:, None])
+        picked = logp_B_L_V[i, len(r) - n : len(r)].gather(
+            -1, torch.tensor(cont, device=device)[:, None]
+        )
         out.append(float(picked.sum()))
     return out
 

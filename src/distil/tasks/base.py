@@ -84,7 +84,7 @@ class Task:
 
     @property
     def scoring(self) -> str:
-        """"generate": the model writes an answer that `check` reads; "loglik": the choice of
+        """ "generate": the model writes an answer that `check` reads; "loglik": the choice of
         highest log-likelihood is the answer (tasks that define `choice_prompt`)."""
         return "generate"
 
