@@ -84,8 +84,8 @@ class Task:
 
     @property
     def scoring(self) -> str:
-        """ "generate": the model writes an answer that `check` reads; "loglik": the choice of
-        highest log-likelihood is the answer (tasks that define `choice_prompt`)."""
+        """How answers are found: "generate" (the model writes one, `check` reads it) or
+        "loglik" (the choice of highest log-likelihood; tasks that define `choice_prompt`)."""
         return "generate"
 
     def choice_prompt(self, problem: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
