@@ -157,3 +157,22 @@ def test_validate_and_plan_match_the_commands(tmp_path, config_file, capsys):
     from distil.plan import as_dict
 
     assert as_dict(distil.Distiller(config_file).plan()) == planned
+
+
+def test_evaluate_a_loaded_model_as_the_cli_evaluates_its_directory(
+    tmp_path, pair_dirs, countdown_dir, capsys
+):
+    student = pair_dirs[1]
+    keys = {"n": 4, "max_new_tokens": 8, "template": "countdown_plain"}
+    rows = [json.loads(x) for x in (countdown_dir / "test.jsonl").read_text().splitlines()]
+    model = AutoModelForCausalLM.from_pretrained(student)
+    ours = distil.evaluate(model, "countdown", tokenizer=load_tokenizer(student), data=rows, **keys)
+    flags = ["--n", "4", "--max-new-tokens", "8", "--template", "countdown_plain"]
+    argv = ["eval", "--model", str(student), "--data", str(countdown_dir / "test.jsonl")]
+    assert main([*argv, *flags, "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+    lines = (tmp_path / "r" / "verdicts-student.jsonl").read_text().splitlines()
+    cli = [s["completion"] for r in map(json.loads, lines) for s in r["samples"]]
+    ours_completions = [s["completion"] for r in ours.rows for s in r["samples"]]
+    assert len(cli) == 4 and ours_completions == cli  # the same text, problem by problem
+    with pytest.raises(ConfigError, match="without its tokenizer"):
+        distil.evaluate(model, "countdown", data=rows, **keys)

@@ -85,11 +85,13 @@ def run_evaluation(cfg, *, models=(), completions=(), out: str | None = None, pr
     sources = [("completions", f) for f in completions]
     sources += [("model", _model_name(m)) for m, _ in models]
     names = unique_names(sources)
-    for m, _ in models:  # a mistyped local path stops here, not after the first model ran
+    for m, tok in models:  # a mistyped local path stops here, not after the first model ran
         if is_path(m):
             from distil.models.load import check_model_path
 
             check_model_path(str(m), "--model")
+        elif tok is None:
+            raise ConfigError("a loaded model was passed without its tokenizer. Fix: tokenizer=")
     results = [score_file(f, name=n, task=task) for f, n in zip(completions, names, strict=False)]
     if models:
         problems, data = load_problem_set(task)
