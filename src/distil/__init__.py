@@ -24,6 +24,7 @@ _EXPORTS = {
     "Callback": "distil.train.callbacks",
     "evaluate": "distil.api.evaluate",
     "generate": "distil.api.generate",
+    "plan": "distil.plan",  # the package itself, callable: distil.plan(config, ...)
     "DistilConfig": "distil.config",
     "load_config": "distil.config",
     "DistilError": "distil.errors",
@@ -42,6 +43,7 @@ __all__ = [
     "evaluate",
     "generate",
     "load_config",
+    "plan",
 ]
 
 if TYPE_CHECKING:
@@ -50,13 +52,15 @@ if TYPE_CHECKING:
     from distil.api.generate import generate
     from distil.config import DistilConfig, load_config
     from distil.errors import ConfigError, DataError, DistilError
+    from distil.plan import plan
     from distil.train.callbacks import Callback
 
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'distil' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    module = importlib.import_module(_EXPORTS[name])
+    value = module if module.__name__ == f"distil.{name}" else getattr(module, name)
     globals()[name] = value
     return value
 

@@ -157,6 +157,16 @@ def test_validate_and_plan_match_the_commands(tmp_path, config_file, capsys):
     from distil.plan import as_dict
 
     assert as_dict(distil.Distiller(config_file).plan()) == planned
+    assert as_dict(distil.plan(config_file)) == planned  # the package, callable
+    assert main(["plan", str(config_file), "train.max_steps=7", "--json", "--gpus", "2"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert (
+        as_dict(
+            distil.plan(yaml.safe_load(config_file.read_text()), {"train.max_steps": 7}, gpus=2)
+        )
+        == planned
+    )
+    assert distil.plan.render is not None and distil.plan.make_plan is not None  # a package still
 
 
 def test_evaluate_a_loaded_model_as_the_cli_evaluates_its_directory(

@@ -92,14 +92,21 @@ class Distiller:
         bandwidth: float | None = None,
         context_tokens: int | None = None,
     ):
-        """`distil plan`: the memory and time of a step per device and phase (a
-        `distil.plan.Plan`; `distil.plan.render(plan)` is the text the command prints)."""
-        from distil.plan import make_target, plan_config
+        """`distil plan` (`distil.plan(self.config, ...)`): the memory and time of a step per
+        device and phase (a `distil.plan.Plan`; `distil.plan.render(plan)` is the text the
+        command prints)."""
+        from distil.plan import plan
 
-        target = make_target(
-            device, memory=gpu_memory, gpus=gpus, fsdp=fsdp, tflops=tflops, bandwidth=bandwidth
+        return plan(
+            self.config,
+            device=device,
+            gpus=gpus,
+            fsdp=fsdp,
+            gpu_memory=gpu_memory,
+            tflops=tflops,
+            bandwidth=bandwidth,
+            context_tokens=context_tokens,
         )
-        return plan_config(self.config, target, context_tokens=context_tokens)
 
     def train(self) -> TrainResult:
         """`distil train`: run to the end (or resume), save the final model with its model

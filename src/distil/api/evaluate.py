@@ -18,7 +18,8 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from distil.api.inputs import ConfigLike, Overrides, is_path, make_config, override_list
+from distil.api.inputs import ConfigLike, Overrides, is_path, make_config
+from distil.config.loading import override_list
 from distil.errors import ConfigError
 
 

@@ -13,23 +13,21 @@ never leave a half-written file.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from distil.config import DistilConfig, apply_overrides, build_config, read_yaml, to_dict
+from distil.config import DistilConfig, build_config
+from distil.config.loading import ConfigLike, Overrides, raw_config
 from distil.errors import ConfigError, DataError
 from distil.files import atomic_write
 from distil.paths import output_dir_problem
 from distil.train.card import INPUT_FILE
 
-ConfigLike = str | os.PathLike | Mapping[str, Any] | DistilConfig | None
-Overrides = Sequence[str] | Mapping[str, Any]
 DATA_FILES = {"data.train": "train.jsonl", "eval.data": "eval.jsonl"}  # written data objects
 
 
@@ -37,34 +35,7 @@ def is_path(value: Any) -> bool:
     return isinstance(value, (str, os.PathLike))
 
 
-def raw_config(config: ConfigLike, overrides: Overrides = ()) -> tuple[dict[str, Any], list[str]]:
-    """(the config as a plain dict with `overrides` applied, the overrides' problems), exactly
-    as `load_config` reads a YAML file and `key=value` arguments. A mapping of overrides,
-    {"train.max_steps": 10}, sets each value as given."""
-    if config is None:
-        raw: dict[str, Any] = {}
-    elif isinstance(config, DistilConfig):
-        raw = to_dict(config)
-    elif isinstance(config, Mapping):
-        raw = copy.deepcopy(dict(config))
-    elif is_path(config):
-        raw = read_yaml(config)
-    else:
-        raise ConfigError(
-            f"config: got a {type(config).__name__}. Fix: pass a YAML file or run directory "
-            "path, a dict of sections, or a DistilConfig"
-        )
-    return raw, apply_overrides(raw, override_list(overrides))
-
-
-def override_list(overrides: Overrides) -> list[str]:
-    """`key=value` strings of a list of them (or one), or of a mapping {key: value} whose
-    values are written as JSON (which YAML reads back as the same value)."""
-    if isinstance(overrides, str):
-        return [overrides]
-    if isinstance(overrides, Mapping):
-        return [f"{k}={json.dumps(v, default=str)}" for k, v in overrides.items()]
-    return list(overrides)
+__all__ = ["ConfigLike", "Overrides", "is_path", "make_config", "raw_config", "write_rows"]
 
 
 def make_config(

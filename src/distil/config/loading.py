@@ -4,9 +4,12 @@ the fix, rules over several values)."""
 
 from __future__ import annotations
 
+import copy
 import difflib
+import json
+import os
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -136,6 +139,49 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
         else:
             node[parts[-1]] = value
     return problems
+
+
+ConfigLike = str | os.PathLike | Mapping[str, Any] | DistilConfig | None
+Overrides = Sequence[str] | Mapping[str, Any]
+
+
+def raw_config(config: ConfigLike, overrides: Overrides = ()) -> tuple[dict[str, Any], list[str]]:
+    """(a config as a plain dict with `overrides` applied, the overrides' problems): a YAML
+    file or run directory read as `load_config` reads it, a dict of sections, a DistilConfig,
+    or None (every default). Overrides are `key=value` strings as on the command line, or a
+    mapping {"train.max_steps": 10} whose values are set as given."""
+    if config is None:
+        raw: dict[str, Any] = {}
+    elif isinstance(config, DistilConfig):
+        raw = config.model_dump(mode="json", by_alias=True)
+    elif isinstance(config, Mapping):
+        raw = copy.deepcopy(dict(config))
+    elif isinstance(config, (str, os.PathLike)):
+        raw = read_yaml(config)
+    else:
+        raise ConfigError(
+            f"config: got a {type(config).__name__}. Fix: pass a YAML file or run directory "
+            "path, a dict of sections, or a DistilConfig"
+        )
+    return raw, apply_overrides(raw, override_list(overrides))
+
+
+def override_list(overrides: Overrides) -> list[str]:
+    """`key=value` strings of a list of them (or one), or of a mapping {key: value} whose
+    values are written as JSON (which YAML reads back as the same value)."""
+    if isinstance(overrides, str):
+        return [overrides]
+    if isinstance(overrides, Mapping):
+        return [f"{k}={json.dumps(v, default=str)}" for k, v in overrides.items()]
+    return list(overrides)
+
+
+def as_config(config: ConfigLike, overrides: Overrides = ()) -> DistilConfig:
+    """`raw_config` validated and resolved, every problem in one ConfigError (a DistilConfig
+    without overrides is returned as it is)."""
+    if isinstance(config, DistilConfig) and not overrides:
+        return config
+    return build_config(*raw_config(config, overrides))
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DistilConfig:
