@@ -81,32 +81,13 @@ class Distiller:
         read); raises ConfigError listing every problem."""
         return validate(self.config, name="the config")
 
-    def plan(
-        self,
-        device: str = "h100",
-        *,
-        gpus: int = 1,
-        fsdp: bool = False,
-        gpu_memory: str | None = None,
-        tflops: float | None = None,
-        bandwidth: float | None = None,
-        context_tokens: int | None = None,
-    ):
-        """`distil plan` (`distil.plan(self.config, ...)`): the memory and time of a step per
-        device and phase (a `distil.plan.Plan`; `distil.plan.render(plan)` is the text the
-        command prints)."""
+    def plan(self, device: str = "h100", **options: Any):
+        """`distil plan`: `distil.plan(self.config, device=..., gpus=, fsdp=, gpu_memory=,
+        tflops=, bandwidth=, context_tokens=)`, the memory and time of a step per device and
+        phase (a `distil.plan.Plan`; `distil.plan.render(plan)` is the command's text)."""
         from distil.plan import plan
 
-        return plan(
-            self.config,
-            device=device,
-            gpus=gpus,
-            fsdp=fsdp,
-            gpu_memory=gpu_memory,
-            tflops=tflops,
-            bandwidth=bandwidth,
-            context_tokens=context_tokens,
-        )
+        return plan(self.config, device=device, **options)
 
     def train(self) -> TrainResult:
         """`distil train`: run to the end (or resume), save the final model with its model
