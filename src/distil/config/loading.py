@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from distil.config.rules import resolve, semantic_problems
+from distil.config.rules import resolve, semantic_problems, underive
 from distil.config.schema import DistilConfig
 from distil.errors import ConfigError
 from distil.paths import path_problem
@@ -149,7 +149,9 @@ def raw_config(config: ConfigLike, overrides: Overrides = ()) -> tuple[dict[str,
     """(a config as a plain dict with `overrides` applied, the overrides' problems): a YAML
     file or run directory read as `load_config` reads it, a dict of sections, a DistilConfig,
     or None (every default). Overrides are `key=value` strings as on the command line, or a
-    mapping {"train.max_steps": 10} whose values are set as given."""
+    mapping {"train.max_steps": 10} whose values are set as given. With overrides, each
+    derived value that equals its derivation is cleared first, to be derived again
+    (`rules.underive`: a resolved config's run_name follows a new train.output_dir)."""
     if config is None:
         raw: dict[str, Any] = {}
     elif isinstance(config, DistilConfig):
@@ -163,7 +165,10 @@ def raw_config(config: ConfigLike, overrides: Overrides = ()) -> tuple[dict[str,
             f"config: got a {type(config).__name__}. Fix: pass a YAML file or run directory "
             "path, a dict of sections, or a DistilConfig"
         )
-    return raw, apply_overrides(raw, override_list(overrides))
+    overrides = override_list(overrides)
+    if overrides:  # derived values follow what the overrides change (rules.underive)
+        underive(raw)
+    return raw, apply_overrides(raw, overrides)
 
 
 def override_list(overrides: Overrides) -> list[str]:
@@ -186,9 +191,7 @@ def as_config(config: ConfigLike, overrides: Overrides = ()) -> DistilConfig:
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DistilConfig:
     """Read YAML (or a run directory's config.yaml), apply overrides, validate and resolve."""
-    raw = read_yaml(path) if path is not None else {}
-    problems = apply_overrides(raw, overrides)
-    return build_config(raw, problems)
+    return build_config(*raw_config(path, overrides))
 
 
 def _loc_key(loc: tuple) -> str:
