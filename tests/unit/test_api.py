@@ -186,3 +186,25 @@ def test_evaluate_a_loaded_model_as_the_cli_evaluates_its_directory(
     assert len(cli) == 4 and ours_completions == cli  # the same text, problem by problem
     with pytest.raises(ConfigError, match="without its tokenizer"):
         distil.evaluate(model, "countdown", data=rows, **keys)
+
+
+def test_a_signal_and_a_callback_stop_in_the_same_step_keep_that_step(
+    tmp_path, make_train_config
+):
+    """The step both ask to stop after is saved and the run ends as a stopped one does (no
+    TrainingInterrupted naming an older checkpoint)."""
+    import os
+    import signal
+
+    raw = make_train_config(train={"max_steps": 10, "save_every": 1})
+
+    def ctrl_c_and_stop_at_two(step, metrics):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # recorded by the run, acted on after the step
+        return step == 2
+
+    result = distil.Distiller(raw, callbacks=[ctrl_c_and_stop_at_two]).train()
+    assert result.metrics["step"] == 2
+    state = tmp_path / "run" / "checkpoints" / "step-00000002" / "trainer_state.json"
+    assert json.loads(state.read_text())["step"] == 2
+    assert (result.final_model / "model.safetensors").is_file()

@@ -131,7 +131,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest, hooks: Callbacks) 
                 saved_at = step
                 hooks.checkpoint(step, path)
                 stopped = stopped or _any_rank(acc, hooks)
-            guard.stop_on_signal(step, flags, last)
+            guard.stop_on_signal(step, flags, last or stopped)  # a stop: saved below
     if guard.healthy and saved_at != step:
         hooks.checkpoint(step, save(step))
     elif not guard.healthy:
