@@ -75,10 +75,27 @@ def test_trackio_run_is_named_and_continued_on_resume(tmp_path, make_train_confi
     monkeypatch.setattr(trackio.utils, "TRACKIO_DIR", store)
     monkeypatch.setattr(trackio.sqlite_storage, "TRACKIO_DIR", store)
     run = _train_then_resume(make_train_config, "trackio", steps=3)
-    with sqlite3.connect(next(store.glob("proj*.db"))) as db:
-        rows = db.execute("select run_name, step, metrics from metrics order by step").fetchall()
-    assert [(name, step) for name, step, _ in rows] == [("my-run", 1), ("my-run", 2), ("my-run", 3)]
-    assert [json.loads(m)["loss"] for _, _, m in rows] == [m["loss"] for m in read_metrics(run)]
+    db_path = next(store.glob("proj*.db"))
+    with sqlite3.connect(db_path) as db:
+        rows = db.execute(
+            "select run_name, step, metrics, run_id from metrics order by id"
+        ).fetchall()
+    assert [(name, step) for name, step, *_ in rows] == [
+        ("my-run", 1),
+        ("my-run", 2),
+        ("my-run", 3),
+    ]
+    assert [json.loads(m)["loss"] for _, _, m, _ in rows] == [m["loss"] for m in read_metrics(run)]
+    (run_id,) = {r[3] for r in rows}  # one run, continued
+    fresh = make_train_config(
+        train={"max_steps": 1, "resume": "never", "output_dir": str(tmp_path / "other")},
+        logging={"trackers": ["trackio"], "run_name": "my-run", "project": "proj"},
+    )
+    loop.train(build_config(fresh))  # a new run directory, the same name: a new trackio run
+    with sqlite3.connect(db_path) as db:
+        rows = db.execute("select run_id, step from metrics order by id").fetchall()
+    assert rows[:3] == [(run_id, 1), (run_id, 2), (run_id, 3)]  # the old run left as it was
+    assert len(rows) == 4 and rows[3][0] != run_id and rows[3][1] == 1
 
 
 def test_tensorboard_writes_under_the_run_name(make_train_config):

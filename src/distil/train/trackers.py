@@ -3,10 +3,12 @@ accelerate, each given `logging.project` and `logging.run_name`.
 
 A resumed run continues the same tracker run instead of opening a new one: the ids W&B and
 MLflow give a run are kept in the run directory (`trackers.json`) and handed back on resume;
-trackio continues the run of the same name (`resume="allow"`); TensorBoard appends to the same
-directory, `output_dir/tensorboard/<run_name>`. A run that starts over (no checkpoint to resume
-from) opens new tracker runs. W&B writes its files under the run directory (`wandb/`); MLflow
-logs to MLFLOW_TRACKING_URI, its metric names with "." for "/" (`log_metrics`).
+trackio continues the run of the same name (`resume="allow"`, on resume only: a fresh start
+opens a new trackio run even where the project holds one of that name); TensorBoard appends
+to the same directory, `output_dir/tensorboard/<run_name>`. A run that starts over (no
+checkpoint to resume from) opens new tracker runs. W&B writes its files under the run
+directory (`wandb/`); MLflow logs to MLFLOW_TRACKING_URI, its metric names with "." for "/"
+(`log_metrics`).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def start_trackers(accelerator, cfg: DistilConfig, resumed: bool) -> None:
     wandb_id = kept.get("wandb") or secrets.token_hex(4)  # W&B ids: [a-z0-9], ours 8 hex digits
     init_kwargs = {
         "wandb": {"name": name, "id": wandb_id, "resume": "allow", "dir": str(run_dir)},
-        "trackio": {"name": name, "resume": "allow"},
+        "trackio": {"name": name, "resume": "allow" if resumed else "never"},
         "mlflow": {"run_name": name, "run_id": kept.get("mlflow")},
     }
     accelerator.init_trackers(
