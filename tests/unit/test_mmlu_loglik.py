@@ -79,10 +79,22 @@ def _distil_loglik(model, test, dev, **kw):
     )
 
 
-def test_loglik_mmlu_equals_lm_evaluation_harness(mmlu_files, pair_dirs):
+@pytest.fixture(params=["bpe", "unigram_bos"])
+def student_dir(request, pair_dirs):
+    """A tiny model over a tokenizer that adds no BOS (bpe), and one that adds <bos>
+    (unigram): lm-eval before 0.4.10 encoded without BOS, which only the second can catch."""
+    if request.param == "bpe":
+        return str(pair_dirs[1])
+    path = request.getfixturevalue("tiny_qwen2_dir")
+    ids = load_tokenizer(path)("Answer:")["input_ids"]
+    assert ids[0] == load_tokenizer(path).bos_token_id  # the tokenizer's default adds BOS
+    return str(path)
+
+
+def test_loglik_mmlu_equals_lm_evaluation_harness(mmlu_files, student_dir):
     pytest.importorskip("lm_eval")
     test, dev, tasks = mmlu_files
-    student = str(pair_dirs[1])
+    student = student_dir
     ours = _distil_loglik(student, test, dev)
     theirs = distil.evaluate(
         student, lm_eval="tiny_mmlu", include_path=str(tasks), log_samples=True
@@ -155,3 +167,42 @@ def test_in_training_mmlu_scores_by_loglik_as_the_final_model_does(
     for outcome in ("correct", "wrong_choice", "no_choice"):
         assert result.metrics[f"eval/{outcome}"] == again.summary[outcome]
     assert result.metrics["eval/no_choice"] == 0  # a letter for every problem: none generated
+
+
+def _full_log_softmax_logliks(model, pairs):
+    """The reference: each pair alone, log_softmax over every position of its forward."""
+    out = []
+    for head, cont in pairs:
+        with torch.no_grad():
+            logp_L_V = model(torch.tensor([head + cont])).logits[0]
+        logp_L_V = logp_L_V.float().log_softmax(-1)
+        out.append(sum(float(logp_L_V[len(head) - 1 + j, t]) for j, t in enumerate(cont)))
+    return out
+
+
+def test_only_the_continuation_positions_are_normalized(pair_dirs, monkeypatch):
+    """log_softmax sees the continuations' N positions, not the batch's B x L x V logits, and
+    the log-likelihoods equal a full log_softmax's."""
+    from distil.eval.loglik import logliks
+
+    tok = load_tokenizer(pair_dirs[1])
+    model = AutoModelForCausalLM.from_pretrained(pair_dirs[1]).eval()
+    requests = [
+        (f"Question {i}: what is {i} + {i}? " * (1 + i % 3) + "Answer:", " A") for i in range(5)
+    ]
+    requests += [("Pick one:", " B or C"), ("x", " y z w")]
+    seen = []
+    real = torch.log_softmax
+
+    def spy(t, *args, **kwargs):
+        seen.append(tuple(t.shape))
+        return real(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "log_softmax", spy)
+    ours = logliks(model, tok, requests, batch_size=4)
+    pairs = [encode_pair(tok, c, x) for c, x in requests]
+    monkeypatch.setattr(torch, "log_softmax", real)
+    assert ours == pytest.approx(_full_log_softmax_logliks(model, pairs), abs=1e-5)
+    vocab = model.config.vocab_size
+    n = [sum(len(c) for _, c in pairs[s : s + 4]) for s in (0, 4)]
+    assert seen == [(n[0], vocab), (n[1], vocab)]  # one call per batch, continuations only
