@@ -48,16 +48,57 @@ def push_run(
         status = exc.response.status_code if exc.response is not None else "?"
         raise HubError(
             f"the Hub refused the upload to {repo_id!r} (HTTP {status}: "
-            f"{str(exc).splitlines()[0]}). Fix: log in with a token that may write to that "
+            f"{_first_line(exc)}). Fix: log in with a token that may write to that "
             "namespace (`hf auth login`, or HF_TOKEN), and check the repo id"
         ) from exc
-    except (OSError, ValueError) as exc:  # offline mode, no network, a malformed repo id
+    except network_errors() as exc:  # offline mode, no network, a malformed repo id
         raise HubError(
-            f"cannot upload to {repo_id!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}. "
-            "Fix: check the repo id (org/name) and the network; HF_HUB_OFFLINE=1 forbids "
-            "uploads"
+            f"cannot upload to {repo_id!r} ({type(exc).__name__}: {_first_line(exc)}). "
+            "Fix: check the repo id (org/name), the network and the endpoint (HF_ENDPOINT); "
+            "HF_HUB_OFFLINE=1 forbids uploads"
         ) from exc
     return str(url)
+
+
+def network_errors() -> tuple[type[BaseException], ...]:
+    """What a failed connection raises in huggingface_hub: OSError and ValueError (offline
+    mode, a malformed repo id) and its HTTP client's errors, which are neither (httpx2 in
+    huggingface_hub 2.x, httpx in 1.x: a refused connection, a timeout)."""
+    import importlib
+
+    errors: list[type[BaseException]] = [OSError, ValueError]
+    for module, name in (("httpx2", "HTTPError"), ("httpx", "HTTPError")):
+        try:
+            errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(errors)
+
+
+def check_token(repo_id: str | None) -> None:
+    """HubError before a run with train.push_to_hub starts when no Hub token is found (the
+    upload at its end would fail after all the training)."""
+    from huggingface_hub import get_token
+
+    try:
+        found = get_token()
+    except Exception as exc:  # HF_OIDC_RESOURCE set and its token exchange failed
+        raise HubError(
+            f"train.push_to_hub=true: cannot get a Hugging Face token ({type(exc).__name__}: "
+            f"{_first_line(exc)}). Fix: `hf auth login` or HF_TOKEN, or train.push_to_hub=false"
+        ) from exc
+    if not found:
+        raise HubError(
+            f"train.push_to_hub=true (repo {repo_id!r}) but no Hugging Face token is set, so "
+            "the upload after training would fail. Fix: `hf auth login` or set HF_TOKEN to a "
+            "token that may write there; or train.push_to_hub=false and `distil push RUN_DIR "
+            "--repo ID` later"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text.strip() else repr(exc)
 
 
 def _final_dir(run_dir: Path) -> Path:

@@ -148,11 +148,63 @@ def test_push_errors_are_one_paragraph(tmp_path, monkeypatch, capsys):
         push_run(tmp_path, "me/x")
 
 
-def test_a_failed_push_keeps_the_trained_model_and_says_how_to_retry(tmp_path, make_train_config):
-    raw = make_train_config(
-        train={"max_steps": 1, "push_to_hub": True, "hub_model_id": "me/tiny"}
-    )  # the tests' hub is offline: the upload fails after training
+@pytest.fixture
+def closed_port_hub(monkeypatch):
+    """huggingface_hub pointed at a local port nobody listens on (online, with a token)."""
+    import socket
+
+    import huggingface_hub.constants as constants
+
+    with socket.socket() as s:  # a free port, closed again: connecting to it is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    return port
+
+
+def test_a_failed_push_keeps_the_trained_model_and_says_how_to_retry(
+    tmp_path, make_train_config, monkeypatch
+):
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the upload fails after training
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    raw = make_train_config(train={"max_steps": 1, "push_to_hub": True, "hub_model_id": "me/tiny"})
     with pytest.raises(HubError, match="training finished and saved") as err:
         distil.Distiller(raw).train()
     assert f"distil push {tmp_path / 'run'} --repo me/tiny" in str(err.value)
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def test_an_unreachable_hub_is_a_hub_error(tmp_path, make_train_config, closed_port_hub, capsys):
+    """A refused connection (httpx2's ConnectError: not an OSError) is a HubError: one
+    paragraph from `distil push`, and after training the hint to push again."""
+    raw = make_train_config(train={"max_steps": 1, "push_to_hub": True, "hub_model_id": "me/tiny"})
+    with pytest.raises(HubError, match="training finished and saved") as err:
+        distil.Distiller(raw).train()
+    text = str(err.value)
+    assert "ConnectError" in text and f"distil push {tmp_path / 'run'} --repo me/tiny" in text
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+    with pytest.raises(HubError, match="cannot upload to 'me/tiny' \\(ConnectError"):
+        push_run(tmp_path / "run", "me/tiny")
+    assert main(["push", str(tmp_path / "run"), "--repo", "me/tiny"]) == 2
+    shown = capsys.readouterr().err
+    assert "cannot upload to 'me/tiny'" in shown and "Traceback" not in shown
+
+
+def test_push_to_hub_without_a_token_fails_before_training(
+    tmp_path, make_train_config, monkeypatch
+):
+    import huggingface_hub.constants as constants
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
+    raw = make_train_config(train={"max_steps": 1, "push_to_hub": True, "hub_model_id": "me/tiny"})
+    with pytest.raises(HubError, match="no Hugging Face token is set") as err:
+        distil.Distiller(raw).train()
+    assert "hf auth login" in str(err.value) and "'me/tiny'" in str(err.value)
+    assert not (tmp_path / "run").exists()  # nothing trained

@@ -95,21 +95,32 @@ class Distiller:
         from distil.train.loop import train
 
         cfg = self.config
+        if cfg.train.push_to_hub:
+            from distil.hub import check_token
+
+            check_token(cfg.train.hub_model_id)  # before training, not after it
         metrics = train(cfg, models=self.models, callbacks=self.callbacks)
         out = Path(cfg.train.output_dir)
         url = None
         if cfg.train.push_to_hub and int(os.environ.get("RANK", "0")) == 0:
-            from distil.hub import HubError, push_run
-
-            repo = cfg.train.hub_model_id
-            try:
-                url = push_run(out, repo, private=cfg.train.hub_private)
-            except HubError as exc:
-                raise HubError(
-                    f"training finished and saved {out / 'final'}, but the upload failed: {exc} "
-                    f"Once fixed: distil push {out} --repo {repo}"
-                ) from exc
+            url = _push(out, cfg.train.hub_model_id, cfg.train.hub_private)
         return TrainResult(metrics, out / "final", out, url)
+
+
+def _push(out: Path, repo: str, private: bool) -> str:
+    """The trained run's upload; any failure a HubError that says the model is saved and how
+    to upload it again (a failure of the upload never hides the training's result)."""
+    from distil.hub import HubError, push_run
+
+    try:
+        return push_run(out, repo, private=private)
+    except Exception as exc:  # HubError, or whatever else the Hub client raised
+        reason = str(exc) if isinstance(exc, HubError) else f"{type(exc).__name__}: {exc}"
+        raise HubError(
+            f"training finished and saved {out / 'final'}, but the upload failed: "
+            f"{reason.rstrip('.')}. "
+            f"Once fixed: distil push {out} --repo {repo}"
+        ) from exc
 
 
 def validate(cfg, *, name: str, notes: Callable[[str], Any] | None = None):
