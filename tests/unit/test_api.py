@@ -188,9 +188,7 @@ def test_evaluate_a_loaded_model_as_the_cli_evaluates_its_directory(
         distil.evaluate(model, "countdown", data=rows, **keys)
 
 
-def test_a_signal_and_a_callback_stop_in_the_same_step_keep_that_step(
-    tmp_path, make_train_config
-):
+def test_a_signal_and_a_callback_stop_in_the_same_step_keep_that_step(tmp_path, make_train_config):
     """The step both ask to stop after is saved and the run ends as a stopped one does (no
     TrainingInterrupted naming an older checkpoint)."""
     import os
@@ -208,3 +206,61 @@ def test_a_signal_and_a_callback_stop_in_the_same_step_keep_that_step(
     state = tmp_path / "run" / "checkpoints" / "step-00000002" / "trainer_state.json"
     assert json.loads(state.read_text())["step"] == 2
     assert (result.final_model / "model.safetensors").is_file()
+
+
+@pytest.fixture
+def foreign_tokenizer(tmp_path, pair_dirs, wordpiece_tokenizer):
+    """(a tokenizer directory other than the student's own, the student's weights saved with
+    that tokenizer): what a model run with the given tokenizer must equal."""
+    import shutil
+
+    tok_dir = tmp_path / "wordpiece"
+    wordpiece_tokenizer.save_pretrained(tok_dir)
+    reference = tmp_path / "student_with_wordpiece"
+    reference.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(pair_dirs[1] / name, reference / name)
+    wordpiece_tokenizer.save_pretrained(reference)
+    return tok_dir, reference
+
+
+def test_evaluate_uses_the_tokenizer_given_as_a_path_or_object(
+    foreign_tokenizer, pair_dirs, countdown_dir
+):
+    tok_dir, reference = foreign_tokenizer
+    keys = {"n": 3, "max_new_tokens": 8, "template": "countdown_plain"}
+    data = str(countdown_dir / "test.jsonl")
+
+    def completions(model, **kw):
+        result = distil.evaluate(model, "countdown", data=data, **keys, **kw)
+        return [s["completion"] for r in result.rows for s in r["samples"]]
+
+    expected = completions(str(reference))
+    assert expected != completions(str(pair_dirs[1]))  # the tokenizer shows in the text
+    loaded = AutoModelForCausalLM.from_pretrained(pair_dirs[1])
+    assert completions(loaded, tokenizer=str(tok_dir)) == expected
+    assert completions(str(pair_dirs[1]), tokenizer=str(tok_dir)) == expected
+    assert completions(str(pair_dirs[1]), tokenizer=load_tokenizer(tok_dir)) == expected
+    with pytest.raises(ConfigError, match="tokenizer"):
+        completions(loaded, tokenizer=str(tok_dir / "missing"))
+
+
+def test_generate_uses_the_tokenizer_given_as_a_path_or_object(
+    tmp_path, foreign_tokenizer, pair_dirs, make_train_config
+):
+    tok_dir, reference = foreign_tokenizer
+    raw = make_train_config(generation={"max_new_tokens": 6, "num_generations": 1})
+
+    def written(name, **kw):
+        out = tmp_path / f"{name}.jsonl"
+        distil.generate(raw, out=out, n=1, **kw)
+        return out.read_text()
+
+    expected = written("reference", model=str(reference))
+    assert expected != written("own", model=str(pair_dirs[1]))
+    assert written("path", model=str(pair_dirs[1]), tokenizer=str(tok_dir)) == expected
+    assert written("obj", model=str(pair_dirs[1]), tokenizer=load_tokenizer(tok_dir)) == expected
+    loaded = AutoModelForCausalLM.from_pretrained(pair_dirs[1])
+    assert written("loaded", model=loaded, tokenizer=str(tok_dir)) == expected
+    loaded = AutoModelForCausalLM.from_pretrained(pair_dirs[1])
+    assert written("both", model=loaded, tokenizer=load_tokenizer(tok_dir)) == expected

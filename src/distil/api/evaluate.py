@@ -93,10 +93,12 @@ def run_evaluation(cfg, *, models=(), completions=(), out: str | None = None, pr
             check_model_path(str(m), "--model")
         elif tok is None:
             raise ConfigError("a loaded model was passed without its tokenizer. Fix: tokenizer=")
+    tokenizers = [as_tokenizer(tok) for _, tok in models]  # a bad path stops here too
     results = [score_file(f, name=n, task=task) for f, n in zip(completions, names, strict=False)]
     if models:
         problems, data = load_problem_set(task)
-        for (m, tok), name in zip(models, names[len(completions) :], strict=True):
+        named = zip(models, tokenizers, names[len(completions) :], strict=True)
+        for (m, _), tok, name in named:
             r = evaluate_model(
                 str(m) if is_path(m) else _model_name(m),
                 task,
@@ -104,12 +106,22 @@ def run_evaluation(cfg, *, models=(), completions=(), out: str | None = None, pr
                 problems=problems,
                 progress=progress,
                 model=None if is_path(m) else m,
-                tokenizer=None if is_path(tok) or tok is None else tok,
+                tokenizer=tok,  # None: the model directory's own
                 template_kwargs=cfg.data.chat_template_kwargs or None,  # None: the model's
             )
             r.data = data
             results.append(r)
     return results, (write_report(results, out) if out is not None else None)
+
+
+def as_tokenizer(tokenizer: Any) -> Any:
+    """A tokenizer given as a path or hub id, loaded as distil loads every tokenizer; an
+    object (or None) as it is."""
+    if tokenizer is None or not is_path(tokenizer):
+        return tokenizer
+    from distil.models.load import load_tokenizer
+
+    return load_tokenizer(str(tokenizer), key="tokenizer")
 
 
 def _model_name(model: Any) -> str:
@@ -125,6 +137,9 @@ def evaluate_lm_eval(model: Any, tasks: list[str], *, tokenizer: Any = None, **k
 
     if model is None:
         raise ConfigError("lm-eval needs a model: pass --model DIR (a directory or hub id)")
+    if not is_path(model) and tokenizer is None:
+        raise ConfigError("a loaded model was passed without its tokenizer. Fix: tokenizer=")
     if "n" in keys:
         keys["limit"] = keys.pop("n")
-    return run_lm_eval(str(model) if is_path(model) else model, tasks, tokenizer=tokenizer, **keys)
+    model = str(model) if is_path(model) else model
+    return run_lm_eval(model, tasks, tokenizer=as_tokenizer(tokenizer), **keys)

@@ -30,7 +30,7 @@ def generate(
     """Write the completions to `out`; returns {"prompts", "completions", "kept"}.
 
     `model`: a directory or hub id, or a loaded model with its `tokenizer` (default: the
-    config's teacher); `train_data` (data.train): a path or hub id, a Dataset or a list of
+    config's teacher); `tokenizer`: an object or a path, used in place of the model's own; `train_data` (data.train): a path or hub id, a Dataset or a list of
     dicts; `n` completions per prompt (default generation.num_generations); `keep="correct"`:
     only those eval.task judges correct."""
     from distil.preflight import check
@@ -44,11 +44,14 @@ def generate(
         )
         check(cfg, "generate")
         path = cfg.teacher.path if given else (str(model) if model is not None else None)
+        if given:  # the object itself, or the path make_config set as teacher.tokenizer
+            tokenizer = tokenizer if not is_path(tokenizer) else cfg.teacher.tokenizer
         return generate_completions(
             cfg,
             out,
             model_path=path,
             model=loaded.get("teacher"),
+            tokenizer=tokenizer,
             n=n,
             keep=keep,
             batch_size=batch_size,
