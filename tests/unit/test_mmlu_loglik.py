@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 import distil
 from distil.cli import main
+from distil.errors import ConfigError, DataError
 from distil.eval.loglik import encode_pair
 from distil.testing import load_tokenizer
 
@@ -206,3 +207,43 @@ def test_only_the_continuation_positions_are_normalized(pair_dirs, monkeypatch):
     vocab = model.config.vocab_size
     n = [sum(len(c) for _, c in pairs[s : s + 4]) for s in (0, 4)]
     assert seen == [(n[0], vocab), (n[1], vocab)]  # one call per batch, continuations only
+
+
+def test_distil_eval_lm_eval_refuses_what_it_would_ignore(
+    mmlu_files, pair_dirs, tmp_path, monkeypatch, capsys
+):
+    """Options an lm-eval run cannot honour, and an unusable --out, stop before lm-eval runs."""
+    import distil.eval.lm_eval as lm_eval_module
+
+    def not_run(*args, **kwargs):
+        raise AssertionError("lm-eval ran")
+
+    monkeypatch.setattr(lm_eval_module, "run_lm_eval", not_run)
+    _, _, tasks = mmlu_files
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("eval:\n  n: 3\n")
+    argv = ["eval", "--lm-eval", "tiny_mmlu", "--lm-eval-include", str(tasks)]
+    argv += ["--model", str(pair_dirs[1])]
+    for extra, named in [
+        (["--config", str(cfg)], "--config does not apply"),
+        (["eval.n=3"], "overrides does not apply"),
+        (["--template", "mmlu_plain"], "--template does not apply"),
+        (["--temperature", "0"], "--temperature does not apply"),
+        (["--template", "x", "--samples", "2"], "--samples, --template do not apply"),
+    ]:
+        assert main([*argv, *extra]) == 2
+        err = capsys.readouterr().err
+        assert named in err and "lm-eval takes --model, --n" in err, extra
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main([*argv, "--out", str(blocker / "report")]) == 2
+    assert "report directory sits under" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="mmlu_scoring does not apply"):
+        distil.evaluate(pair_dirs[1], lm_eval="tiny_mmlu", mmlu_scoring="loglik")
+    with pytest.raises(ConfigError, match="task, temperature do not apply"):
+        distil.evaluate(pair_dirs[1], "mmlu", lm_eval="tiny_mmlu", temperature=0)
+    with pytest.raises(DataError, match="report directory"):
+        distil.evaluate(pair_dirs[1], lm_eval="tiny_mmlu", out=str(blocker / "r"))
+    model = AutoModelForCausalLM.from_pretrained(pair_dirs[1])
+    with pytest.raises(ConfigError, match="without its tokenizer"):
+        distil.evaluate(model, lm_eval="tiny_mmlu")

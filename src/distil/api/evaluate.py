@@ -45,8 +45,15 @@ def evaluate(
     path or hub id, a Dataset or a list of dicts. `out`: also write the report there.
     `lm_eval`: lm-eval task names instead of `task`; returns lm-eval's results dict."""
     if lm_eval is not None:
+        from distil.eval.lm_eval import refuse_unused
+
+        other = {"task": task, "config": config, "overrides": overrides, "data": data}
+        other.update(completions=completions, **eval_keys)
+        given = [k for k, v in other.items() if _given(v) and k not in LM_EVAL_KEYS]
+        refuse_unused(given, LM_EVAL_TAKES)
         names = [lm_eval] if isinstance(lm_eval, str) else list(lm_eval)
-        return evaluate_lm_eval(model, names, tokenizer=tokenizer, **eval_keys)
+        keys = {k: v for k, v in eval_keys.items() if v is not None}
+        return evaluate_lm_eval(model, names, tokenizer=tokenizer, out=out, **keys)
     keys = {**eval_keys, **({"task": task} if task else {})}
     with tempfile.TemporaryDirectory(prefix="distil-eval-") as tmp:
         cfg = eval_config(config, overrides, keys, data=data, root=tmp)
@@ -114,6 +121,11 @@ def run_evaluation(cfg, *, models=(), completions=(), out: str | None = None, pr
     return results, (write_report(results, out) if out is not None else None)
 
 
+def _given(value: Any) -> bool:
+    """An argument set (0 and False are; None and empty overrides are not)."""
+    return value is not None and not (isinstance(value, (list, tuple, dict)) and not value)
+
+
 def as_tokenizer(tokenizer: Any) -> Any:
     """A tokenizer given as a path or hub id, loaded as distil loads every tokenizer; an
     object (or None) as it is."""
@@ -130,11 +142,22 @@ def _model_name(model: Any) -> str:
     return str(getattr(model, "name_or_path", "") or type(model).__name__)
 
 
-def evaluate_lm_eval(model: Any, tasks: list[str], *, tokenizer: Any = None, **keys: Any):
-    """lm-evaluation-harness on `model` (`distil.eval.lm_eval.run_lm_eval`); `keys`:
-    num_fewshot, limit (or n), batch_size, include_path, device, log_samples."""
-    from distil.eval.lm_eval import run_lm_eval
+LM_EVAL_KEYS = ("n", "limit", "num_fewshot", "batch_size", "include_path", "device", "log_samples")
+LM_EVAL_TAKES = "model, tokenizer=, out=, " + ", ".join(f"{k}=" for k in LM_EVAL_KEYS)
 
+
+def evaluate_lm_eval(
+    model: Any, tasks: list[str], *, tokenizer: Any = None, out: str | None = None, **keys: Any
+):
+    """lm-evaluation-harness on `model` (`distil.eval.lm_eval.run_lm_eval`); `keys`:
+    num_fewshot, limit (or n), batch_size, include_path, device, log_samples. `out`: also
+    write lm-eval's results there (lm_eval.json), the directory checked before anything runs."""
+    from distil.eval.lm_eval import refuse_unused, run_lm_eval, write_report
+    from distil.eval.report import check_out_dir
+
+    refuse_unused([k for k in keys if k not in LM_EVAL_KEYS], LM_EVAL_TAKES)
+    if out is not None:
+        check_out_dir(out)
     if model is None:
         raise ConfigError("lm-eval needs a model: pass --model DIR (a directory or hub id)")
     if not is_path(model) and tokenizer is None:
@@ -142,4 +165,7 @@ def evaluate_lm_eval(model: Any, tasks: list[str], *, tokenizer: Any = None, **k
     if "n" in keys:
         keys["limit"] = keys.pop("n")
     model = str(model) if is_path(model) else model
-    return run_lm_eval(model, tasks, tokenizer=as_tokenizer(tokenizer), **keys)
+    results = run_lm_eval(model, tasks, tokenizer=as_tokenizer(tokenizer), **keys)
+    if out is not None:
+        write_report(results, out)
+    return results

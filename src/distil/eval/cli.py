@@ -4,6 +4,7 @@ and completions files, or lm-evaluation-harness with --lm-eval)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
 def add_eval(sub, positive_int) -> None:
@@ -76,28 +77,39 @@ def _eval(args) -> int:
 
 
 def _lm_eval(args) -> int:
-    import json
-    from pathlib import Path
-
     from distil.api.evaluate import evaluate_lm_eval
     from distil.errors import ConfigError
-    from distil.eval.lm_eval import results_table
+    from distil.eval.lm_eval import REPORT, refuse_unused, results_table
 
-    if len(args.model) != 1 or args.completions:
-        raise ConfigError("--lm-eval scores one --model DIR (no --completions)")
+    flags = {
+        "--config": args.config,
+        "overrides": args.overrides,
+        "--completions": args.completions,
+        "--task": args.task,
+        "--data": args.data,
+        "--subset": args.subset,
+        "--split": args.split,
+        "--samples": args.samples,
+        "--max-new-tokens": args.max_new_tokens,
+        "--temperature": args.temperature,
+        "--template": args.template,
+        "--number-usage": args.number_usage,
+    }
+    takes = "--model, --n, --batch-size, --num-fewshot, --lm-eval-include and --out"
+    refuse_unused([f for f, v in flags.items() if v not in (None, [])], takes)
+    if len(args.model) != 1:
+        raise ConfigError("--lm-eval scores one --model DIR (a directory or hub id)")
     tasks = [t.strip() for t in args.lm_eval.split(",") if t.strip()]
+    out = args.out or "eval-report"
     results = evaluate_lm_eval(
         args.model[0],
         tasks,
+        out=out,
         num_fewshot=args.num_fewshot,
         limit=args.n,
         batch_size=args.batch_size or 8,
         include_path=args.lm_eval_include,
     )
     print(results_table(results))
-    out = Path(args.out or "eval-report")
-    out.mkdir(parents=True, exist_ok=True)
-    shown = {k: results[k] for k in ("results", "versions", "n-shot", "config") if k in results}
-    (out / "lm_eval.json").write_text(json.dumps(shown, indent=2, default=str) + "\n")
-    print(f"\nreport: {out / 'lm_eval.json'}", file=sys.stderr)
+    print(f"\nreport: {Path(out) / REPORT}", file=sys.stderr)
     return 0

@@ -11,9 +11,14 @@ YAML task files in `include_path` (a task reads local JSON data files with
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from distil.errors import ConfigError, require
+from distil.files import atomic_write
+
+REPORT = "lm_eval.json"  # lm-eval's results, versions, n-shot and config, under --out
 
 
 def run_lm_eval(
@@ -64,6 +69,30 @@ def run_lm_eval(
         task_manager=manager,
         log_samples=log_samples,
     )
+
+
+def refuse_unused(given: list[str], takes: str) -> None:
+    """ConfigError naming the options `given` that an lm-eval run would silently ignore
+    (lm-eval's tasks bring their own data, prompts and generation settings); `takes`: the
+    options that do apply."""
+    if not given:
+        return
+    one = len(given) == 1
+    raise ConfigError(
+        f"--lm-eval: {', '.join(given)} {'does' if one else 'do'} not apply to an lm-eval run "
+        f"(its tasks bring their own data, prompts and settings). Fix: drop "
+        f"{'it' if one else 'them'}; lm-eval takes {takes}"
+    )
+
+
+def write_report(results: dict[str, Any], out: str | Path) -> Path:
+    """lm-eval's results (with versions, n-shot and task configs) as out/lm_eval.json."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    shown = {k: results[k] for k in ("results", "versions", "n-shot", "config") if k in results}
+    text = json.dumps(shown, indent=2, default=str) + "\n"
+    atomic_write(out / REPORT, lambda tmp: Path(tmp).write_text(text))
+    return out / REPORT
 
 
 def results_table(results: dict[str, Any]) -> str:
