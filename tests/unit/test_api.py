@@ -66,6 +66,7 @@ def test_objects_give_the_same_losses_as_paths(tmp_path, config_file, pair_dirs,
     assert any((before[k] != v).any() for k, v in student.state_dict().items())
     card = (tmp_path / "objects" / "final" / "README.md").read_text()
     assert f"| student | `{student_dir}` |" in card  # the name it was loaded from
+    assert f"distil train distil_config.yaml student.path={student_dir} teacher.path=" in card
 
 
 def test_callbacks_see_every_step_evaluation_and_checkpoint(tmp_path, make_train_config):

@@ -101,6 +101,38 @@ distil train distil_config.yaml    # distil {version}
     assert "# q\n" in card and "No evaluation ran during training" in card
 
 
+def test_the_card_of_a_run_from_loaded_models_says_which_path_to_set(tmp_path):
+    """A model passed loaded leaves student.path at output_dir/inputs/student (config.json,
+    no weights): the command sets the path to the name it was loaded from, and says so."""
+    import json
+
+    from distil.train.card import INPUT_FILE
+
+    inputs = tmp_path / "inputs"
+    for side, name in (("student", "Qwen/Qwen3-0.6B"), ("teacher", "")):
+        (inputs / side).mkdir(parents=True)
+        record = {"name_or_path": name, "class": "Qwen3ForCausalLM", "weights": "in memory"}
+        (inputs / side / INPUT_FILE).write_text(json.dumps(record))
+    cfg = {**CONFIG, "student": {"path": str(inputs / "student")}}
+    cfg["teacher"] = {"path": str(inputs / "teacher")}
+    card = model_card(build_config(cfg), ROWS[:1])
+    version = distil_version()
+    expected = f"""## Reproduce
+
+```bash
+distil train distil_config.yaml student.path=Qwen/Qwen3-0.6B    # distil {version}
+```
+
+`distil_config.yaml` is the run's resolved config (every value, defaults included); the local paths in it are those of the machine it ran on.
+
+The student was passed to distil's Python API already loaded, so `student.path` in `distil_config.yaml` is `{inputs / "student"}`, which holds its config.json but not its weights: the command sets `student.path` to the name it was loaded from (`Qwen/Qwen3-0.6B`); if its weights were changed after loading, set it to a copy of the weights it started from instead.
+
+The teacher was passed to distil's Python API already loaded, so `teacher.path` in `distil_config.yaml` is `{inputs / "teacher"}`, which holds its config.json but not its weights: set `teacher.path=` to a directory or hub id of the weights it started from.
+"""
+    assert card[card.index("## Reproduce") :] == expected
+    assert "base_model: Qwen/Qwen3-0.6B" in card  # the name it was loaded from
+
+
 def test_push_to_hub_uploads_the_final_model_and_its_card(
     tmp_path, make_train_config, hub_endpoint
 ):

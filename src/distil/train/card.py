@@ -53,14 +53,45 @@ def model_card(cfg: DistilConfig, rows: list[dict[str, Any]], *, title: str | No
         "",
         "## Reproduce",
         "",
+        *reproduce_lines(cfg, version),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def reproduce_lines(cfg: DistilConfig, version: str) -> list[str]:
+    """The command that trains the run again from the saved config. A model passed to the
+    Python API already loaded left its side's path pointing at `output_dir/inputs/<side>`
+    (its config.json, no weights): the command then sets that path to the name the model was
+    loaded from, and a note says so."""
+    loaded = [
+        (side, section.path, recorded_name(section.path))
+        for side, section in (("student", cfg.student), ("teacher", cfg.teacher))
+        if section.path and (Path(section.path) / INPUT_FILE).is_file()
+    ]
+    fixes = "".join(f" {side}.path={name}" for side, _, name in loaded if name)
+    lines = [
         "```bash",
-        f"distil train {CONFIG_FILE}    # distil {version}",
+        f"distil train {CONFIG_FILE}{fixes}    # distil {version}",
         "```",
         "",
         f"`{CONFIG_FILE}` is the run's resolved config (every value, defaults included); "
         "the local paths in it are those of the machine it ran on.",
     ]
-    return "\n".join(lines) + "\n"
+    for side, path, name in loaded:
+        then = (
+            f"the command sets `{side}.path` to the name it was loaded from (`{name}`); if "
+            "its weights were changed after loading, set it to a copy of the weights it "
+            "started from instead"
+            if name
+            else f"set `{side}.path=` to a directory or hub id of the weights it started from"
+        )
+        lines += [
+            "",
+            f"The {side} was passed to distil's Python API already loaded, so `{side}.path` "
+            f"in `{CONFIG_FILE}` is `{path}`, which holds its config.json but not its "
+            f"weights: {then}.",
+        ]
+    return lines
 
 
 def distil_version() -> str:
@@ -95,10 +126,19 @@ def model_name(path: str | None) -> str:
     to the Python API already loaded, the name it was loaded from."""
     if not path:
         return "-"
-    recorded = Path(path) / INPUT_FILE
-    if recorded.is_file():
-        return json.loads(recorded.read_text()).get("name_or_path") or path
-    return path
+    return recorded_name(path) or path
+
+
+def recorded_name(path: str | None) -> str:
+    """The name a model passed to the Python API loaded was loaded from ("" when `path` is
+    not such a model's directory, or the model had no name)."""
+    recorded = Path(path or "") / INPUT_FILE
+    if not path or not recorded.is_file():
+        return ""
+    try:
+        return str(json.loads(recorded.read_text()).get("name_or_path") or "")
+    except (OSError, ValueError, AttributeError):
+        return ""
 
 
 def teacher_text(cfg: DistilConfig) -> str:
