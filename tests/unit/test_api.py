@@ -265,3 +265,43 @@ def test_generate_uses_the_tokenizer_given_as_a_path_or_object(
     assert written("loaded", model=loaded, tokenizer=str(tok_dir)) == expected
     loaded = AutoModelForCausalLM.from_pretrained(pair_dirs[1])
     assert written("both", model=loaded, tokenizer=load_tokenizer(tok_dir)) == expected
+
+
+def _dropout_student(pair_dirs, tmp_path):
+    """The student with attention dropout 0.5, saved (the path run) and loaded in train mode
+    (the object run): from_pretrained returns eval mode, where dropout does nothing."""
+    model = AutoModelForCausalLM.from_pretrained(pair_dirs[1], attention_dropout=0.5)
+    saved = tmp_path / "dropout_student"
+    model.save_pretrained(saved)
+    load_tokenizer(pair_dirs[1]).save_pretrained(saved)
+    return saved, model.train()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_a_loaded_model_trains_as_its_saved_directory(tmp_path, make_train_config, pair_dirs, attn):
+    """Dropout off (eval mode, as from_pretrained gives) and student.attn_implementation
+    applied: the same losses as the directory the model was saved to."""
+    saved, model = _dropout_student(pair_dirs, tmp_path)
+    raw = make_train_config(train={"max_steps": 2}, student={"attn_implementation": attn})
+    raw["student"]["path"] = str(saved)
+    distil.Distiller(raw, {"train.output_dir": str(tmp_path / "path")}).train()
+    assert model.training and model.config._attn_implementation == "sdpa"
+    distil.Distiller(
+        raw,
+        {"train.output_dir": str(tmp_path / "object")},
+        student=model,
+        student_tokenizer=load_tokenizer(saved),
+    ).train()
+    assert model.config._attn_implementation == attn
+    assert _losses(tmp_path / "object") == _losses(tmp_path / "path")
+
+
+def test_offload_of_a_loaded_teacher_is_refused(make_train_config, pair_dirs):
+    teacher = AutoModelForCausalLM.from_pretrained(pair_dirs[0])
+    with pytest.raises(ConfigError, match=r"teacher\.offload = true"):
+        distil.Distiller(
+            make_train_config(),
+            {"teacher.offload": True},
+            teacher=teacher,
+            teacher_tokenizer=load_tokenizer(pair_dirs[0]),
+        )

@@ -21,6 +21,7 @@ from distil.generation.select import build_generator, teacher_backend
 from distil.losses import get_loss
 from distil.losses.chunked import auto_chunk_size
 from distil.models.load import (
+    as_loaded,
     enable_tf32,
     load_model,
     load_tokenizer,
@@ -118,9 +119,9 @@ def _load(section, name: str, device=None, dtype: str | None = None, given=None)
     key = f"{name}.path" if section.tokenizer == section.path else f"{name}.tokenizer"
     tok = load_tokenizer(section.tokenizer, key=key, trust_remote_code=section.trust_remote_code)
     if given is not None:
-        return place_model(
-            given, resolve_dtype(dtype or section.dtype, section.path, device), device
-        ), tok
+        given = as_loaded(given, section.attn_implementation, key=name)
+        dtype = resolve_dtype(dtype or section.dtype, section.path, device)
+        return place_model(given, dtype, device, key=name), tok
     model = load_model(
         section.path,
         key=f"{name}.path",
@@ -185,6 +186,12 @@ def load_teacher(cfg: DistilConfig, accelerator, given=None):
         return model, tok
     device = cfg.teacher.device or accelerator.device
     if cfg.teacher.offload:  # loaded in host memory, in its device's dtype (teacher/offload.py)
+        if given is not None:  # a teachers.models entry is never given; refuse, not ignore
+            raise ConfigError(
+                "teacher.offload=true with a teacher passed loaded: offload applies to the "
+                "teachers of teachers.models, loaded from their paths. Fix: teacher.offload="
+                "false, or name the teachers under teachers.models with their paths"
+            )
         dtype = resolve_dtype(cfg.teacher.dtype, cfg.teacher.path, device)
         return _load(cfg.teacher, "teacher", dtype=dtype, given=given)
     return _load(cfg.teacher, "teacher", device=device, given=given)
