@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from distil.api.inputs import ConfigLike, Overrides, make_config
+from distil.api.run_inputs import StagedInputs
 from distil.errors import ConfigError
 
 
@@ -49,6 +50,10 @@ class Distiller:
     `datasets.Dataset` or a list of dicts. Arguments given win over the config's values.
     `callbacks`: `distil.Callback` objects (or functions of (step, metrics)), called on each
     step's metrics, after each evaluation and after each checkpoint; any can stop the run.
+
+    Objects are written as files (api/inputs.py) into a temporary directory, which `validate`
+    and `plan` read; `train` moves them into output_dir/inputs under the run lock, where
+    `.config` points (api/run_inputs.py).
     """
 
     def __init__(
@@ -64,7 +69,8 @@ class Distiller:
         eval_data: Any = None,
         callbacks: Iterable[Any | Callable] = (),
     ) -> None:
-        self.config, self.models = make_config(
+        self._staged = StagedInputs()  # objects as files: in output_dir/inputs at train()
+        self._checked, self.models = make_config(
             config,
             overrides,
             models={
@@ -72,14 +78,16 @@ class Distiller:
                 "teacher": (teacher, teacher_tokenizer),
             },
             data={"data.train": train_data, "eval.data": eval_data},
+            root=self._staged.root,
         )
+        self.config = self._staged.run_config(self._checked)  # the paths the run will use
         self.callbacks = list(callbacks)
 
     def validate(self):
         """`distil config validate`: every check `train` makes before its first step that
         needs no weights. Returns the `Validation` (its notes, the tokenizers and first rows it
         read); raises ConfigError listing every problem."""
-        return validate(self.config, name="the config")
+        return validate(self._checked, name="the config")
 
     def plan(self, device: str = "h100", **options: Any):
         """`distil plan`: `distil.plan(self.config, device=..., gpus=, fsdp=, gpu_memory=,
@@ -87,7 +95,7 @@ class Distiller:
         phase (a `distil.plan.Plan`; `distil.plan.render(plan)` is the command's text)."""
         from distil.plan import plan
 
-        return plan(self.config, device=device, **options)
+        return plan(self._checked, device=device, **options)
 
     def train(self) -> TrainResult:
         """`distil train`: run to the end (or resume), save the final model with its model
@@ -99,12 +107,24 @@ class Distiller:
             from distil.hub import check_token
 
             check_token(cfg.train.hub_model_id)  # before training, not after it
-        metrics = train(cfg, models=self.models, callbacks=self.callbacks)
+        metrics = train(cfg, models=self.models, callbacks=self.callbacks, prepare=self._publish)
         out = Path(cfg.train.output_dir)
         url = None
         if cfg.train.push_to_hub and int(os.environ.get("RANK", "0")) == 0:
             url = _push(out, cfg.train.hub_model_id, cfg.train.hub_private)
         return TrainResult(metrics, out / "final", out, url)
+
+    def _publish(self) -> None:
+        """Under the run lock, before anything is built: the objects' files into
+        output_dir/inputs (the main process; a resume on other train rows refused), then every
+        process waits for them."""
+        if int(os.environ.get("RANK", "0")) == 0:
+            self._staged.publish(self.config)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            import torch
+            from accelerate import PartialState
+
+            PartialState(cpu=not torch.cuda.is_available()).wait_for_everyone()
 
 
 def _push(out: Path, repo: str, private: bool) -> str:

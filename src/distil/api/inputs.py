@@ -6,9 +6,9 @@ tokenizers (paths or hub ids, or objects already loaded) and data (a path or hub
 Objects become files, so that every check the command line makes (validation, `distil plan`,
 preflight) reads the same things: a data object is written as JSONL, a loaded model as its
 config.json and generation config (no weights: the object itself is trained or run), a
-tokenizer object with save_pretrained. They go under `root` (a run's `output_dir/inputs`),
-each file written through a temporary name, so processes writing the same inputs at once
-never leave a half-written file.
+tokenizer object with save_pretrained. They go under `root`, a temporary directory (a
+`Distiller` publishes them into `output_dir/inputs` when it trains: api/run_inputs.py), each
+file written through a temporary name, so a reader never sees a half-written file.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def make_config(
 
     `models`: {"student"/"teacher": (model, tokenizer)}, each a path, a hub id, an object or
     None (the config's); `data`: {"data.train" or "eval.data": a path, a hub id, a Dataset or
-    a list of dicts}. Objects are written under `root` (default: output_dir/inputs). Every
+    a list of dicts}. Objects are written under `root` (a temporary directory: a Distiller
+    moves them into its run directory when it trains, api/run_inputs.py). Every
     problem of the config is raised at once, as a ConfigError, as `load_config` does."""
     raw, problems = raw_config(config, overrides)
     models, data = dict(models or {}), dict(data or {})
@@ -63,10 +64,10 @@ def make_config(
     given = [*(v for pair in models.values() for v in pair), *data.values()]
     if all(v is None or is_path(v) for v in given):
         return cfg, {}
+    if problem := output_dir_problem(cfg.train.output_dir, "train.output_dir"):
+        raise ConfigError(problem)  # the run's inputs go there when it trains
     if root is None:
-        if problem := output_dir_problem(cfg.train.output_dir, "train.output_dir"):
-            raise ConfigError(problem)  # before anything is written under it
-        root = Path(cfg.train.output_dir) / "inputs"
+        raise TypeError("make_config: objects are written under root; pass root=")
     root = Path(root)
     loaded: dict[str, Any] = {}
     for side, (model, tok) in models.items():

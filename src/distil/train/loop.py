@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,11 @@ from distil.train.trackers import log_metrics, start_trackers
 
 
 def train(
-    cfg: DistilConfig, *, models: dict[str, Any] | None = None, callbacks: Iterable = ()
+    cfg: DistilConfig,
+    *,
+    models: dict[str, Any] | None = None,
+    callbacks: Iterable = (),
+    prepare: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
     """Run `cfg` to `train.max_steps`, `train.max_minutes` or `train.max_student_flops`
     (resuming if asked), or until a callback asks to stop (`distil.train.callbacks`).
@@ -59,8 +63,12 @@ def train(
     (`time/train_clock`) counts generation, teacher and student time only: evaluation,
     checkpoints and the printed example are excluded. The output directory is locked for the
     run; SIGINT/SIGTERM end it after a checkpoint (`TrainingInterrupted`, exit code 130/143).
+    `prepare`: called on every process under the lock, before anything is built (the Python
+    API writes the files of its objects there).
     """
     with RunLock(cfg.train.output_dir, enabled=int(os.environ.get("RANK", "0")) == 0):
+        if prepare is not None:
+            prepare()
         c = build(cfg, models=models) if models else build(cfg)
         if cfg.generation.async_:
             c.buffer = AsyncWindows(c.buffer, c.unwrapped, max_steps=cfg.train.max_steps)
