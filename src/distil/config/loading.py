@@ -16,7 +16,8 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from distil.config.rules import resolve, semantic_problems, underive
+from distil.config.derived import resolve, underive
+from distil.config.rules import semantic_problems
 from distil.config.schema import DistilConfig
 from distil.errors import ConfigError
 from distil.paths import path_problem
