@@ -117,7 +117,9 @@ class Distiller:
     def _publish(self) -> None:
         """Under the run lock, before anything is built: the objects' files into
         output_dir/inputs (the main process; a resume on other train rows refused), then every
-        process waits for them."""
+        process waits for them (a run of paths only: nothing to do)."""
+        if self._staged.empty:
+            return
         if int(os.environ.get("RANK", "0")) == 0:
             self._staged.publish(self.config)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:

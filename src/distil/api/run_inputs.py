@@ -41,6 +41,11 @@ class StagedInputs:
         self._tmp = tempfile.TemporaryDirectory(prefix="distil-inputs-")
         self.root = Path(self._tmp.name)
 
+    @property
+    def empty(self) -> bool:
+        """No object was given: nothing of the run's own to write."""
+        return not any(self.root.iterdir())
+
     def run_config(self, staged: DistilConfig) -> DistilConfig:
         """`staged` (whose paths name files under `root`) with those paths moved to
         output_dir/inputs, where `publish` puts the files."""
@@ -56,8 +61,6 @@ class StagedInputs:
         """Write the staged files into output_dir/inputs (each atomically) and record the data
         files' sha256; a DataError, before anything is written, when the run resumes on train
         rows other than those it started with. Call under the run lock."""
-        if not any(self.root.iterdir()):
-            return  # no objects: nothing of the run's own to write
         dest = inputs_dir(cfg)
         digests = {
             name: sha256(self.root / name)
