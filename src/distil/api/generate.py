@@ -30,9 +30,10 @@ def generate(
     """Write the completions to `out`; returns {"prompts", "completions", "kept"}.
 
     `model`: a directory or hub id, or a loaded model with its `tokenizer` (default: the
-    config's teacher); `tokenizer`: an object or a path, used in place of the model's own; `train_data` (data.train): a path or hub id, a Dataset or a list of
-    dicts; `n` completions per prompt (default generation.num_generations); `keep="correct"`:
-    only those eval.task judges correct."""
+    config's teacher); `tokenizer`: an object or a path, used in place of the model's own;
+    `train_data` (data.train): a path or hub id, a Dataset or a list of dicts; `n`
+    completions per prompt (default generation.num_generations); `keep="correct"`: only those
+    eval.task judges correct."""
     from distil.preflight import check
     from distil.teacher.generate import generate_completions
 

@@ -67,7 +67,8 @@ class StagedInputs:
             for name in DATA_FILES.values()
             if (self.root / name).is_file()
         }
-        if "train.jsonl" in digests and resumes(cfg):
+        resuming = resumes(cfg)
+        if "train.jsonl" in digests and resuming:
             _check_same_rows(dest, digests["train.jsonl"])
         dest.mkdir(parents=True, exist_ok=True)
         for item in sorted(self.root.iterdir()):
@@ -75,7 +76,7 @@ class StagedInputs:
                 publish(dest / item.name, lambda tmp, src=item: _copy_files(src, tmp))
             else:
                 atomic_write(dest / item.name, lambda tmp, src=item: shutil.copyfile(src, tmp))
-        record = {**read_record(dest), **digests}
+        record = {**read_record(dest), **digests} if resuming else digests  # a new run: its own
         text = json.dumps(record, indent=2, sort_keys=True) + "\n"
         atomic_write(dest / RECORD, lambda tmp: Path(tmp).write_text(text))
 
