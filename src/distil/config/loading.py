@@ -152,7 +152,7 @@ def raw_config(config: ConfigLike, overrides: Overrides = ()) -> tuple[dict[str,
     or None (every default). Overrides are `key=value` strings as on the command line, or a
     mapping {"train.max_steps": 10} whose values are set as given. With overrides, each
     derived value that equals its derivation is cleared first, to be derived again
-    (`rules.underive`: a resolved config's run_name follows a new train.output_dir)."""
+    (`derived.underive`: a resolved config's run_name follows a new train.output_dir)."""
     if config is None:
         raw: dict[str, Any] = {}
     elif isinstance(config, DistilConfig):
@@ -167,7 +167,7 @@ def raw_config(config: ConfigLike, overrides: Overrides = ()) -> tuple[dict[str,
             "path, a dict of sections, or a DistilConfig"
         )
     overrides = override_list(overrides)
-    if overrides:  # derived values follow what the overrides change (rules.underive)
+    if overrides:  # derived values follow what the overrides change (derived.underive)
         underive(raw)
     return raw, apply_overrides(raw, overrides)
 

@@ -10,6 +10,7 @@ card of a run directory is the same whether it is written at the end of training
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def reproduce_lines(cfg: DistilConfig, version: str) -> list[str]:
         for side, section in (("student", cfg.student), ("teacher", cfg.teacher))
         if section.path and (Path(section.path) / INPUT_FILE).is_file()
     ]
-    fixes = "".join(f" {side}.path={name}" for side, _, name in loaded if name)
+    fixes = "".join(f" {shlex.quote(f'{side}.path={name}')}" for side, _, name in loaded if name)
     lines = [
         "```bash",
         f"distil train {CONFIG_FILE}{fixes}    # distil {version}",
