@@ -93,6 +93,8 @@ def _vllm_engine_lengths(cfg: DistilConfig):
 
 
 def _teacher_windows(cfg: DistilConfig):
+    """generation.teacher_windows > 1 needs teacher-written slices (train.seq_kd=true,
+    train.lambda < 1) and a teacher that does not change every step."""
     k, t = cfg.generation.teacher_windows, cfg.teacher
     if k == 1:
         return None

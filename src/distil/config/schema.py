@@ -301,6 +301,16 @@ class TrainConfig(Section):
         description="keys (or patterns like teacher.*) allowed to differ from the checkpoint's",
     )
     eval_every: int = Field(0, ge=0, description="evaluate every N steps (0: never)")
+    push_to_hub: bool = Field(
+        False,
+        description="upload output_dir/final with its model card to the Hub repo "
+        "train.hub_model_id when training ends (main process; needs a Hub token: HF_TOKEN or "
+        "`hf auth login`)",
+    )
+    hub_model_id: str | None = Field(
+        None, description="the Hub repo the final model goes to (org/name or name)"
+    )
+    hub_private: bool = Field(False, description="create the Hub repo private")
     log_every: int = Field(1, gt=0, description="print metrics every N steps")
     max_consecutive_skips: int = Field(
         5, gt=0, description="non-finite steps skipped in a row before the run stops"
@@ -349,6 +359,12 @@ class EvalConfig(Section):
     template: str | None = Field(
         None, description="prompt template (null: the one recorded with the model)"
     )
+    mmlu_scoring: Literal["generate", "loglik"] = Field(
+        "generate",
+        description="mmlu: read the letter the model writes (generate), or pick the choice "
+        "letter of highest log-likelihood after the k-shot prompt as plain text, no chat "
+        "template, as lm-evaluation-harness scores MMLU (loglik; comparable with its numbers)",
+    )
     number_usage: Literal["exact", "subset"] = Field(
         "exact", description="numbers used must equal nums (exact) or be a sub-multiset"
     )
@@ -357,11 +373,20 @@ class EvalConfig(Section):
 
 
 class LoggingConfig(Section):
-    trackers: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
-        default_factory=list, description="trackers through accelerate (installed extras)"
+    trackers: list[Literal["tensorboard", "wandb", "trackio", "mlflow"]] = Field(
+        default_factory=list,
+        description="experiment trackers through accelerate (the trackers extra); a resumed "
+        "run continues the same tracker run (ids kept in output_dir/trackers.json)",
     )
-    project: str = Field("distil", description="tracker project name")
-    run_name: str | None = Field(None, description="run name (default: output dir name)")
+    project: str = Field(
+        "distil", description="tracker project (W&B, trackio) or experiment (MLflow) name"
+    )
+    run_name: str | None = Field(
+        None,
+        description="the run's name in every tracker, TensorBoard's directory "
+        "(output_dir/tensorboard/<run_name>) and the model card's title (default: the output "
+        "dir's name)",
+    )
     progress: bool = Field(True, description="show a progress bar")
     print_example: bool = Field(True, description="print one rendered training example")
 

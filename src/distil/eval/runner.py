@@ -241,6 +241,23 @@ def generate_for_model(
     return out
 
 
+def choose_for_model(
+    model_path: str, problems: list[dict[str, Any]], task: Task, model=None, tokenizer=None
+) -> list[dict[str, Any]]:
+    """Each problem's answer by log-likelihood of its choices (`loglik.choose`), with `model`
+    and `tokenizer`, or those loaded from `model_path`."""
+    import torch
+
+    from distil.eval.loglik import choose
+    from distil.models.load import load_model, load_tokenizer
+
+    tok = tokenizer or load_tokenizer(model_path, key="eval model")
+    if model is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = load_model(model_path, key="eval model", device=device)
+    return choose(model, tok, task, problems, batch_size=task.cfg.batch_size)
+
+
 def evaluate_model(
     model_path: str,
     task: Task,
@@ -253,20 +270,23 @@ def evaluate_model(
     generator=None,
     template_kwargs: dict[str, Any] | None = None,
 ) -> EvalResult:
-    """Generate and score (`generate_for_model`); the summary records the generation
-    seconds."""
+    """Generate and score (`generate_for_model`), or pick each answer by log-likelihood
+    (`choose_for_model`) for a task scored so; the summary records the seconds taken."""
     problems = problems if problems is not None else load_problems(task)
     start = time.perf_counter()
-    with_completions = generate_for_model(
-        model_path,
-        problems,
-        task,
-        progress=progress,
-        model=model,
-        tokenizer=tokenizer,
-        generator=generator,
-        template_kwargs=template_kwargs,
-    )
+    if task.scoring == "loglik":  # no generation: the most likely choice (eval/loglik.py)
+        with_completions = choose_for_model(model_path, problems, task, model, tokenizer)
+    else:
+        with_completions = generate_for_model(
+            model_path,
+            problems,
+            task,
+            progress=progress,
+            model=model,
+            tokenizer=tokenizer,
+            generator=generator,
+            template_kwargs=template_kwargs,
+        )
     result = score(name or Path(model_path).name, with_completions, task=task)
     result.summary["seconds"] = round(time.perf_counter() - start, 2)
     result.path = os.path.abspath(model_path) if os.path.exists(model_path) else model_path

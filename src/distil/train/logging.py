@@ -224,14 +224,3 @@ def print_sample(tokenizer, batch, row: int = 0, extra: Text | None = None) -> N
     console.print(render_sample(tokenizer, ids, mask[: len(ids)]))
     if extra is not None:
         console.print(extra)
-
-
-def flat_config(cfg) -> dict[str, Any]:
-    """The resolved config as flat `section.key: value` pairs a tracker takes (numbers, bools and
-    strings as they are, anything else as its str)."""
-    from distil.config import flatten, to_dict
-
-    return {
-        k: (v if isinstance(v, (int, float, str, bool)) else str(v))
-        for k, v in flatten(to_dict(cfg)).items()
-    }

@@ -20,7 +20,14 @@ from distil.generation.base import SamplingParams
 from distil.generation.select import build_generator, teacher_backend
 from distil.losses import needs_teacher
 from distil.losses.chunked import auto_chunk_size
-from distil.models.load import enable_tf32, load_model, load_tokenizer, resolve_dtype
+from distil.models.load import (
+    as_loaded,
+    enable_tf32,
+    load_model,
+    load_tokenizer,
+    place_model,
+    resolve_dtype,
+)
 from distil.models.tokenizers import (
     EncodedPrompts,
     completion_rows,
@@ -47,8 +54,7 @@ from distil.train.optim import build_optimizer
 from distil.train.reward import build_rewards, reward_loss
 from distil.train.several import several_teachers, several_write, writers_side
 from distil.train.step import check_bypassed_logits
-
-TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+from distil.train.trackers import log_with
 
 
 @dataclass
@@ -77,8 +83,7 @@ def build_accelerator(cfg: DistilConfig):
     precision = "bf16" if bf16 else "fp16" if cfg.train.fp16 else "no"
     if precision == "fp16" and not torch.cuda.is_available():
         raise ConfigError("train.fp16=true needs a CUDA GPU. Fix: use train.bf16=true on CPU")
-    for name in cfg.logging.trackers:
-        require(TRACKER_MODULES[name], "trackers", f"logging.trackers={name}")
+    trackers = log_with(cfg)  # a missing extra stops here, named
     # accelerate keeps one process-wide state; a second run in the same process (the demo, a
     # notebook) may ask for another precision. The process group (PartialState) is kept.
     from accelerate.state import AcceleratorState, GradientState
@@ -97,7 +102,7 @@ def build_accelerator(cfg: DistilConfig):
     on_gpu = torch.cuda.is_available()
     accelerator = Accelerator(
         mixed_precision=precision,
-        log_with=list(cfg.logging.trackers) or None,
+        log_with=trackers,
         project_dir=cfg.train.output_dir,
         cpu=not on_gpu,
         # FSDP on GPUs: gradients reduced in fp32 (on CPU processes: enable_fsdp_on_cpu)
@@ -108,12 +113,18 @@ def build_accelerator(cfg: DistilConfig):
     return accelerator
 
 
-def _load(section, name: str, device=None, dtype: str | None = None):
+def _load(section, name: str, device=None, dtype: str | None = None, given=None):
     """(model, tokenizer) of the `student` or `teacher` config section; `dtype` overrides the
-    section's (an `auto` already resolved)."""
+    section's (an `auto` already resolved). `given`: the side's model already loaded (the
+    Python API), used in place of loading the weights, cast to the dtype and moved to `device`
+    as a loaded one would be; its section's path holds its config.json and tokenizer."""
     # a tokenizer defaulted from the model path is reported under the key the user set
     key = f"{name}.path" if section.tokenizer == section.path else f"{name}.tokenizer"
     tok = load_tokenizer(section.tokenizer, key=key, trust_remote_code=section.trust_remote_code)
+    if given is not None:
+        given = as_loaded(given, section.attn_implementation, key=name)
+        dtype = resolve_dtype(dtype or section.dtype, section.path, device)
+        return place_model(given, dtype, device, key=name), tok
     model = load_model(
         section.path,
         key=f"{name}.path",
@@ -136,9 +147,9 @@ def student_dtype(cfg: DistilConfig, device) -> str:
     return resolve_dtype(s.dtype, s.path, device)
 
 
-def load_student(cfg: DistilConfig, accelerator):
+def load_student(cfg: DistilConfig, accelerator, given=None):
     s = cfg.student
-    model, tok = _load(s, "student", dtype=student_dtype(cfg, accelerator.device))
+    model, tok = _load(s, "student", dtype=student_dtype(cfg, accelerator.device), given=given)
     model.config.use_cache = False  # packed/training forwards must not build a KV cache
     if s.liger:
         from distil.models.liger import apply_liger
@@ -170,20 +181,25 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def load_teacher(cfg: DistilConfig, accelerator):
+def load_teacher(cfg: DistilConfig, accelerator, given=None):
     """The live teacher: whole on `teacher.device` (default: the rank's device), or sharded
-    over the ranks with `teacher.placement=shard` under FSDP."""
+    over the ranks with `teacher.placement=shard` under FSDP; `given`: already loaded."""
     if cfg.teacher.placement == "shard":
         dtype = resolve_dtype(cfg.teacher.dtype, cfg.teacher.path, accelerator.device)
-        model, tok = _load(cfg.teacher, "teacher", dtype=dtype)
+        model, tok = _load(cfg.teacher, "teacher", dtype=dtype, given=given)
         shard_teacher(model, accelerator)
         return model, tok
     device = cfg.teacher.device or accelerator.device
     if cfg.teacher.offload:  # loaded in host memory, in its device's dtype (teacher/offload.py)
-        return _load(
-            cfg.teacher, "teacher", dtype=resolve_dtype(cfg.teacher.dtype, cfg.teacher.path, device)
-        )
-    return _load(cfg.teacher, "teacher", device=device)
+        if given is not None:  # a teachers.models entry is never given; refuse, not ignore
+            raise ConfigError(
+                "teacher.offload=true with a teacher passed loaded: offload applies to the "
+                "teachers of teachers.models, loaded from their paths. Fix: teacher.offload="
+                "false, or name the teachers under teachers.models with their paths"
+            )
+        dtype = resolve_dtype(cfg.teacher.dtype, cfg.teacher.path, device)
+        return _load(cfg.teacher, "teacher", dtype=dtype, given=given)
+    return _load(cfg.teacher, "teacher", device=device, given=given)
 
 
 def _live_models(cfg: DistilConfig, teacher) -> dict | None:
@@ -204,6 +220,19 @@ def _chunk_size(cfg: DistilConfig, vocab_size: int | None, student) -> int | Non
     if cfg.loss.chunk_size != "auto":
         return cfg.loss.chunk_size
     return auto_chunk_size(vocab_size or student.get_output_embeddings().weight.shape[0])
+
+
+def _loss_opts(cfg: DistilConfig, vocab_size: int | None, student, device) -> dict[str, Any]:
+    """The loss function's options of the run (besides ce_weight, set per micro-batch)."""
+    return {
+        "temperature": cfg.loss.temperature,
+        "targets_temperature": cfg.loss.temperature,
+        "beta": cfg.loss.beta,
+        "chunk_size": _chunk_size(cfg, vocab_size, student),
+        "compile_backend": _compile_backend(cfg, device),
+        "matched_weight": cfg.loss.matched_weight,
+        "unmatched_weight": cfg.loss.unmatched_weight,
+    }
 
 
 def _compile_backend(cfg: DistilConfig, device) -> str | None:
@@ -340,8 +369,9 @@ def _collate_fn(cfg: DistilConfig, examples, rows: Rows, tok, cross):
     return ContextCollate(fn, context_ids=ids)
 
 
-def build(cfg: DistilConfig) -> Components:
-    """Everything the loop needs, prepared with accelerate, before any resume."""
+def build(cfg: DistilConfig, models: dict[str, Any] | None = None) -> Components:
+    """Everything the loop needs, prepared with accelerate, before any resume; `models`:
+    already-loaded "student"/"teacher" models used in place of loading their weights."""
     from accelerate.utils import set_seed
 
     from distil.preflight import check
@@ -356,12 +386,13 @@ def build(cfg: DistilConfig) -> Components:
     set_seed(cfg.train.seed, device_specific=True)
     loss_fn, reward_opts = reward_loss(cfg)  # loss.name, + the task's reward (reward_weight)
     examples = config_examples(cfg.data)
-    model, tok = load_student(cfg, accelerator)
+    models = models or {}
+    model, tok = load_student(cfg, accelerator, given=models.get("student"))
     check_lengths(examples, tok, cfg.data, completions_used=uses_completions(cfg))
     rows = tokenize_examples(cfg, examples, tok)
     teacher_model, teacher_tok = None, None
     if loads_teacher_model(cfg):
-        teacher_model, teacher_tok = load_teacher(cfg, accelerator)
+        teacher_model, teacher_tok = load_teacher(cfg, accelerator, models.get("teacher"))
     elif cfg.teacher.from_student:  # self-distillation: no second load
         teacher_model, teacher_tok = self_teacher(cfg, model), tok
     if cfg.teachers.models:
@@ -396,15 +427,19 @@ def build(cfg: DistilConfig) -> Components:
         align=needs_teacher(cfg.loss.name),
         writers=[t.model for t in teacher.teachers] if several_write(cfg) else None,
     )
-    loss_opts = {
-        "temperature": cfg.loss.temperature,
-        "targets_temperature": cfg.loss.temperature,
-        "beta": cfg.loss.beta,
-        "chunk_size": _chunk_size(cfg, vocab_size, unwrapped),
-        "compile_backend": _compile_backend(cfg, accelerator.device),
-        "matched_weight": cfg.loss.matched_weight,
-        "unmatched_weight": cfg.loss.unmatched_weight,
-        **reward_opts,
-    }
-    return Components(accelerator, model, unwrapped, tok, teacher, optimizer, buffer, loss_fn,
-                      loss_opts, vocab_size, examples, cross, planned_peak)  # fmt: skip
+    loss_opts = {**_loss_opts(cfg, vocab_size, unwrapped, accelerator.device), **reward_opts}
+    return Components(
+        accelerator,
+        model,
+        unwrapped,
+        tok,
+        teacher,
+        optimizer,
+        buffer,
+        loss_fn,
+        loss_opts,
+        vocab_size,
+        examples,
+        cross,
+        planned_peak,
+    )
