@@ -25,6 +25,7 @@ def scores_rewards(cfg: DistilConfig) -> bool:
 
 
 def _grpo_is_on_policy(cfg: DistilConfig):
+    """loss.name=grpo: every slice on-policy (train.lambda=1, no seq_kd) and no teacher built."""
     if cfg.loss.name != GRPO:
         return None
     if cfg.train.lambda_ != 1.0 or cfg.train.seq_kd:
@@ -46,6 +47,7 @@ def _grpo_is_on_policy(cfg: DistilConfig):
 
 
 def _reward_weight_needs_distillation(cfg: DistilConfig):
+    """loss.reward_weight > 0: an on-policy distillation loss (not grpo or sft) and lambda > 0."""
     w = cfg.loss.reward_weight
     if w <= 0:
         return None
@@ -66,6 +68,7 @@ def _reward_weight_needs_distillation(cfg: DistilConfig):
 
 
 def _groups_to_compare(cfg: DistilConfig):
+    """A reward in the loss: generation.num_generations >= 2 and a sampling temperature > 0."""
     if not rewarded(cfg):
         return None
     g = cfg.generation
@@ -86,6 +89,7 @@ def _groups_to_compare(cfg: DistilConfig):
 
 
 def _ratio_needs_plain_sampling(cfg: DistilConfig):
+    """A reward in the loss with generation.async: no top-k / top-p truncation of the sampler."""
     g = cfg.generation
     if not (rewarded(cfg) and g.async_) or (g.top_k == 0 and g.top_p == 1.0):
         return None
@@ -99,6 +103,7 @@ def _ratio_needs_plain_sampling(cfg: DistilConfig):
 
 
 def _reward_function_path(cfg: DistilConfig):
+    """reward.function: an import path module:function."""
     fn = cfg.reward.function
     if fn is None or _IMPORT_PATH.match(fn):
         return None
