@@ -8,7 +8,7 @@ from distil.config import build_config
 from distil.eval.runner import run_template
 from distil.models.load import read_model_meta, write_model_meta
 from distil.train import loop
-from distil.train.loop import _eval_set
+from distil.train.evaluation import eval_set as _eval_set
 
 
 def rendered_rows(countdown_dir, tmp_path):
