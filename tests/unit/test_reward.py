@@ -98,6 +98,38 @@ def test_user_reward_function_by_import_path(tmp_path, monkeypatch, examples):
         FunctionReward("rw_missing_mod:score")
 
 
+def test_numpy_numbers_are_rewards(tmp_path, monkeypatch, examples):
+    mod = _module(tmp_path, monkeypatch, "rw_numpy", """
+        import numpy as np
+
+        def f32(row, completion):
+            return np.float32(0.5)
+
+        def i64(row, completion):
+            return (np.int64(2), "two")
+        """)  # fmt: skip
+    e = examples[0]
+    got = FunctionReward(f"{mod}:f32")(e, "x")
+    assert got == (0.5, "scored") and type(got[0]) is float
+    got = FunctionReward(f"{mod}:i64")(e, "x")
+    assert got == (2.0, "two") and type(got[0]) is float
+
+
+@pytest.mark.parametrize(
+    ("body", "what"),
+    [
+        ("def score(row, completion)\n    return 1.0\n", r"failed with SyntaxError"),
+        ("raise RuntimeError('no GPU here')\n", r"failed with RuntimeError: no GPU here"),
+    ],
+)
+def test_a_module_that_fails_to_import_is_a_config_error(tmp_path, monkeypatch, body, what):
+    name = f"rw_broken_{abs(hash(body)) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=rf"importing module '{name}' {what}.*Fix: the error"):
+        FunctionReward(f"{name}:score")
+
+
 @pytest.mark.parametrize(
     ("body", "what"),
     [
@@ -105,6 +137,8 @@ def test_user_reward_function_by_import_path(tmp_path, monkeypatch, examples):
         ("return float('nan')", r"returned nan"),
         ("return 'good'", r"returned 'good'"),
         ("return True", r"returned True"),
+        ("import numpy\n    return numpy.bool_(True)", r"returned np.True_"),
+        ("import numpy\n    return numpy.float32('inf')", r"returned np.float32\(inf\)"),
         ("return (1.0, 2)", r"returned the category 2, not a str"),
     ],
 )
@@ -132,6 +166,8 @@ def test_a_bad_reward_stops_naming_the_row(tmp_path, monkeypatch, examples, body
         ({"loss": {"reward_weight": 0.5}, "train": {"lambda": 1.0},
           "generation": {"async": True, "top_k": 5}}, "ratio is biased"),
         ({"reward": {"function": "not a path"}}, "is not an import path"),
+        ({"reward": {"log": True}, "train": {"lambda": 1.0},
+          "generation": {"num_generations": 1}}, r"reward.log = true with .*num_generations = 1"),
         ({"loss": {"name": "grpo"}, "train": {"lambda": 1.0},
           "teacher": {"context": "{prompt}"}}, "grpo' reads no teacher"),
     ],
@@ -139,6 +175,14 @@ def test_a_bad_reward_stops_naming_the_row(tmp_path, monkeypatch, examples, body
 def test_config_rules(make_train_config, sections, match):
     with pytest.raises(ConfigError, match=match):
         build_config(make_train_config(**sections))
+
+
+def test_the_configs_teacherless_losses_are_the_registrys():
+    # the config layer sits below losses/ and keeps its own copy of the names
+    from distil.config.rules_reward import TEACHERLESS
+    from distil.losses import TEACHERLESS_LOSSES
+
+    assert TEACHERLESS == TEACHERLESS_LOSSES
 
 
 def _final_state(out) -> dict[str, torch.Tensor]:

@@ -52,7 +52,9 @@ def group_advantages(
     centred = r_G_N - r_G_N.mean(dim=1, keepdim=True)
     if normalize_std and group_size > 1:
         centred = centred / (r_G_N.std(dim=1, keepdim=True) + STD_EPS)
-    return centred.reshape(-1).to(rewards_B.dtype)
+    # a flat group's mean can round (3 x 0.1), leaving ~1e-17, ~1e-11 once divided by 0 + eps
+    flat_G = (r_G_N == r_G_N[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(flat_G, 0.0, centred).reshape(-1).to(rewards_B.dtype)
 
 
 def _check(advantages_B, mask_B_T: torch.Tensor, sampling_temperature: float, clip_eps: float):

@@ -48,6 +48,16 @@ def test_group_advantages_by_hand():
         group_advantages(rewards, 3)
 
 
+@pytest.mark.parametrize("size", [3, 6, 7])
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_a_flat_group_has_advantage_exactly_zero(size, normalize_std):
+    # the mean of `size` x 0.1 rounds away from 0.1 (1.4e-17; 1.4e-11 after / (0 + 1e-6))
+    rewards = torch.tensor([0.1] * size + [1.0] + [0.0] * (size - 1), dtype=torch.float64)
+    a = group_advantages(rewards, size, normalize_std=normalize_std)
+    assert a[:size].tolist() == [0.0] * size
+    assert (a[size:] != 0).all()  # a group with a signal keeps its advantages
+
+
 def test_hand_worked_value_and_gradient():
     # logits [0, 0] at both positions -> S = [1/2, 1/2]; sampled token 0 twice; advantage 2.
     # loss = sum_t -A · ρ_t / N = -2 (ρ = 1, N = 2); ∂/∂z_t = -A/N (onehot(0) - S) = [-1/2, 1/2]
