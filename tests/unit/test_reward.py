@@ -295,21 +295,61 @@ def test_progress_line_shows_the_reward(capsys):
     assert "reward 0.375" in err and "flat groups 25%" in err
 
 
+class _Ranks:
+    """An accelerator of `n` ranks seen from rank `me`, whose sum all-reduce adds the other
+    ranks' tensors (`others`)."""
+
+    def __init__(self, me: int, n: int, others: list[torch.Tensor] = ()):
+        self.process_index, self.num_processes, self.device = me, n, torch.device("cpu")
+        self.others, self.sent = list(others), []
+
+    def reduce(self, t, reduction):
+        assert reduction == "sum"
+        self.sent.append(t.clone())
+        return t + sum(self.others)
+
+
+def _flags(no_signal_share: float | None, me: int = 0, n: int = 1, others=()):
+    from distil.train.guard import rank_flags
+
+    window = {} if no_signal_share is None else {"reward/no_signal_groups": no_signal_share}
+    acc = _Ranks(me, n, others)
+    return rank_flags(acc, 0, False, torch.tensor(True), window), acc
+
+
 def test_a_grpo_window_without_signal_is_not_a_dead_model():
     from distil.config import TrainConfig
     from distil.errors import DistilError
     from distil.train.guard import Guard
 
-    guard = Guard(TrainConfig(max_zero_grad_steps=2), {}, None)
-    flags = {"bad_ranks": [], "time": False, "signum": 0}
+    def guard(reward_only: bool) -> Guard:
+        return Guard(TrainConfig(max_zero_grad_steps=2), {}, None, reward_only=reward_only)
+
     flat = {"grad_norm": 0.0, "tokens/loss": 100, "reward/no_signal_groups": 1.0}
+    no_signal, _ = _flags(1.0)
+    grpo = guard(reward_only=True)
     for step in range(1, 5):  # every group's rewards equal: zero gradient by design
-        guard.after_step(step, True, flat, flags, last=False)
-    assert guard.zeros == 0 and guard.healthy
-    dead = {**flat, "reward/no_signal_groups": 0.5}  # a signal, and still no gradient: dead
-    guard.after_step(5, True, dead, flags, last=False)
+        grpo.after_step(step, True, flat, no_signal, last=False)
+    assert grpo.zeros == 0 and grpo.healthy
+    signal, _ = _flags(0.5)  # a signal, and still no gradient: dead
+    grpo.after_step(5, True, {**flat, "reward/no_signal_groups": 0.5}, signal, last=False)
     with pytest.raises(DistilError, match="exactly 0 for 2 steps"):
-        guard.after_step(6, True, dead, flags, last=False)
+        grpo.after_step(6, True, {**flat, "reward/no_signal_groups": 0.5}, signal, last=False)
+    # a distillation run that logs (or adds) the reward: flat groups excuse nothing
+    opd = guard(reward_only=False)
+    opd.after_step(1, True, flat, no_signal, last=False)
+    with pytest.raises(DistilError, match="exactly 0 for 2 steps"):
+        opd.after_step(2, True, flat, no_signal, last=False)
+
+
+def test_the_reward_signal_is_decided_over_all_ranks():
+    # rank 0's window is flat, rank 1's has a signal: both ranks see a signal (one decision)
+    _, rank1 = _flags(0.5, me=1, n=2)
+    rank0, acc = _flags(1.0, me=0, n=2, others=rank1.sent)
+    assert rank0["reward_signal"] and len(acc.sent) == 1  # the one all-reduce of the step
+    flat, _ = _flags(1.0, me=0, n=2, others=_flags(1.0, me=1, n=2)[1].sent)
+    assert not flat["reward_signal"] and flat["bad_ranks"] == []
+    assert not _flags(None)[0]["reward_signal"]  # a run that scores no reward
 
 
 def test_the_preflight_names_a_bad_reward_before_any_weights_load(make_train_config):

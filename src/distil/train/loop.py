@@ -26,12 +26,13 @@ import torch
 
 from distil.config import DistilConfig, to_yaml
 from distil.config.contexts import has_context
+from distil.config.rules_reward import GRPO
 from distil.eval.runner import run_template
 from distil.train.async_gen import AsyncWindows
 from distil.train.checkpoint import save_checkpoint, save_final_model
 from distil.train.cost import CostMeter
 from distil.train.fsdp import full_weights, is_sharded
-from distil.train.guard import Guard
+from distil.train.guard import Guard, rank_flags
 from distil.train.logging import (
     MetricsLog,
     ProgressLine,
@@ -96,7 +97,8 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
     if cfg.logging.trackers:
         acc.init_trackers(cfg.logging.project, config=flat_config(cfg))
     eval_set = _eval_set(cfg) if cfg.train.eval_every else None
-    guard = Guard(cfg.train, state, last_good)  # its save timer starts here
+    # grpo learns from the reward alone: a window whose groups are all flat has no gradient
+    guard = Guard(cfg.train, state, last_good, reward_only=cfg.loss.name == GRPO)
     metrics: dict[str, Any] = {}
     first = step
 
@@ -131,7 +133,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
             metrics["time/train_clock"] = clock
             metrics.update(cost.metrics())
             metrics.update(memory_metrics(acc.device, c.planned_peak))
-            flags = _rank_flags(acc, stop.signum, guard.time_due(), local_ok)
+            flags = rank_flags(acc, stop.signum, guard.time_due(), local_ok, window.metrics)
             last = _done(step, clock, cfg, cost)
             if eval_set is not None and (step % cfg.train.eval_every == 0 or last):
                 metrics.update(_evaluate(c, cfg, eval_set))
@@ -195,25 +197,6 @@ def _sampler_tensors(c: Components) -> dict | None:
     if hasattr(c.teacher, "checkpoint_tensors"):  # an EMA teacher's average
         tensors = {**tensors, **c.teacher.checkpoint_tensors()}
     return tensors or None
-
-
-def _rank_flags(acc, signum: int, time_due: bool, local_ok: torch.Tensor) -> dict[str, Any]:
-    """The rank-wide flags of one step, from one small all-reduce, so that every rank takes the
-    same decisions: "signum" (a signal on any rank: stop), "time" (any rank's timer: save) and
-    "bad_ranks" (the ranks that saw a non-finite loss)."""
-    import signal
-
-    n = acc.num_processes
-    flags = torch.zeros(3 + n, dtype=torch.float32, device=acc.device)
-    flags[0] = float(signum == signal.SIGTERM)
-    flags[1] = float(signum == signal.SIGINT)
-    flags[2] = float(bool(time_due))
-    flags[3 + acc.process_index] = float(not bool(local_ok))
-    if n > 1:
-        flags = acc.reduce(flags, reduction="sum")
-    f = flags.tolist()
-    sig = signal.SIGTERM if f[0] else signal.SIGINT if f[1] else 0
-    return {"signum": int(sig), "time": bool(f[2]), "bad_ranks": [r for r in range(n) if f[3 + r]]}
 
 
 def _done(step: int, clock: float, cfg: DistilConfig, cost: CostMeter) -> bool:
