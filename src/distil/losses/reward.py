@@ -26,6 +26,7 @@ on-policy distillation loss, sharing the student's forward.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -88,6 +89,7 @@ def grpo(
     importance_ratio: bool = False,
     sampling_temperature: float = 1.0,
     clip_eps: float = 0.2,
+    policy_rows: int | None = None,
     chunk_size: int | None = None,
     **unused,
 ) -> LossOutput:
@@ -96,7 +98,9 @@ def grpo(
     advantages_B: (B,) per-row advantages (`group_advantages`); labels_B_T: the sampled tokens
     (shifted). `importance_ratio` (generation.async): ρ_t = exp(lp_t - sampling_logprobs_B_T)
     against the lagging sampler, clipped to [1 - clip_eps, 1 + clip_eps]; otherwise ρ_t = 1.
-    Metrics: loss_sum, advantage_sum (per token), ratio_clipped_sum (tokens whose clip binds),
+    `policy_rows`: the vocabulary rows the sampler draws from (a model padded past its
+    tokenizer: its id rows); log S is normalized over them as the sampler's log-probs are, so
+    ρ_t = 1 at no lag. Metrics: loss_sum, advantage_sum (per token), ratio_clipped_sum (tokens whose clip binds),
     student_logprob_sum, student_entropy_sum, tokens_count."""
     _check(advantages_B, mask_B_T, sampling_temperature, clip_eps)
     if labels_B_T is None:
@@ -110,7 +114,7 @@ def grpo(
     row_N, pos_N = mask_B_T.nonzero(as_tuple=True)
     tok_N = labels_B_T[row_N, pos_N]
     lp_N, metrics_N, _ = run_positions(
-        student, row_N, pos_N, realized_rows, mask_B_T, extras=(tok_N,),
+        first_rows(student, policy_rows), row_N, pos_N, realized_rows, mask_B_T, extras=(tok_N,),
         temperature=sampling_temperature, chunk_size=chunk_size,
     )  # fmt: skip
     adv_N = advantages_B.to(device=lp_N.device, dtype=lp_N.dtype)[row_N]
@@ -132,6 +136,16 @@ def grpo(
         "tokens_count": count_loss_tokens(mask_B_T).to(lp_N.dtype),
     }
     return LossOutput(token_sum_over(loss_N, num_tokens), metrics)
+
+
+def first_rows(student: torch.Tensor | StudentHidden, rows: int | None):
+    """The student's logits (or head) cut to the vocabulary's first `rows` rows (None: all)."""
+    if rows is None:
+        return student
+    if isinstance(student, StudentHidden):
+        bias = None if student.bias_V is None else student.bias_V[:rows]
+        return replace(student, weight_V_H=student.weight_V_H[:rows], bias_V=bias)
+    return student[..., :rows]
 
 
 def with_reward(loss_fn: LossFn, weight: float) -> LossFn:

@@ -25,6 +25,7 @@ import torch
 from distil.config import DistilConfig
 from distil.config.rules_reward import rewarded, scores_rewards
 from distil.losses import get_loss, group_advantages, with_reward
+from distil.models.tokenizers import id_rows
 from distil.tasks.reward import Scored, reward_scorer
 from distil.types import Batch, Example, Sample
 
@@ -91,6 +92,15 @@ def reward_loss(cfg: DistilConfig):
         "importance_ratio": cfg.generation.async_,
         "clip_eps": cfg.reward.clip,
     }
+
+
+def sampler_rows(model, tok) -> dict[str, int]:
+    """{"policy_rows": the tokenizer's id rows} when the model's vocabulary is padded past them:
+    every sampler masks those rows (`generation.base`), so the reward term's log S, which the
+    sampler's log-probs are compared with, leaves them out too (as `cross_tokenizer_setup`
+    keeps a cross-tokenizer loss's logits); {} otherwise."""
+    rows = id_rows(tok)
+    return {"policy_rows": rows} if model.get_output_embeddings().weight.shape[0] > rows else {}
 
 
 def reward_inputs(batch: Batch) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from distil.train.fsdp import (
 )
 from distil.train.notices import memory_plan, print_notices
 from distil.train.optim import build_optimizer
-from distil.train.reward import build_rewards, reward_loss
+from distil.train.reward import build_rewards, reward_loss, sampler_rows
 from distil.train.several import several_teachers, several_write, writers_side
 from distil.train.step import check_bypassed_logits
 
@@ -357,6 +357,8 @@ def build(cfg: DistilConfig) -> Components:
     loss_fn, reward_opts = reward_loss(cfg)  # loss.name, + the task's reward (reward_weight)
     examples = config_examples(cfg.data)
     model, tok = load_student(cfg, accelerator)
+    if reward_opts:  # the reward term: log S over the rows the sampler draws from
+        reward_opts.update(sampler_rows(model, tok))
     check_lengths(examples, tok, cfg.data, completions_used=uses_completions(cfg))
     rows = tokenize_examples(cfg, examples, tok)
     teacher_model, teacher_tok = None, None

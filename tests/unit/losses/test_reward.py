@@ -146,6 +146,38 @@ def test_hidden_states_and_head_chunked_equal_the_logits():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("hidden", [False, True])
+def test_policy_rows_leave_padding_rows_out_of_log_s(hidden):
+    # a vocabulary padded past its tokenizer (8 real rows of 11): the sampler draws from the
+    # 8, so its log-probs are log_softmax over them; with policy_rows=8 the loss is the loss of
+    # the logits cut to them, and ρ = 1 exactly at no lag (without: log ρ = log(1 - padding))
+    g = torch.Generator().manual_seed(6)
+    h = torch.randn(4, 7, 5, generator=g)
+    weight = torch.randn(11, 5, generator=g)
+    _, labels, mask, adv = case(seed=6)
+    labels = labels % 8
+    cut = h @ weight[:8].T
+    old = torch.log_softmax(cut / 0.7, -1).gather(-1, labels[..., None])[..., 0]
+    opts = dict(num_tokens=int(mask.sum()), labels_B_T=labels, advantages_B=adv,
+                sampling_temperature=0.7, sampling_logprobs_B_T=old, importance_ratio=True)  # fmt: skip
+
+    def loss_and_grad(w, **kw):
+        leaf = h.clone().requires_grad_()
+        student = StudentHidden(leaf, w) if hidden else leaf @ w.T
+        out = grpo(student, None, mask, **opts, **kw)
+        return out, torch.autograd.grad(out.loss, leaf)[0]
+
+    want, g_want = loss_and_grad(weight[:8])
+    got, g_got = loss_and_grad(weight, policy_rows=8)
+    assert got.loss.item() == pytest.approx(want.loss.item(), abs=1e-6)
+    torch.testing.assert_close(g_got, g_want, rtol=1e-5, atol=1e-6)
+    assert got.metrics["ratio_clipped_sum"].item() == 0.0  # ρ = 1: the clip binds nowhere
+    n, a_sum = int(mask.sum()), got.metrics["advantage_sum"].item()
+    assert got.loss.item() == pytest.approx(-a_sum / n, abs=1e-6)  # -A per token: ρ = 1
+    padded, _ = loss_and_grad(weight)  # the control: padding rows in log S bias ρ
+    assert padded.metrics["ratio_clipped_sum"].item() > 0
+
+
 def test_with_reward_is_the_loss_plus_weight_times_grpo():
     logits, labels, mask, adv = case(seed=4)
     teacher = TeacherTargets(logprobs_B_T_V=torch.log_softmax(torch.randn(logits.shape), -1))
