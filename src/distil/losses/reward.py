@@ -151,25 +151,35 @@ def first_rows(student: torch.Tensor | StudentHidden, rows: int | None):
 def with_reward(loss_fn: LossFn, weight: float) -> LossFn:
     """`loss_fn` + weight x `grpo` on the same student output and options (the loop passes
     advantages_B for on-policy micro-batches; a micro-batch without them, an off-policy slice,
-    gets `loss_fn` alone). Metrics: `loss_fn`'s, with loss_sum the total and the parts as
-    distill_loss_sum and reward_loss_sum, plus the reward term's advantage_sum and
-    ratio_clipped_sum. weight 0 returns `loss_fn` itself: bit-identical to no reward."""
+    gets `loss_fn` alone). weight 0 returns `loss_fn` itself: bit-identical to no reward.
+
+    The reward term covers `reward_mask_B_T` (every sampled token; default `mask_B_T`, which a
+    cross-tokenizer alignment narrows to the aligned tokens) over `reward_num_tokens` (that
+    mask's count in the window across ranks; default `num_tokens`), each term a mean over its
+    own tokens. Metrics: `loss_fn`'s, with distill_loss_sum and reward_loss_sum the parts,
+    loss_sum their total per `num_tokens` token (the reward part rescaled by num_tokens /
+    reward_num_tokens, so loss_sum / tokens is the loss), and the reward term's advantage_sum,
+    ratio_clipped_sum and reward_tokens_count (its tokens: the reward sums' denominator)."""
     if not math.isfinite(weight) or weight < 0:
         raise ValueError(f"the reward weight must be a finite number >= 0, got {weight}")
     if weight == 0:
         return loss_fn
 
-    def combined(student, targets, mask_B_T, *, num_tokens, advantages_B=None, **opts):
+    def combined(student, targets, mask_B_T, *, num_tokens, advantages_B=None,
+                 reward_mask_B_T=None, reward_num_tokens=None, **opts):  # fmt: skip
         base = loss_fn(student, targets, mask_B_T, num_tokens=num_tokens, **opts)
         if advantages_B is None:
             return base
-        pg = grpo(student, targets, mask_B_T, num_tokens=num_tokens,
-                  advantages_B=advantages_B, **opts)  # fmt: skip
+        mask = mask_B_T if reward_mask_B_T is None else reward_mask_B_T
+        n = num_tokens if reward_num_tokens is None else reward_num_tokens
+        pg = grpo(student, targets, mask, num_tokens=n, advantages_B=advantages_B, **opts)
         metrics = {**base.metrics, "distill_loss_sum": base.metrics["loss_sum"]}
         metrics["reward_loss_sum"] = pg.metrics["loss_sum"]
-        metrics["loss_sum"] = base.metrics["loss_sum"] + weight * pg.metrics["loss_sum"]
-        metrics["advantage_sum"] = pg.metrics["advantage_sum"]
-        metrics["ratio_clipped_sum"] = pg.metrics["ratio_clipped_sum"]
+        scale = 1.0 if reward_num_tokens is None else num_tokens / reward_num_tokens
+        metrics["loss_sum"] = base.metrics["loss_sum"] + weight * scale * pg.metrics["loss_sum"]
+        for k in ("advantage_sum", "ratio_clipped_sum"):
+            metrics[k] = pg.metrics[k]
+        metrics["reward_tokens_count"] = pg.metrics["tokens_count"]
         return LossOutput(base.loss + weight * pg.loss, metrics)
 
     combined.__doc__ = f"{loss_fn.__doc__ or ''} + {weight:g} x grpo (a task's reward)"

@@ -214,12 +214,14 @@ def _accumulate(
     """Teacher targets, loss and backward for every micro-batch of the window; the losses'
     logging-only metrics (kl, entropy) only when `diagnostics` (a step the progress prints)."""
     acc = c.accelerator
-    global_tokens = float(window.num_loss_tokens)
+    # the loss tokens and the reward term's (every completion token: more when an alignment
+    # leaves some out), each over the window on all ranks
+    counts = [float(window.num_loss_tokens), float(window.num_completion_tokens)]
     if acc.num_processes > 1:  # one all-reduce (and host read) per step
-        local = torch.tensor(global_tokens, device=acc.device)
-        global_tokens = acc.reduce(local, reduction="sum").item()
+        local = torch.tensor(counts, device=acc.device)
+        counts = acc.reduce(local, reduction="sum").tolist()
     # DDP averages gradients over ranks; scaling the count keeps sum / global count exact.
-    num_tokens = max(global_tokens, 1.0) / acc.num_processes
+    num_tokens, reward_tokens = (max(n, 1.0) / acc.num_processes for n in counts)
     zero = torch.zeros((), device=acc.device)  # every teacher's keys on every rank (reduce)
     sums = {f"teacher/{n}/{k}": zero for n in teacher_names(c.teacher) for k in TEACHER_SUMS}
     clock = PhaseClock(acc.device)  # CUDA events, read once below: no sync per micro-batch
@@ -246,6 +248,7 @@ def _accumulate(
                     loss_opts={
                         **_loss_opts(c, cfg, window.policies[i]),
                         "diagnostics": diagnostics,
+                        "reward_num_tokens": reward_tokens,  # read by a reward term only
                     },
                 )
             acc.backward(result.loss)
@@ -335,14 +338,20 @@ def _add_metrics(sums: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor]
             sums[key] = sums.get(key, 0) + v
 
 
+# the reward term's sums: means over its tokens (every completion token, aligned or not)
+REWARD_SUMS = ("reward_loss_sum", "advantage_sum", "ratio_clipped_sum")
+
+
 def _step_metrics(step, sums, window, grad_norm, lr, finite, t_teacher, t_train, t_step):
     if sums:  # one device-to-host copy for every metric of the step
         sums = dict(zip(sums, torch.stack([v.reshape(()) for v in sums.values()]).tolist()))
     tokens = float(sums.get("tokens_count", 0.0))
+    rewarded = float(sums.get("reward_tokens_count", tokens))  # a reward term's own tokens
     m: dict[str, Any] = {"step": step}
     for k, v in sums.items():
         if k.endswith("_sum") and "/" not in k:  # per-token means
-            m[k[: -len("_sum")]] = float(v) / max(tokens, 1.0)
+            n = rewarded if k in REWARD_SUMS else tokens
+            m[k[: -len("_sum")]] = float(v) / max(n, 1.0)
         elif (k.endswith("_count") and "/" not in k and k != "tokens_count") or k.startswith(
             "align/"
         ):  # totals over the window (all ranks)

@@ -105,14 +105,18 @@ def sampler_rows(model, tok) -> dict[str, int]:
 
 def reward_inputs(batch: Batch) -> dict[str, Any]:
     """The loss options of a micro-batch whose rows carry advantages (on-policy rows of a run
-    that scores rewards): advantages_B and the sampler's log-probs; {} otherwise."""
+    that scores rewards): advantages_B, the sampler's log-probs and, when an alignment
+    narrowed the loss mask, every completion token's (reward_mask_B_T); {} otherwise."""
     advantages = [s.advantage for s in batch.samples]
     if all(a is None for a in advantages):
         return {}
     if any(a is None for a in advantages):  # whole slices share a policy (config rules)
         raise RuntimeError("a micro-batch mixes rows with and without a reward advantage")
     device = batch.mask_B_T.device
-    return {
+    out = {
         "advantages_B": torch.tensor(advantages, dtype=torch.float32, device=device),
         "sampling_logprobs_B_T": batch.sampling_logprobs_B_T,
     }
+    if batch.completion_mask_B_T is not None:  # cross-tokenizer: unaligned tokens too
+        out["reward_mask_B_T"] = batch.completion_mask_B_T
+    return out

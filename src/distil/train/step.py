@@ -112,7 +112,9 @@ def micro_step(
             sub = batch
             if len(names) > 1:
                 mine = torch.tensor([r == name for r in routes], device=batch.mask_B_T.device)
-                sub = replace(batch, mask_B_T=batch.mask_B_T & mine[:, None])
+                done = batch.completion_mask_B_T
+                sub = replace(batch, mask_B_T=batch.mask_B_T & mine[:, None],
+                              completion_mask_B_T=None if done is None else done & mine[:, None])  # fmt: skip
             pieces.append((name, student, sub, targets))
     total, metrics = None, {}
     for name, s, sub, t in pieces:

@@ -206,6 +206,36 @@ def test_with_reward_is_the_loss_plus_weight_times_grpo():
     assert alone.loss.item() == kl.loss.item() and torch.equal(g_alone, g_kl)
 
 
+def test_with_reward_trains_its_own_mask_over_its_own_count():
+    # cross-tokenizer: the distillation term reads the aligned tokens (a narrowed mask), the
+    # reward term every sampled token, each divided by its own count in the window
+    logits, labels, mask, adv = case(seed=7)
+    teacher = TeacherTargets(logprobs_B_T_V=torch.log_softmax(torch.randn(logits.shape), -1))
+    aligned = mask.clone()
+    aligned[0, 2] = aligned[2, 1] = aligned[2, 5] = False  # three unaligned tokens
+    n_a, n_c = int(aligned.sum()), int(mask.sum())
+    base, combined = get_loss("forward_kl"), with_reward(get_loss("forward_kl"), 0.5)
+
+    def value_and_grad(fn, m, n, **kw):
+        leaf = logits.clone().requires_grad_()
+        out = fn(leaf, teacher, m, num_tokens=n, labels_B_T=labels, **kw)
+        return out, torch.autograd.grad(out.loss, leaf)[0]
+
+    both, g_both = value_and_grad(combined, aligned, n_a, advantages_B=adv,
+                                  reward_mask_B_T=mask, reward_num_tokens=n_c)  # fmt: skip
+    kl, g_kl = value_and_grad(base, aligned, n_a)
+    pg, g_pg = value_and_grad(grpo, mask, n_c, advantages_B=adv)
+    assert both.loss.item() == pytest.approx(kl.loss.item() + 0.5 * pg.loss.item(), abs=1e-6)
+    torch.testing.assert_close(g_both, g_kl + 0.5 * g_pg, rtol=1e-5, atol=1e-7)
+    m = both.metrics
+    assert m["tokens_count"].item() == n_a and m["reward_tokens_count"].item() == n_c
+    assert m["reward_loss_sum"].item() == pytest.approx(pg.metrics["loss_sum"].item())
+    assert m["advantage_sum"].item() == pytest.approx(pg.metrics["advantage_sum"].item())
+    assert m["loss_sum"].item() / n_a == pytest.approx(both.loss.item(), abs=1e-6)  # the loss
+    wrong, _ = value_and_grad(grpo, aligned, n_a, advantages_B=adv)  # aligned tokens only
+    assert abs(wrong.loss.item() - pg.loss.item()) > 1e-3
+
+
 def test_bad_inputs_name_what_is_missing():
     logits, labels, mask, adv = case()
     with pytest.raises(ValueError, match="needs advantages_B"):
