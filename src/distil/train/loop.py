@@ -96,7 +96,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
     progress = _progress_line(cfg, acc, step, clock, cost)
     if cfg.logging.trackers:
         acc.init_trackers(cfg.logging.project, config=flat_config(cfg))
-    eval_set = _eval_set(cfg) if cfg.train.eval_every else None
+    eval_set = eval_problems(cfg) if cfg.train.eval_every else None
     # grpo learns from the reward alone: a window whose groups are all flat has no gradient
     guard = Guard(cfg.train, state, last_good, reward_only=cfg.loss.name == GRPO)
     metrics: dict[str, Any] = {}
@@ -389,7 +389,7 @@ def _window_seconds(window) -> float:
     return t.get("time/generate", 0.0) + t.get("time/collate", 0.0) + t.get("time/reward", 0.0)
 
 
-def _eval_set(cfg: DistilConfig):
+def eval_problems(cfg: DistilConfig):
     """(task, problems) of the periodic evaluation, built once per run; the prompts use the
     training data's template (`run_template`) unless eval.template names one."""
     from distil.eval.runner import load_problems
