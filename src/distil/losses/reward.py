@@ -100,8 +100,8 @@ def grpo(
     against the lagging sampler, clipped to [1 - clip_eps, 1 + clip_eps]; otherwise ρ_t = 1.
     `policy_rows`: the vocabulary rows the sampler draws from (a model padded past its
     tokenizer: its id rows); log S is normalized over them as the sampler's log-probs are, so
-    ρ_t = 1 at no lag. Metrics: loss_sum, advantage_sum (per token), ratio_clipped_sum (tokens whose clip binds),
-    student_logprob_sum, student_entropy_sum, tokens_count."""
+    ρ_t = 1 at no lag. Metrics: loss_sum, advantage_sum (per token), ratio_clipped_sum (tokens
+    whose clip binds), student_logprob_sum, student_entropy_sum, tokens_count."""
     _check(advantages_B, mask_B_T, sampling_temperature, clip_eps)
     if labels_B_T is None:
         raise ValueError("the reward loss needs labels_B_T (the sampled tokens, shifted)")
@@ -114,8 +114,8 @@ def grpo(
     row_N, pos_N = mask_B_T.nonzero(as_tuple=True)
     tok_N = labels_B_T[row_N, pos_N]
     lp_N, metrics_N, _ = run_positions(
-        first_rows(student, policy_rows), row_N, pos_N, realized_rows, mask_B_T, extras=(tok_N,),
-        temperature=sampling_temperature, chunk_size=chunk_size,
+        first_rows(student, policy_rows), row_N, pos_N, realized_rows, mask_B_T,
+        extras=(tok_N,), temperature=sampling_temperature, chunk_size=chunk_size,
     )  # fmt: skip
     adv_N = advantages_B.to(device=lp_N.device, dtype=lp_N.dtype)[row_N]
     if importance_ratio:  # the sampler's weights lag the learner's by a step

@@ -84,7 +84,7 @@ class FunctionReward:
         value, category = out if isinstance(out, tuple) and len(out) == 2 else (out, "scored")
         if not isinstance(category, str):
             raise self._error(example, text, f"returned the category {short(category)}, not a str")
-        # numbers.Real: numpy's float32 / int64 too (numpy's bool_ is not one); a bool is not
+        # numbers.Real takes numpy float32 / int64 (not numpy bool_); a Python bool is no reward
         number = isinstance(value, numbers.Real) and not isinstance(value, bool)
         if not number or not math.isfinite(float(value)):
             raise self._error(example, text, f"returned {short(out)}")

@@ -159,7 +159,8 @@ def test_policy_rows_leave_padding_rows_out_of_log_s(hidden):
     cut = h @ weight[:8].T
     old = torch.log_softmax(cut / 0.7, -1).gather(-1, labels[..., None])[..., 0]
     opts = dict(num_tokens=int(mask.sum()), labels_B_T=labels, advantages_B=adv,
-                sampling_temperature=0.7, sampling_logprobs_B_T=old, importance_ratio=True)  # fmt: skip
+                sampling_temperature=0.7, sampling_logprobs_B_T=old,
+                importance_ratio=True)  # fmt: skip
 
     def loss_and_grad(w, **kw):
         leaf = h.clone().requires_grad_()
