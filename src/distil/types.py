@@ -305,10 +305,19 @@ class Batch:
     context_attention_mask_B_L: torch.Tensor | None = None
     context_shift_B: torch.Tensor | None = None
     alignment: AlignmentGroups | None = None
+    # cross-tokenizer batches: every completion token, before the alignment narrowed mask_B_T to
+    # the tokens in groups (None: mask_B_T is it). A task's reward trains all of them.
+    completion_mask_B_T: torch.Tensor | None = None
 
     @property
     def num_loss_tokens(self) -> int:
         return int(self.mask_B_T.sum())
+
+    @property
+    def num_completion_tokens(self) -> int:
+        """The completion tokens (the reward term's), aligned or not."""
+        mask = self.mask_B_T if self.completion_mask_B_T is None else self.completion_mask_B_T
+        return int(mask.sum())
 
     def to(self, device: torch.device | str) -> Batch:
         moved = {

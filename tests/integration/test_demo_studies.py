@@ -164,10 +164,15 @@ def check_reward_study(out, lines, results):
                 assert c["generation"] == {**opd["generation"]}
                 assert c["generation"]["num_generations"] == 8
             flops = [rows[label[k]]["student_flops"][0] for k in keys]
-            assert flops[1] >= flops[0] and flops[2] >= flops[0]  # at least the distillation's
-            for k in keys:  # every arm logs the reward of its samples, every step
+            for i, k in enumerate(keys):  # every arm logs the reward of its samples, every step
                 m = [json.loads(x) for x in (runs / k / "metrics.jsonl").read_text().splitlines()]
                 assert all("reward/mean" in x and "reward/no_signal_groups" in x for x in m)
+                spent = [x["cost/student_flops"] for x in m]
+                assert spent[-1] == flops[i]
+                if i:  # a reward arm stops at the first step past the distillation's compute:
+                    # at least it, and over it by at most that last step's compute
+                    before = spent[-2] if len(spent) > 1 else 0.0
+                    assert before < flops[0] <= flops[i] <= flops[0] + (spent[-1] - before)
     leads = results["paired_leads"]
     assert [x["on"] for x in leads] == ["3 numbers"] * 6 + ["4 numbers"] * 6
     mix = [json.loads(x) for x in (out / "data" / "labelled_mix.jsonl").read_text().splitlines()]

@@ -201,3 +201,35 @@ def test_the_training_run_passes_each_tokenizers_id_rows_to_its_writers(
     assert c.buffer.vocab_limit == rows
     loop.train(build_config(raw))
     assert [m["skipped"] for m in read_metrics(raw["train"]["output_dir"])] == [0, 0]
+
+
+# ---- the reward term reads the sampler's log-probs: the same rows on both sides -----------
+
+
+@pytest.mark.parametrize("loss", ["grpo", "forward_kl"])  # the reward alone, or added
+def test_async_reward_ratio_is_one_at_zero_lag_with_a_padded_vocabulary(
+    make_train_config, padded_student, tmp_path, monkeypatch, loss
+):
+    """The sampler draws from the tokenizer's rows only, so its log-probs are normalized over
+    them; the learner's log S must be too, else log ρ = log(1 - mass on the padding rows) at
+    no lag (about log(1/2) here) and the clip binds on every negative-advantage token."""
+    (tmp_path / "rw_padded.py").write_text(
+        "def score(row, completion):\n    return float(len(completion) % 3)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    raw = make_train_config(
+        student={"path": str(padded_student)},
+        teacher={"path": str(padded_student)},  # the same padded rows: no logits kept
+        loss={"name": loss, "reward_weight": 0.0 if loss == "grpo" else 1.0},
+        train={"lambda": 1.0, "max_steps": 1},
+        generation={"async": True, "max_new_tokens": 8},
+        reward={"function": "rw_padded:score"},
+    )
+    if loss == "grpo":
+        raw["teacher"] = {}
+    loop.train(build_config(raw))
+    (m,) = read_metrics(raw["train"]["output_dir"])
+    assert m["policy/staleness"] == 0.0 and m["reward/no_signal_groups"] < 1.0
+    assert m["ratio_clipped"] == 0.0  # ρ = 1: the clip binds on no token
+    part = m["loss"] if loss == "grpo" else m["reward_loss"]
+    assert part == pytest.approx(-m["advantage"], abs=1e-6)

@@ -98,6 +98,38 @@ def test_user_reward_function_by_import_path(tmp_path, monkeypatch, examples):
         FunctionReward("rw_missing_mod:score")
 
 
+def test_numpy_numbers_are_rewards(tmp_path, monkeypatch, examples):
+    mod = _module(tmp_path, monkeypatch, "rw_numpy", """
+        import numpy as np
+
+        def f32(row, completion):
+            return np.float32(0.5)
+
+        def i64(row, completion):
+            return (np.int64(2), "two")
+        """)  # fmt: skip
+    e = examples[0]
+    got = FunctionReward(f"{mod}:f32")(e, "x")
+    assert got == (0.5, "scored") and type(got[0]) is float
+    got = FunctionReward(f"{mod}:i64")(e, "x")
+    assert got == (2.0, "two") and type(got[0]) is float
+
+
+@pytest.mark.parametrize(
+    ("body", "what"),
+    [
+        ("def score(row, completion)\n    return 1.0\n", r"failed with SyntaxError"),
+        ("raise RuntimeError('no GPU here')\n", r"failed with RuntimeError: no GPU here"),
+    ],
+)
+def test_a_module_that_fails_to_import_is_a_config_error(tmp_path, monkeypatch, body, what):
+    name = f"rw_broken_{abs(hash(body)) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=rf"importing module '{name}' {what}.*Fix: the error"):
+        FunctionReward(f"{name}:score")
+
+
 @pytest.mark.parametrize(
     ("body", "what"),
     [
@@ -105,6 +137,8 @@ def test_user_reward_function_by_import_path(tmp_path, monkeypatch, examples):
         ("return float('nan')", r"returned nan"),
         ("return 'good'", r"returned 'good'"),
         ("return True", r"returned True"),
+        ("import numpy\n    return numpy.bool_(True)", r"returned np.True_"),
+        ("import numpy\n    return numpy.float32('inf')", r"returned np.float32\(inf\)"),
         ("return (1.0, 2)", r"returned the category 2, not a str"),
     ],
 )
@@ -132,6 +166,8 @@ def test_a_bad_reward_stops_naming_the_row(tmp_path, monkeypatch, examples, body
         ({"loss": {"reward_weight": 0.5}, "train": {"lambda": 1.0},
           "generation": {"async": True, "top_k": 5}}, "ratio is biased"),
         ({"reward": {"function": "not a path"}}, "is not an import path"),
+        ({"reward": {"log": True}, "train": {"lambda": 1.0},
+          "generation": {"num_generations": 1}}, r"reward.log = true with .*num_generations = 1"),
         ({"loss": {"name": "grpo"}, "train": {"lambda": 1.0},
           "teacher": {"context": "{prompt}"}}, "grpo' reads no teacher"),
     ],
@@ -139,6 +175,14 @@ def test_a_bad_reward_stops_naming_the_row(tmp_path, monkeypatch, examples, body
 def test_config_rules(make_train_config, sections, match):
     with pytest.raises(ConfigError, match=match):
         build_config(make_train_config(**sections))
+
+
+def test_the_configs_teacherless_losses_are_the_registrys():
+    # the config layer sits below losses/ and keeps its own copy of the names
+    from distil.config.rules_reward import TEACHERLESS
+    from distil.losses import TEACHERLESS_LOSSES
+
+    assert TEACHERLESS == TEACHERLESS_LOSSES
 
 
 def _final_state(out) -> dict[str, torch.Tensor]:
@@ -251,21 +295,61 @@ def test_progress_line_shows_the_reward(capsys):
     assert "reward 0.375" in err and "flat groups 25%" in err
 
 
+class _Ranks:
+    """An accelerator of `n` ranks seen from rank `me`, whose sum all-reduce adds the other
+    ranks' tensors (`others`)."""
+
+    def __init__(self, me: int, n: int, others: list[torch.Tensor] = ()):
+        self.process_index, self.num_processes, self.device = me, n, torch.device("cpu")
+        self.others, self.sent = list(others), []
+
+    def reduce(self, t, reduction):
+        assert reduction == "sum"
+        self.sent.append(t.clone())
+        return t + sum(self.others)
+
+
+def _flags(no_signal_share: float | None, me: int = 0, n: int = 1, others=()):
+    from distil.train.guard import rank_flags
+
+    window = {} if no_signal_share is None else {"reward/no_signal_groups": no_signal_share}
+    acc = _Ranks(me, n, others)
+    return rank_flags(acc, 0, False, torch.tensor(True), window), acc
+
+
 def test_a_grpo_window_without_signal_is_not_a_dead_model():
     from distil.config import TrainConfig
     from distil.errors import DistilError
     from distil.train.guard import Guard
 
-    guard = Guard(TrainConfig(max_zero_grad_steps=2), {}, None)
-    flags = {"bad_ranks": [], "time": False, "signum": 0}
+    def guard(reward_only: bool) -> Guard:
+        return Guard(TrainConfig(max_zero_grad_steps=2), {}, None, reward_only=reward_only)
+
     flat = {"grad_norm": 0.0, "tokens/loss": 100, "reward/no_signal_groups": 1.0}
+    no_signal, _ = _flags(1.0)
+    grpo = guard(reward_only=True)
     for step in range(1, 5):  # every group's rewards equal: zero gradient by design
-        guard.after_step(step, True, flat, flags, last=False)
-    assert guard.zeros == 0 and guard.healthy
-    dead = {**flat, "reward/no_signal_groups": 0.5}  # a signal, and still no gradient: dead
-    guard.after_step(5, True, dead, flags, last=False)
+        grpo.after_step(step, True, flat, no_signal, last=False)
+    assert grpo.zeros == 0 and grpo.healthy
+    signal, _ = _flags(0.5)  # a signal, and still no gradient: dead
+    grpo.after_step(5, True, {**flat, "reward/no_signal_groups": 0.5}, signal, last=False)
     with pytest.raises(DistilError, match="exactly 0 for 2 steps"):
-        guard.after_step(6, True, dead, flags, last=False)
+        grpo.after_step(6, True, {**flat, "reward/no_signal_groups": 0.5}, signal, last=False)
+    # a distillation run that logs (or adds) the reward: flat groups excuse nothing
+    opd = guard(reward_only=False)
+    opd.after_step(1, True, flat, no_signal, last=False)
+    with pytest.raises(DistilError, match="exactly 0 for 2 steps"):
+        opd.after_step(2, True, flat, no_signal, last=False)
+
+
+def test_the_reward_signal_is_decided_over_all_ranks():
+    # rank 0's window is flat, rank 1's has a signal: both ranks see a signal (one decision)
+    _, rank1 = _flags(0.5, me=1, n=2)
+    rank0, acc = _flags(1.0, me=0, n=2, others=rank1.sent)
+    assert rank0["reward_signal"] and len(acc.sent) == 1  # the one all-reduce of the step
+    flat, _ = _flags(1.0, me=0, n=2, others=_flags(1.0, me=1, n=2)[1].sent)
+    assert not flat["reward_signal"] and flat["bad_ranks"] == []
+    assert not _flags(None)[0]["reward_signal"]  # a run that scores no reward
 
 
 def test_the_preflight_names_a_bad_reward_before_any_weights_load(make_train_config):

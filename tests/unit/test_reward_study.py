@@ -72,3 +72,43 @@ def test_comparisons_and_tuning_read_each_runs_own_slice(run):
     both = next(r for r in grid.runs if r.key == "study_rw4_both_char@lr0.002")
     assert both.cost_of == "study_rw4_opd_char@lr0.002" and both.overrides["train.lr"] == 2e-3
     assert Path(dev_split(run, both)) == run.paths["data"] / "four" / "dev.jsonl"
+
+
+def test_each_curve_starts_from_its_start_on_its_own_dev_problems(run, monkeypatch, countdown_dir):
+    """The curves' first points: each run's start evaluated as the run evaluates during training
+    (its recorded eval section: the dev split of its slice), once per start and problems; the
+    test split is never read (the table reads it, once per model)."""
+    import shutil
+
+    from distil.config import to_yaml
+    from distil.demo import study_plot
+    from distil.eval import runner
+
+    dev3, dev4 = run.paths["data"] / "dev.jsonl", run.paths["data"] / "four" / "dev.jsonl"
+    dev4.parent.mkdir(parents=True)
+    shutil.copy(countdown_dir / "test.jsonl", dev3)
+    shutil.copy(countdown_dir / "train.jsonl", dev4)  # (any Countdown rows: a second file)
+    for key in runs:  # each run's config.yaml, as training records it
+        (run.paths["runs"] / key).mkdir(parents=True)
+        (run.paths["runs"] / key / "config.yaml").write_text(to_yaml(resolved(run, key)))
+    calls = []
+
+    def fake_evaluate(model_path, task, *, name, problems, progress):
+        calls.append((Path(model_path).name, Path(task.cfg.data), len(problems)))
+        result = type("R", (), {})()
+        result.summary = {"accuracy": len(calls) / 10}
+        return result
+
+    monkeypatch.setattr(runner, "evaluate_model", fake_evaluate)
+    starts = study_plot.start_points([run])
+    n = {d: min(resolved(run, "study_rw_opd_bpe").eval.n, len(d.read_text().splitlines()))
+         for d in (dev3, dev4)}  # fmt: skip
+    assert sorted(calls) == sorted(
+        (f"student_{s}_start", dev, n[dev]) for s in ("bpe", "char") for dev in (dev3, dev4)
+    )  # one evaluation per start and dev split, never a test split
+    for key, r in runs.items():
+        dev = Path(resolved(run, key).eval.data)
+        i = calls.index((f"student_{r.student}_start", dev, n[dev]))
+        assert starts[(0, key)] == (i + 1) / 10  # the run's start on the run's own dev problems
+    metrics = [{"cost/student_flops": 5e12, "eval/accuracy": 0.5}, {"cost/student_flops": 6e12}]
+    assert study_plot.accuracy_curve(metrics, 0.25) == [(0.0, 0.25), (5e12, 0.5)]

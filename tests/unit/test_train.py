@@ -187,17 +187,21 @@ def test_non_finite_abort_names_the_last_good_checkpoint(
     assert checkpoints(tmp_path / "run") == [1]
 
 
-def test_a_dead_model_with_zero_gradients_stops(tmp_path, make_train_config):
-    # lr=1e6 saturates the tiny student after one step: grad_norm is exactly 0 from step 2 on
-    cfg = make_train_config(
-        train={"lr": 1e6, "max_steps": 30, "save_every": 1, "max_zero_grad_steps": 3}
-    )
+@pytest.mark.parametrize("logs_reward", [False, True])
+def test_a_dead_model_with_zero_gradients_stops(tmp_path, make_train_config, logs_reward):
+    # lr=1e6 saturates the tiny student after one step: grad_norm is exactly 0 from step 2 on.
+    # Logging the reward (its dead samples' groups all flat) does not excuse it: only grpo's.
+    train = {"lr": 1e6, "max_steps": 30, "save_every": 1, "max_zero_grad_steps": 3}
+    reward = {"train": {"lambda": 1.0}, "reward": {"log": True}} if logs_reward else {}
+    cfg = make_train_config(**{**reward, "train": {**train, **reward.get("train", {})}})
     with pytest.raises(DistilError, match="gradient norm was exactly 0 for 3 steps") as info:
         loop.train(build_config(cfg))
     assert "step-00000001" in str(info.value) and "lower train.lr" in str(info.value)
     metrics = read_metrics(tmp_path / "run")
     assert [m["grad_norm"] for m in metrics][1:] == [0.0, 0.0, 0.0]
     assert metrics[0]["grad_norm"] > 0 and checkpoints(tmp_path / "run") == [1]
+    if logs_reward:
+        assert [m["reward/no_signal_groups"] for m in metrics][1:] == [1.0, 1.0, 1.0]
 
 
 def nan_at(model, row, pos):

@@ -4,6 +4,7 @@ the rules in `distil.config.rules`, which runs the ones listed in CHECKS."""
 
 from __future__ import annotations
 
+from distil.config.rules_reward import TEACHERLESS
 from distil.config.schema import DistilConfig
 
 
@@ -46,7 +47,7 @@ def _remote_teacher(cfg: DistilConfig):
                 "or write the completions once with `distil generate` and train on them",
             )
         )
-    if cfg.loss.temperature != 1.0 and cfg.loss.name not in ("sft", "grpo"):
+    if cfg.loss.temperature != 1.0 and cfg.loss.name not in TEACHERLESS:
         found.append(
             (
                 ("teacher.url", "loss.temperature"),

@@ -11,6 +11,9 @@ import re
 from distil.config.schema import DistilConfig
 
 GRPO = "grpo"
+# the losses that read no teacher: losses.TEACHERLESS_LOSSES, which the config layer may not
+# import (it sits below losses/); a test holds the two equal
+TEACHERLESS = frozenset({"sft", GRPO})
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
@@ -51,7 +54,7 @@ def _reward_weight_needs_distillation(cfg: DistilConfig):
     w = cfg.loss.reward_weight
     if w <= 0:
         return None
-    if cfg.loss.name in (GRPO, "sft"):
+    if cfg.loss.name in TEACHERLESS:
         return ("loss.name", "loss.reward_weight"), (
             f"loss.reward_weight = {w} adds a reward to an on-policy distillation loss, but "
             f"loss.name = {cfg.loss.name!r}"
@@ -68,17 +71,30 @@ def _reward_weight_needs_distillation(cfg: DistilConfig):
 
 
 def _groups_to_compare(cfg: DistilConfig):
-    """A reward in the loss: generation.num_generations >= 2 and a sampling temperature > 0."""
-    if not rewarded(cfg):
+    """A reward in the loss: generation.num_generations >= 2 and a sampling temperature > 0;
+    reward.log alone: num_generations >= 2 too."""
+    if not scores_rewards(cfg):
         return None
     g = cfg.generation
+    fix = (
+        "Fix: generation.num_generations=8 (at least 2; train.per_device_batch_size * "
+        "train.grad_accum_steps a multiple of it)"
+    )
+    if g.num_generations < 2 and not rewarded(cfg):  # reward.log alone
+        return ("reward.log", "generation.num_generations"), (
+            f"reward.log = true with generation.num_generations = {g.num_generations}: the "
+            "logged reward/no_signal_groups compares each prompt's samples with each other, "
+            f"and a group of one sample never has a signal (it would read 100%). {fix}, or "
+            "reward.log=false"
+        )
     if g.num_generations < 2:
         return ("generation.num_generations",), (
             f"generation.num_generations = {g.num_generations}: the reward's advantage compares "
             "each prompt's samples with each other (GRPO), so one sample per prompt always has "
-            "advantage 0 and nothing is learned. Fix: generation.num_generations=8 (at least 2; "
-            "train.per_device_batch_size * train.grad_accum_steps a multiple of it)"
+            f"advantage 0 and nothing is learned. {fix}"
         )
+    if not rewarded(cfg):
+        return None
     if g.temperature == 0:
         return ("generation.temperature",), (
             "generation.temperature = 0 (greedy) with a reward in the loss: every sample of a "

@@ -246,9 +246,11 @@ def report(name: str, runs: list[DemoRun]) -> dict[str, Any]:
     if name == "reward":  # the arms' curves against student compute
         from functools import partial
 
-        from distil.demo.study_plot import plot_arms
+        from distil.demo.study_plot import plot_arms, start_points
 
-        curves = plot_arms(runs, table_rows, partial(compared_on, name))
+        with run.timed("the starts on the dev splits (the curves' first points)"):
+            starts = start_points(runs)
+        curves = plot_arms(runs, starts, partial(compared_on, name))
         md += f"\n\nCurves (dev accuracy and each arm's mean reward against student compute): {curves}"
     seeds = "" if len(runs) == 1 else f"; {len(runs)} seeds, mean ± sd (each seed's)"
     head = (

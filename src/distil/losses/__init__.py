@@ -36,7 +36,7 @@ aligned_kl and sampled_chunk_reverse_kl (they read the batch's AlignmentGroups).
 from __future__ import annotations
 
 # each module registers its losses on import
-from distil.losses import aligned, chunk_sampled, divergences, gold, reward, sampled, sft, uld  # noqa: F401  # noqa: F401
+from distil.losses import aligned, chunk_sampled, divergences, gold, reward, sampled, sft, uld  # noqa: F401
 from distil.losses.chunked import Rows, RowsFn, StudentHidden, run_rowwise, select_rows
 from distil.losses.reduce import count_loss_tokens, token_sum_over
 from distil.losses.registry import (

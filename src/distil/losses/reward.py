@@ -26,6 +26,7 @@ on-policy distillation loss, sharing the student's forward.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -52,7 +53,9 @@ def group_advantages(
     centred = r_G_N - r_G_N.mean(dim=1, keepdim=True)
     if normalize_std and group_size > 1:
         centred = centred / (r_G_N.std(dim=1, keepdim=True) + STD_EPS)
-    return centred.reshape(-1).to(rewards_B.dtype)
+    # a flat group's mean can round (3 x 0.1), leaving ~1e-17, ~1e-11 once divided by 0 + eps
+    flat_G = (r_G_N == r_G_N[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(flat_G, 0.0, centred).reshape(-1).to(rewards_B.dtype)
 
 
 def _check(advantages_B, mask_B_T: torch.Tensor, sampling_temperature: float, clip_eps: float):
@@ -86,6 +89,7 @@ def grpo(
     importance_ratio: bool = False,
     sampling_temperature: float = 1.0,
     clip_eps: float = 0.2,
+    policy_rows: int | None = None,
     chunk_size: int | None = None,
     **unused,
 ) -> LossOutput:
@@ -94,8 +98,10 @@ def grpo(
     advantages_B: (B,) per-row advantages (`group_advantages`); labels_B_T: the sampled tokens
     (shifted). `importance_ratio` (generation.async): ρ_t = exp(lp_t - sampling_logprobs_B_T)
     against the lagging sampler, clipped to [1 - clip_eps, 1 + clip_eps]; otherwise ρ_t = 1.
-    Metrics: loss_sum, advantage_sum (per token), ratio_clipped_sum (tokens whose clip binds),
-    student_logprob_sum, student_entropy_sum, tokens_count."""
+    `policy_rows`: the vocabulary rows the sampler draws from (a model padded past its
+    tokenizer: its id rows); log S is normalized over them as the sampler's log-probs are, so
+    ρ_t = 1 at no lag. Metrics: loss_sum, advantage_sum (per token), ratio_clipped_sum (tokens
+    whose clip binds), student_logprob_sum, student_entropy_sum, tokens_count."""
     _check(advantages_B, mask_B_T, sampling_temperature, clip_eps)
     if labels_B_T is None:
         raise ValueError("the reward loss needs labels_B_T (the sampled tokens, shifted)")
@@ -108,8 +114,8 @@ def grpo(
     row_N, pos_N = mask_B_T.nonzero(as_tuple=True)
     tok_N = labels_B_T[row_N, pos_N]
     lp_N, metrics_N, _ = run_positions(
-        student, row_N, pos_N, realized_rows, mask_B_T, extras=(tok_N,),
-        temperature=sampling_temperature, chunk_size=chunk_size,
+        first_rows(student, policy_rows), row_N, pos_N, realized_rows, mask_B_T,
+        extras=(tok_N,), temperature=sampling_temperature, chunk_size=chunk_size,
     )  # fmt: skip
     adv_N = advantages_B.to(device=lp_N.device, dtype=lp_N.dtype)[row_N]
     if importance_ratio:  # the sampler's weights lag the learner's by a step
@@ -132,28 +138,48 @@ def grpo(
     return LossOutput(token_sum_over(loss_N, num_tokens), metrics)
 
 
+def first_rows(student: torch.Tensor | StudentHidden, rows: int | None):
+    """The student's logits (or head) cut to the vocabulary's first `rows` rows (None: all)."""
+    if rows is None:
+        return student
+    if isinstance(student, StudentHidden):
+        bias = None if student.bias_V is None else student.bias_V[:rows]
+        return replace(student, weight_V_H=student.weight_V_H[:rows], bias_V=bias)
+    return student[..., :rows]
+
+
 def with_reward(loss_fn: LossFn, weight: float) -> LossFn:
     """`loss_fn` + weight x `grpo` on the same student output and options (the loop passes
     advantages_B for on-policy micro-batches; a micro-batch without them, an off-policy slice,
-    gets `loss_fn` alone). Metrics: `loss_fn`'s, with loss_sum the total and the parts as
-    distill_loss_sum and reward_loss_sum, plus the reward term's advantage_sum and
-    ratio_clipped_sum. weight 0 returns `loss_fn` itself: bit-identical to no reward."""
+    gets `loss_fn` alone). weight 0 returns `loss_fn` itself: bit-identical to no reward.
+
+    The reward term covers `reward_mask_B_T` (every sampled token; default `mask_B_T`, which a
+    cross-tokenizer alignment narrows to the aligned tokens) over `reward_num_tokens` (that
+    mask's count in the window across ranks; default `num_tokens`), each term a mean over its
+    own tokens. Metrics: `loss_fn`'s, with distill_loss_sum and reward_loss_sum the parts,
+    loss_sum their total per `num_tokens` token (the reward part rescaled by num_tokens /
+    reward_num_tokens, so loss_sum / tokens is the loss), and the reward term's advantage_sum,
+    ratio_clipped_sum and reward_tokens_count (its tokens: the reward sums' denominator)."""
     if not math.isfinite(weight) or weight < 0:
         raise ValueError(f"the reward weight must be a finite number >= 0, got {weight}")
     if weight == 0:
         return loss_fn
 
-    def combined(student, targets, mask_B_T, *, num_tokens, advantages_B=None, **opts):
+    def combined(student, targets, mask_B_T, *, num_tokens, advantages_B=None,
+                 reward_mask_B_T=None, reward_num_tokens=None, **opts):  # fmt: skip
         base = loss_fn(student, targets, mask_B_T, num_tokens=num_tokens, **opts)
         if advantages_B is None:
             return base
-        pg = grpo(student, targets, mask_B_T, num_tokens=num_tokens,
-                  advantages_B=advantages_B, **opts)  # fmt: skip
+        mask = mask_B_T if reward_mask_B_T is None else reward_mask_B_T
+        n = num_tokens if reward_num_tokens is None else reward_num_tokens
+        pg = grpo(student, targets, mask, num_tokens=n, advantages_B=advantages_B, **opts)
         metrics = {**base.metrics, "distill_loss_sum": base.metrics["loss_sum"]}
         metrics["reward_loss_sum"] = pg.metrics["loss_sum"]
-        metrics["loss_sum"] = base.metrics["loss_sum"] + weight * pg.metrics["loss_sum"]
-        metrics["advantage_sum"] = pg.metrics["advantage_sum"]
-        metrics["ratio_clipped_sum"] = pg.metrics["ratio_clipped_sum"]
+        scale = 1.0 if reward_num_tokens is None else num_tokens / reward_num_tokens
+        metrics["loss_sum"] = base.metrics["loss_sum"] + weight * scale * pg.metrics["loss_sum"]
+        for k in ("advantage_sum", "ratio_clipped_sum"):
+            metrics[k] = pg.metrics[k]
+        metrics["reward_tokens_count"] = pg.metrics["tokens_count"]
         return LossOutput(base.loss + weight * pg.loss, metrics)
 
     combined.__doc__ = f"{loss_fn.__doc__ or ''} + {weight:g} x grpo (a task's reward)"

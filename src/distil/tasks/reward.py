@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -62,6 +63,12 @@ class FunctionReward:
                 f"reward.function = {path!r}: cannot import module {module!r} ({exc}). Fix: "
                 "install the package or put its directory on PYTHONPATH"
             ) from exc
+        except Exception as exc:  # the module's own code failed (a SyntaxError, a raise)
+            raise ConfigError(
+                f"reward.function = {path!r}: importing module {module!r} failed with "
+                f"{type(exc).__name__}: {exc}. Fix: the error in that module (import it in "
+                "Python to see the traceback)"
+            ) from exc
         if not callable(fn):
             raise ConfigError(
                 f"reward.function = {path!r}: module {module!r} has no function {attr!r}"
@@ -77,8 +84,9 @@ class FunctionReward:
         value, category = out if isinstance(out, tuple) and len(out) == 2 else (out, "scored")
         if not isinstance(category, str):
             raise self._error(example, text, f"returned the category {short(category)}, not a str")
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or not math.isfinite(value):
+        # numbers.Real takes numpy float32 / int64 (not numpy bool_); a Python bool is no reward
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if not number or not math.isfinite(float(value)):
             raise self._error(example, text, f"returned {short(out)}")
         return float(value), category
 

@@ -128,7 +128,8 @@ class RoutedCollate:
             mask[torch.tensor(picked), : sub.mask_B_T.shape[1]] = sub.mask_B_T
             parts[name] = sub
         fields_ = {f.name: getattr(base, f.name) for f in fields(Batch)}
-        return RoutedBatch(**{**fields_, "mask_B_T": mask}, parts=parts)
+        fields_.update(mask_B_T=mask, completion_mask_B_T=base.mask_B_T)
+        return RoutedBatch(**fields_, parts=parts)
 
 
 @dataclass

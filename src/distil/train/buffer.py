@@ -61,6 +61,11 @@ class Window:
     def num_loss_tokens(self) -> int:
         return sum(b.num_loss_tokens for b in self.micro_batches)
 
+    @property
+    def num_completion_tokens(self) -> int:
+        """The reward term's count: completion tokens, aligned or not (`Batch`)."""
+        return sum(b.num_completion_tokens for b in self.micro_batches)
+
 
 @dataclass
 class PromptSide:

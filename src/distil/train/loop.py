@@ -27,6 +27,7 @@ import torch
 
 from distil.config import DistilConfig, to_yaml
 from distil.config.contexts import has_context
+from distil.config.rules_reward import GRPO
 from distil.eval.runner import run_template
 from distil.train import evaluation
 from distil.train.async_gen import AsyncWindows
@@ -34,7 +35,7 @@ from distil.train.callbacks import Callbacks
 from distil.train.card import CONFIG_FILE, metrics_rows, model_card
 from distil.train.checkpoint import save_checkpoint, save_final_model
 from distil.train.cost import CostMeter
-from distil.train.guard import Guard
+from distil.train.guard import Guard, rank_flags
 from distil.train.logging import MetricsLog, ProgressLine, memory_metrics, print_sample
 from distil.train.metrics import add_align_metrics, add_metrics, step_metrics
 from distil.train.optim import final_weights, fold_grads, grad_params, set_lr
@@ -94,7 +95,8 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest, hooks: Callbacks) 
     log = MetricsLog(out, enabled=acc.is_main_process, resume_step=step if state else None)
     progress = _progress_line(cfg, acc, step, clock, cost)
     eval_set = evaluation.eval_set(cfg) if cfg.train.eval_every else None
-    guard = Guard(cfg.train, state, last_good)  # its save timer starts here
+    # grpo learns from the reward alone: a window whose groups are all flat has no gradient
+    guard = Guard(cfg.train, state, last_good, reward_only=cfg.loss.name == GRPO)
     metrics: dict[str, Any] = {}
     first, saved_at, stopped = step, None, False
 
@@ -135,7 +137,8 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest, hooks: Callbacks) 
                 hooks.evaluated(step, evaluated)
             _log(acc, cfg, log, progress, metrics, last)
             hooks.step(step, metrics)
-            flags = _rank_flags(acc, stop.signum, guard.time_due(), local_ok, hooks.stop)
+            flags = rank_flags(acc, stop.signum, guard.time_due(), local_ok, window.metrics,
+                               hooks.stop)  # fmt: skip
             stopped = flags["stop"]  # a callback asked: this step is the last
             if guard.after_step(step, finite, metrics, flags, last or stopped):  # bad streaks
                 guard.saved(path := save(step))
@@ -218,33 +221,9 @@ def _sampler_tensors(c: Components) -> dict | None:
     return tensors or None
 
 
-def _rank_flags(
-    acc, signum: int, time_due: bool, local_ok: torch.Tensor, stop_asked: bool = False
-) -> dict[str, Any]:
-    """The rank-wide flags of one step, from one small all-reduce, so that every rank takes the
-    same decisions: "signum" (a signal on any rank: stop), "time" (any rank's timer: save),
-    "stop" (a callback asked, on the main process) and "bad_ranks" (the ranks that saw a
-    non-finite loss)."""
-    import signal
-
-    n = acc.num_processes
-    flags = torch.zeros(4 + n, dtype=torch.float32, device=acc.device)
-    flags[0] = float(signum == signal.SIGTERM)
-    flags[1] = float(signum == signal.SIGINT)
-    flags[2] = float(bool(time_due))
-    flags[3] = float(bool(stop_asked))
-    flags[4 + acc.process_index] = float(not bool(local_ok))
-    if n > 1:
-        flags = acc.reduce(flags, reduction="sum")
-    f = flags.tolist()
-    sig = signal.SIGTERM if f[0] else signal.SIGINT if f[1] else 0
-    bad = [r for r in range(n) if f[4 + r]]
-    return {"signum": int(sig), "time": bool(f[2]), "stop": bool(f[3]), "bad_ranks": bad}
-
-
 def _any_rank(acc, hooks: Callbacks) -> bool:
     """Whether a callback asked to stop (the main process's answer, on every rank)."""
-    return _rank_flags(acc, 0, False, torch.ones(()), hooks.stop)["stop"]
+    return rank_flags(acc, 0, False, torch.ones(()), {}, hooks.stop)["stop"]
 
 
 def _done(step: int, clock: float, cfg: DistilConfig, cost: CostMeter) -> bool:
@@ -262,12 +241,14 @@ def _accumulate(
     """Teacher targets, loss and backward for every micro-batch of the window; the losses'
     logging-only metrics (kl, entropy) only when `diagnostics` (a step the progress prints)."""
     acc = c.accelerator
-    global_tokens = float(window.num_loss_tokens)
+    # the loss tokens and the reward term's (every completion token: more when an alignment
+    # leaves some out), each over the window on all ranks
+    counts = [float(window.num_loss_tokens), float(window.num_completion_tokens)]
     if acc.num_processes > 1:  # one all-reduce (and host read) per step
-        local = torch.tensor(global_tokens, device=acc.device)
-        global_tokens = acc.reduce(local, reduction="sum").item()
+        local = torch.tensor(counts, device=acc.device)
+        counts = acc.reduce(local, reduction="sum").tolist()
     # DDP averages gradients over ranks; scaling the count keeps sum / global count exact.
-    num_tokens = max(global_tokens, 1.0) / acc.num_processes
+    num_tokens, reward_tokens = (max(n, 1.0) / acc.num_processes for n in counts)
     zero = torch.zeros((), device=acc.device)  # every teacher's keys on every rank (reduce)
     sums = {f"teacher/{n}/{k}": zero for n in teacher_names(c.teacher) for k in TEACHER_SUMS}
     clock = PhaseClock(acc.device)  # CUDA events, read once below: no sync per micro-batch
@@ -294,6 +275,7 @@ def _accumulate(
                     loss_opts={
                         **_loss_opts(c, cfg, window.policies[i]),
                         "diagnostics": diagnostics,
+                        "reward_num_tokens": reward_tokens,  # read by a reward term only
                     },
                 )
             acc.backward(result.loss)

@@ -29,15 +29,21 @@ def add_metrics(sums: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor],
             sums[key] = sums.get(key, 0) + v
 
 
+# the reward term's sums: means over its tokens (every completion token, aligned or not)
+REWARD_SUMS = ("reward_loss_sum", "advantage_sum", "ratio_clipped_sum")
+
+
 def step_metrics(step, sums, window, grad_norm, lr, finite, t_teacher, t_train, t_step):
     """The step's logged metrics from the window's reduced `sums` and the step's timings."""
     if sums:  # one device-to-host copy for every metric of the step
         sums = dict(zip(sums, torch.stack([v.reshape(()) for v in sums.values()]).tolist()))
     tokens = float(sums.get("tokens_count", 0.0))
+    rewarded = float(sums.get("reward_tokens_count", tokens))  # a reward term's own tokens
     m: dict[str, Any] = {"step": step}
     for k, v in sums.items():
         if k.endswith("_sum") and "/" not in k:  # per-token means
-            m[k[: -len("_sum")]] = float(v) / max(tokens, 1.0)
+            n = rewarded if k in REWARD_SUMS else tokens
+            m[k[: -len("_sum")]] = float(v) / max(n, 1.0)
         elif (k.endswith("_count") and "/" not in k and k != "tokens_count") or k.startswith(
             "align/"
         ):  # totals over the window (all ranks)

@@ -25,6 +25,7 @@ import torch
 from distil.config import DistilConfig
 from distil.config.rules_reward import rewarded, scores_rewards
 from distil.losses import get_loss, group_advantages, with_reward
+from distil.models.tokenizers import id_rows
 from distil.tasks.reward import Scored, reward_scorer
 from distil.types import Batch, Example, Sample
 
@@ -93,16 +94,29 @@ def reward_loss(cfg: DistilConfig):
     }
 
 
+def sampler_rows(model, tok) -> dict[str, int]:
+    """{"policy_rows": the tokenizer's id rows} when the model's vocabulary is padded past them:
+    every sampler masks those rows (`generation.base`), so the reward term's log S, which the
+    sampler's log-probs are compared with, leaves them out too (as `cross_tokenizer_setup`
+    keeps a cross-tokenizer loss's logits); {} otherwise."""
+    rows = id_rows(tok)
+    return {"policy_rows": rows} if model.get_output_embeddings().weight.shape[0] > rows else {}
+
+
 def reward_inputs(batch: Batch) -> dict[str, Any]:
     """The loss options of a micro-batch whose rows carry advantages (on-policy rows of a run
-    that scores rewards): advantages_B and the sampler's log-probs; {} otherwise."""
+    that scores rewards): advantages_B, the sampler's log-probs and, when an alignment
+    narrowed the loss mask, every completion token's (reward_mask_B_T); {} otherwise."""
     advantages = [s.advantage for s in batch.samples]
     if all(a is None for a in advantages):
         return {}
     if any(a is None for a in advantages):  # whole slices share a policy (config rules)
         raise RuntimeError("a micro-batch mixes rows with and without a reward advantage")
     device = batch.mask_B_T.device
-    return {
+    out = {
         "advantages_B": torch.tensor(advantages, dtype=torch.float32, device=device),
         "sampling_logprobs_B_T": batch.sampling_logprobs_B_T,
     }
+    if batch.completion_mask_B_T is not None:  # cross-tokenizer: unaligned tokens too
+        out["reward_mask_B_T"] = batch.completion_mask_B_T
+    return out

@@ -51,7 +51,7 @@ from distil.train.fsdp import (
 )
 from distil.train.notices import memory_plan, print_notices
 from distil.train.optim import build_optimizer
-from distil.train.reward import build_rewards, reward_loss
+from distil.train.reward import build_rewards, reward_loss, sampler_rows
 from distil.train.several import several_teachers, several_write, writers_side
 from distil.train.step import check_bypassed_logits
 from distil.train.trackers import log_with
@@ -388,6 +388,8 @@ def build(cfg: DistilConfig, models: dict[str, Any] | None = None) -> Components
     examples = config_examples(cfg.data)
     models = models or {}
     model, tok = load_student(cfg, accelerator, given=models.get("student"))
+    if reward_opts:  # the reward term: log S over the rows the sampler draws from
+        reward_opts.update(sampler_rows(model, tok))
     check_lengths(examples, tok, cfg.data, completions_used=uses_completions(cfg))
     rows = tokenize_examples(cfg, examples, tok)
     teacher_model, teacher_tok = None, None

@@ -112,7 +112,10 @@ def micro_step(
             sub = batch
             if len(names) > 1:
                 mine = torch.tensor([r == name for r in routes], device=batch.mask_B_T.device)
-                sub = replace(batch, mask_B_T=batch.mask_B_T & mine[:, None])
+                done = batch.completion_mask_B_T  # a reward term's tokens, when narrowed
+                done = None if done is None else done & mine[:, None]
+                sub = replace(batch, mask_B_T=batch.mask_B_T & mine[:, None],
+                              completion_mask_B_T=done)  # fmt: skip
             pieces.append((name, student, sub, targets))
     total, metrics = None, {}
     for name, s, sub, t in pieces:

@@ -48,6 +48,16 @@ def test_group_advantages_by_hand():
         group_advantages(rewards, 3)
 
 
+@pytest.mark.parametrize("size", [3, 6, 7])
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_a_flat_group_has_advantage_exactly_zero(size, normalize_std):
+    # the mean of `size` x 0.1 rounds away from 0.1 (1.4e-17; 1.4e-11 after / (0 + 1e-6))
+    rewards = torch.tensor([0.1] * size + [1.0] + [0.0] * (size - 1), dtype=torch.float64)
+    a = group_advantages(rewards, size, normalize_std=normalize_std)
+    assert a[:size].tolist() == [0.0] * size
+    assert (a[size:] != 0).all()  # a group with a signal keeps its advantages
+
+
 def test_hand_worked_value_and_gradient():
     # logits [0, 0] at both positions -> S = [1/2, 1/2]; sampled token 0 twice; advantage 2.
     # loss = sum_t -A · ρ_t / N = -2 (ρ = 1, N = 2); ∂/∂z_t = -A/N (onehot(0) - S) = [-1/2, 1/2]
@@ -136,6 +146,39 @@ def test_hidden_states_and_head_chunked_equal_the_logits():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("hidden", [False, True])
+def test_policy_rows_leave_padding_rows_out_of_log_s(hidden):
+    # a vocabulary padded past its tokenizer (8 real rows of 11): the sampler draws from the
+    # 8, so its log-probs are log_softmax over them; with policy_rows=8 the loss is the loss of
+    # the logits cut to them, and ρ = 1 exactly at no lag (without: log ρ = log(1 - padding))
+    g = torch.Generator().manual_seed(6)
+    h = torch.randn(4, 7, 5, generator=g)
+    weight = torch.randn(11, 5, generator=g)
+    _, labels, mask, adv = case(seed=6)
+    labels = labels % 8
+    cut = h @ weight[:8].T
+    old = torch.log_softmax(cut / 0.7, -1).gather(-1, labels[..., None])[..., 0]
+    opts = dict(num_tokens=int(mask.sum()), labels_B_T=labels, advantages_B=adv,
+                sampling_temperature=0.7, sampling_logprobs_B_T=old,
+                importance_ratio=True)  # fmt: skip
+
+    def loss_and_grad(w, **kw):
+        leaf = h.clone().requires_grad_()
+        student = StudentHidden(leaf, w) if hidden else leaf @ w.T
+        out = grpo(student, None, mask, **opts, **kw)
+        return out, torch.autograd.grad(out.loss, leaf)[0]
+
+    want, g_want = loss_and_grad(weight[:8])
+    got, g_got = loss_and_grad(weight, policy_rows=8)
+    assert got.loss.item() == pytest.approx(want.loss.item(), abs=1e-6)
+    torch.testing.assert_close(g_got, g_want, rtol=1e-5, atol=1e-6)
+    assert got.metrics["ratio_clipped_sum"].item() == 0.0  # ρ = 1: the clip binds nowhere
+    n, a_sum = int(mask.sum()), got.metrics["advantage_sum"].item()
+    assert got.loss.item() == pytest.approx(-a_sum / n, abs=1e-6)  # -A per token: ρ = 1
+    padded, _ = loss_and_grad(weight)  # the control: padding rows in log S bias ρ
+    assert padded.metrics["ratio_clipped_sum"].item() > 0
+
+
 def test_with_reward_is_the_loss_plus_weight_times_grpo():
     logits, labels, mask, adv = case(seed=4)
     teacher = TeacherTargets(logprobs_B_T_V=torch.log_softmax(torch.randn(logits.shape), -1))
@@ -162,6 +205,36 @@ def test_with_reward_is_the_loss_plus_weight_times_grpo():
     # a micro-batch without advantages (an off-policy slice): the distillation loss alone
     alone, g_alone = value_and_grad(combined)
     assert alone.loss.item() == kl.loss.item() and torch.equal(g_alone, g_kl)
+
+
+def test_with_reward_trains_its_own_mask_over_its_own_count():
+    # cross-tokenizer: the distillation term reads the aligned tokens (a narrowed mask), the
+    # reward term every sampled token, each divided by its own count in the window
+    logits, labels, mask, adv = case(seed=7)
+    teacher = TeacherTargets(logprobs_B_T_V=torch.log_softmax(torch.randn(logits.shape), -1))
+    aligned = mask.clone()
+    aligned[0, 2] = aligned[2, 1] = aligned[2, 5] = False  # three unaligned tokens
+    n_a, n_c = int(aligned.sum()), int(mask.sum())
+    base, combined = get_loss("forward_kl"), with_reward(get_loss("forward_kl"), 0.5)
+
+    def value_and_grad(fn, m, n, **kw):
+        leaf = logits.clone().requires_grad_()
+        out = fn(leaf, teacher, m, num_tokens=n, labels_B_T=labels, **kw)
+        return out, torch.autograd.grad(out.loss, leaf)[0]
+
+    both, g_both = value_and_grad(combined, aligned, n_a, advantages_B=adv,
+                                  reward_mask_B_T=mask, reward_num_tokens=n_c)  # fmt: skip
+    kl, g_kl = value_and_grad(base, aligned, n_a)
+    pg, g_pg = value_and_grad(grpo, mask, n_c, advantages_B=adv)
+    assert both.loss.item() == pytest.approx(kl.loss.item() + 0.5 * pg.loss.item(), abs=1e-6)
+    torch.testing.assert_close(g_both, g_kl + 0.5 * g_pg, rtol=1e-5, atol=1e-7)
+    m = both.metrics
+    assert m["tokens_count"].item() == n_a and m["reward_tokens_count"].item() == n_c
+    assert m["reward_loss_sum"].item() == pytest.approx(pg.metrics["loss_sum"].item())
+    assert m["advantage_sum"].item() == pytest.approx(pg.metrics["advantage_sum"].item())
+    assert m["loss_sum"].item() / n_a == pytest.approx(both.loss.item(), abs=1e-6)  # the loss
+    wrong, _ = value_and_grad(grpo, aligned, n_a, advantages_B=adv)  # aligned tokens only
+    assert abs(wrong.loss.item() - pg.loss.item()) > 1e-3
 
 
 def test_bad_inputs_name_what_is_missing():
