@@ -2,9 +2,11 @@
 
 Backends: plain `model.generate` (dynamic cache, no distil code), distil's `hf` (HFGenerator),
 `hf_static` without and with the compiled decode step, and `vllm` when it is importable. Each
-is timed greedy and sampled (temperature 1, no top-k/top-p) at every batch size and completion
-length of the preset, after one warm-up call (which compiles), as the median of `--repeats`
-calls. Tokens are the completion tokens kept (up to and including the first stop token).
+is timed greedy and sampled (temperature 1, no top-k/top-p; `--modes`) at every batch size and
+completion length of the preset, after one warm-up call (which compiles), as the median of
+`--repeats` calls. Tokens are the completion tokens kept (up to and including the first stop
+token). The RESULT line (greedy) is printed as soon as the greedy rows are measured, before any
+sampled call, and with `--json` written with every row measured so far.
 
     python bench/generation.py --preset cpu             # small model, this machine's CPU
     python bench/generation.py --preset gpu             # step_breakdown's gpu student, bf16
@@ -118,10 +120,15 @@ def backends(model, tok, model_dir: Path, wanted: list[str], max_new: int) -> di
     from distil.generation.hf import HFGenerator
     from distil.generation.static import StaticCacheGenerator
 
-    kw = {"pad_id": tok.pad_token_id, "stop_ids": [tok.eos_token_id]}
+    # every backend samples only ids the tokenizer decodes (the model's rows past it: -inf),
+    # transformers' own through its suppress_tokens processor
+    ends = {"pad_id": tok.pad_token_id, "stop_ids": [tok.eos_token_id]}
+    kw = {**ends, "vocab_limit": len(tok)}
+    rows = model.get_output_embeddings().weight.shape[0]
+    plain = {**ends, "suppress_tokens": list(range(len(tok), rows)) or None}
     made = {
-        "generate": lambda: plain_generate(model, **kw),
-        "generate_static": lambda: plain_generate(model, **kw, cache_implementation="static"),
+        "generate": lambda: plain_generate(model, **plain),
+        "generate_static": lambda: plain_generate(model, **plain, cache_implementation="static"),
         "hf": lambda: distil_backend(HFGenerator(model, **kw)),
         "hf_static": lambda: distil_backend(StaticCacheGenerator(model, **kw)),
         "hf_static+compile": lambda: distil_backend(
@@ -194,7 +201,10 @@ def main() -> None:
     )
     p.add_argument("--batches", help="comma-separated batch sizes (default: the preset's)")
     p.add_argument("--new", help="comma-separated completion lengths (default: the preset's)")
+    p.add_argument("--modes", default="greedy,sampled", help="greedy and/or sampled")
+    p.add_argument("--json", type=Path, default=None, help="the rows and RESULT figures here")
     args = p.parse_args()
+    modes = [m for m in ("greedy", "sampled") if m in args.modes.split(",")]
     torch.set_num_threads(args.threads)
     from distil.generation.base import SamplingParams
     from distil.models.load import quiet_transformers
@@ -223,7 +233,8 @@ def main() -> None:
             "| mode | batch | new | backend | s/call | tokens/s | x hf | x generate | 1st call s |"
         )
         print("|---|---|---|---|---|---|---|---|---|")
-        for mode, temperature in (("greedy", 0.0), ("sampled", 1.0)):
+        for mode in modes:
+            temperature = 0.0 if mode == "greedy" else 1.0
             for batch in preset["batches"]:
                 prompts = prompts_of(tok, batch)
                 for new in preset["new"]:
@@ -238,28 +249,60 @@ def main() -> None:
                             f"{_ratio(speed, name, 'generate')} | {first:.1f} |",
                             flush=True,
                         )
-    print(headline(rows, preset, device))
+            if mode == "greedy":  # the decode goal's figure, before the sampled calls
+                print(headline(rows, preset, device), flush=True)
+            write_json(args.json, rows, device)
+
+
+def write_json(path: Path | None, rows: list, device: str) -> None:
+    """The rows measured so far and the greedy headline's figures (`goal_ratio`: the best
+    hf_static variant's tokens/s over transformers' compiled static cache, at least 0.5 to
+    meet the decode goal)."""
+    if path is None:
+        return
+    import json
+
+    figures = headline_figures(rows)
+    keys = ("mode", "batch", "new", "backend", "tokens_per_s")
+    out = {"device": device, "rows": [dict(zip(keys, r, strict=True)) for r in rows], **figures}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
 
 
 def _ratio(speed: dict, name: str, ref: str) -> str:
     return f"{speed[name] / speed[ref]:.2f}" if ref in speed else "-"
 
 
-def headline(rows, preset, device: str) -> str:
-    """The RESULT line: the best hf_static variant against hf, greedy, at batch 64 and 128
-    tokens (else the largest greedy setting measured)."""
+def headline_figures(rows) -> dict:
+    """Greedy, at batch 64 and 128 tokens (else the largest greedy setting measured): the
+    best hf_static variant, its tokens/s over hf's and over transformers' compiled static
+    cache's (`goal_ratio`, None where one side was not measured)."""
     greedy = [r for r in rows if r[0] == "greedy"]
+    if not greedy:
+        return {"static": None, "vs_hf": None, "goal_ratio": None}
     batch, new = (64, 128) if any(r[1:3] == (64, 128) for r in greedy) else greedy[-1][1:3]
     at = {r[3]: r[4] for r in greedy if r[1:3] == (batch, new)}
     static = max((n for n in at if n.startswith("hf_static")), key=at.get, default=None)
-    if static is None or "hf" not in at:
-        return "RESULT generation: hf and hf_static were not both measured"
-    gen = f", plain generate {at['generate'] / at['hf']:.2f}x" if "generate" in at else ""
-    if "generate_static" in at:  # the goal: at least 0.5x
-        gen += f", {static} {at[static] / at['generate_static']:.2f}x transformers' static cache"
+    ratio = lambda ref: at[static] / at[ref] if static and ref in at else None  # noqa: E731
+    return {"static": static, "batch": batch, "new": new, "at": at, "vs_hf": ratio("hf"),
+            "goal_ratio": ratio("generate_static")}  # fmt: skip
+
+
+def headline(rows, preset, device: str) -> str:
+    """The RESULT line of `headline_figures`."""
+    f = headline_figures(rows)
+    if f["static"] is None:
+        return "RESULT generation: no hf_static variant was measured"
+    at, parts = f["at"], []
+    if f["vs_hf"] is not None:
+        parts.append(f"{f['static']} {f['vs_hf']:.2f}x the tokens/s of hf")
+    if "generate" in at and "hf" in at:
+        parts.append(f"plain generate {at['generate'] / at['hf']:.2f}x")
+    if f["goal_ratio"] is not None:  # the goal: at least 0.5x
+        parts.append(f"{f['static']} {f['goal_ratio']:.2f}x transformers' static cache")
     return (
-        f"RESULT generation: {static} {at[static] / at['hf']:.2f}x the tokens/s of hf{gen} "
-        f"(greedy, batch {batch}, {new} tokens, {device})"
+        f"RESULT generation: {', '.join(parts)} (greedy, batch {f['batch']}, {f['new']} "
+        f"tokens, {device})"
     )
 
 

@@ -3,8 +3,9 @@ teacher at the real 151,936-row vocabulary, next to the same model calls made ba
 
 The models are built from tests/data/model_configs/{qwen3-0.6b,qwen3-1.7b}/config.json with
 random weights (bf16, on the device; nothing is downloaded), with a byte-level BPE tokenizer
-trained here (512 tokens: the embedding rows past it are never written by the tokenizer, but
-sampling from random weights reaches all 151,936, so completions run to full length). The
+trained here (512 tokens: the embedding rows past it are never written by the tokenizer and
+never sampled, by distil's generators or the bare `generate`, whose logits processor masks
+them with the same one slice fill; from random weights a completion stops at EOS with probability 1/512 per token). The
 prompts are Countdown problems rendered with the `countdown_plain` template.
 
 distil's side: `distil.train.loop.train` with `generation.backend` = --backend, reverse KL,
@@ -17,13 +18,23 @@ optimizer (clip + AdamW; timed around `loop._update`), the whole step; and, arou
 window's generation, torch._dynamo's counters: graph breaks, newly compiled graphs and CUDA
 graph skips (after the warm-up step all three should stay 0 for hf_static).
 
-The bare side: the same calls with no distil code: `generate` under bf16 autocast (same
-sampling: temperature 1, no top-k/top-p), one teacher forward per micro-batch under
-inference_mode, student forward + unchunked fp32 reverse KL (log-softmax on the loss positions
-only, as distil) + backward per micro-batch, clip +
-fused AdamW (bf16_weights: on fp32 master copies of the bf16 weights, copied back). Ratio = distil / bare per phase; MFU = FLOPs / seconds / the device's dense bf16
-peak, with FLOPs train: 6 N_student T, step: (6 + 2) N_student T + 2 N_teacher T (T the step's
-input tokens, prompts included; generation counted as 2 N per token; attention not counted).
+The bare side (bench/realsize_bare.py): the same calls with no distil code: `generate` under
+bf16 autocast (same sampling: temperature 1, no top-k/top-p), one teacher forward per
+micro-batch under inference_mode, student forward + unchunked fp32 reverse KL (log-softmax on
+the loss positions only, as distil) + backward per micro-batch, clip + fused AdamW
+(bf16_weights: on fp32 master copies of the bf16 weights, copied back). The bare side runs
+first and its figures are written to --json at once (a later backend's run reuses them
+with --bare-json, also when this run is cut short in distil's side).
+
+Ratio = distil / bare per phase; MFU = FLOPs / seconds / the device's dense bf16 peak, with
+FLOPs train: 6 (N_body T + N_head T_loss), the work distil's step does: N_body the student's
+parameters that multiply (the input embedding, a lookup, not counted; tied to the head, counted
+once as the head), N_head = V H, applied at the T_loss loss positions only (the chunked loss
+computes no logits elsewhere); T the step's input tokens, prompts included. The bare side's MFU
+is the same FLOPs over its own student seconds (its forward also runs the head on the prompts):
+the ceiling of this model at this size next to distil's. Step: (6 + 2) N_student T +
+2 N_teacher T (generation counted as 2 N per token; attention not counted). The planned peak
+(`distil plan`, logged as memory/planned_peak_bytes) is reported beside the measured one.
 
     python bench/realsize.py --backend hf --json runs/gpu-check/realsize-hf.json      # CUDA
     python bench/realsize.py --backend hf --size tiny --device cpu --steps 2 --new 4  # rehearsal
@@ -37,11 +48,12 @@ import gc
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from realsize_bare import now, run_bare
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "data" / "model_configs"
@@ -65,12 +77,6 @@ PRECISIONS = {
 }
 PHASES = ("generate", "teacher", "student", "optimizer", "step")
 LR = 1e-6
-
-
-def now(device: str) -> float:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
 
 
 def build(work: Path, size: str, device: str) -> dict[str, Path]:
@@ -175,7 +181,8 @@ def instrumented(records: list[dict], device: str):
 
 
 def run_distil(dirs, args, out: Path) -> list[dict]:
-    """distil's steps: per step, the phases' seconds, input tokens and decode counters."""
+    """distil's steps: per step, the phases' seconds, input tokens, loss tokens, decode
+    counters and the planned peak (bytes)."""
     from distil.config import build_config
     from distil.train import loop
 
@@ -183,6 +190,8 @@ def run_distil(dirs, args, out: Path) -> list[dict]:
     with instrumented(records, args.device):
         loop.train(build_config(distil_config(dirs, args, out)))
     logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    for rec, m in zip(records, logged, strict=True):
+        rec["planned_peak"] = m.get("memory/planned_peak_bytes")
     steps = []
     for rec, m in zip(records, logged, strict=True):
         steps.append({
@@ -194,107 +203,6 @@ def run_distil(dirs, args, out: Path) -> list[dict]:
     return steps
 
 
-def prompt_windows(dirs, tok, rows_per_step: int, steps: int) -> list[list[list[int]]]:
-    """The prompts of each step as token ids (the template distil renders: countdown_plain)."""
-    from distil.tasks.countdown import get_template, read_rows
-
-    template = get_template("countdown_plain")
-    rows = read_rows(dirs["data"])[: rows_per_step * steps]
-    texts = [
-        tok.apply_chat_template(
-            template.messages(r["nums"], r["target"]), tokenize=False, add_generation_prompt=True
-        )
-        for r in rows
-    ]
-    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-    return [ids[i * rows_per_step : (i + 1) * rows_per_step] for i in range(steps)]
-
-
-def run_bare(dirs, args) -> list[dict]:
-    """The same model calls with no distil code in between (see the module's docstring)."""
-    from transformers import AutoModelForCausalLM
-
-    from distil.models.tokenizers import left_pad
-    from distil.testing import load_tokenizer
-
-    dev = args.device
-    tok = load_tokenizer(dirs["tokenizer"])
-    s_dtype = torch.bfloat16 if args.precision == "bf16_weights" else torch.float32
-    student = AutoModelForCausalLM.from_pretrained(dirs["student"], dtype=s_dtype).to(dev)
-    teacher = AutoModelForCausalLM.from_pretrained(dirs["teacher"], dtype=torch.bfloat16)
-    teacher = teacher.to(dev).eval()
-    params = [p for p in student.parameters() if p.requires_grad]
-    masters = [p.detach().float() for p in params] if s_dtype == torch.bfloat16 else params
-    opt = torch.optim.AdamW(masters, lr=LR, fused=dev == "cuda")
-    autocast = torch.autocast(dev, dtype=torch.bfloat16)
-    out = []
-    for prompts in prompt_windows(dirs, tok, args.batch * args.accum, args.steps):
-        ids, attn = (t.to(dev) for t in left_pad(prompts, tok.pad_token_id))
-        t0 = now(dev)
-        student.eval()
-        with torch.no_grad(), autocast:
-            seqs = student.generate(
-                input_ids=ids, attention_mask=attn, max_new_tokens=args.new, do_sample=True,
-                temperature=1.0, top_k=0, top_p=1.0,
-                pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-            )  # fmt: skip
-        student.train()
-        rec = {"generate": now(dev) - t0, "teacher": 0.0, "student": 0.0}
-        full = torch.cat([attn, completion_mask(seqs[:, ids.shape[1] :], tok.eos_token_id)], 1)
-        loss_mask = full.clone()
-        loss_mask[:, : ids.shape[1]] = 0
-        n = max(int(loss_mask[:, 1:].sum()), 1)
-        for rows in torch.arange(len(prompts), device=dev).split(args.batch):
-            bare_micro_step(student, teacher, seqs[rows], full[rows], loss_mask[rows], n, rec)
-        t0 = now(dev)
-        bare_update(params, masters, opt)
-        rec["optimizer"] = now(dev) - t0
-        rec["step"] = rec["generate"] + rec["teacher"] + rec["student"] + rec["optimizer"]
-        rec["tokens"] = int(full.sum())
-        out.append(rec)
-    return out
-
-
-def bare_update(params: list, masters: list, opt) -> None:
-    """Clip + AdamW; with bf16 weights on fp32 masters (gradients added in fp32), copied back."""
-    if masters is not params:
-        for m, p in zip(masters, params, strict=True):
-            m.grad = p.grad.float()
-            p.grad = None
-    torch.nn.utils.clip_grad_norm_(masters, 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    if masters is not params:
-        with torch.no_grad():
-            torch._foreach_copy_(params, masters)
-
-
-def completion_mask(comp: torch.Tensor, eos: int) -> torch.Tensor:
-    """1 up to and including the first EOS of each row, 0 after."""
-    after = (comp == eos).long().cumsum(1) - (comp == eos).long()
-    return (after == 0).long()
-
-
-def bare_micro_step(student, teacher, seqs, attn, loss_mask, n: int, rec: dict) -> None:
-    """Teacher forward, then student forward + reverse KL + backward, log-softmax on the loss
-    positions only (the models' heads still run on every position: HF forwards do)."""
-    dev = seqs.device.type
-    rows = loss_mask[:, 1:].bool()
-    t0 = now(dev)
-    with torch.inference_mode():
-        t_logits = teacher(input_ids=seqs, attention_mask=attn, use_cache=False).logits
-        t_logp = torch.log_softmax(t_logits[:, :-1][rows].float(), -1)
-    t_logp = t_logp.clone()  # out of inference mode
-    t1 = now(dev)
-    with torch.autocast(dev, dtype=torch.bfloat16):
-        s_logits = student(input_ids=seqs, attention_mask=attn, use_cache=False).logits
-    s_logp = torch.log_softmax(s_logits[:, :-1][rows].float(), -1)
-    kl = (s_logp.exp() * (s_logp - t_logp)).sum(-1)  # reverse KL per loss position
-    kl.sum().div(n).backward()
-    rec["teacher"] += t1 - t0
-    rec["student"] += now(dev) - t1
-
-
 def param_count(model_dir: Path) -> int:
     """Parameters of the saved model (tied embedding counted once), built on the meta device."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -304,6 +212,21 @@ def param_count(model_dir: Path) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
     return count_parameters(model)
+
+
+def head_and_body(model_dir: Path, params: int) -> tuple[int, int]:
+    """(N_head = V H, N_body: the parameters that multiply, less the head): the input
+    embedding is a lookup (tied: it is the head, counted once in `params`)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    head = config["vocab_size"] * config["hidden_size"]
+    embedding = 0 if config.get("tie_word_embeddings", True) else head
+    return head, params - head - embedding
+
+
+def train_flops(body: int, head: int, tokens: float, loss_tokens: float) -> float:
+    """6 (N_body T + N_head T_loss): forward and backward of the body on every input token,
+    of the head on the loss positions only."""
+    return 6 * (body * tokens + head * loss_tokens)
 
 
 def peak_flops(device: str, override: float | None) -> float | None:
@@ -322,24 +245,30 @@ def median(records: list[dict], key: str, warmup: int) -> float:
 
 def summarize(args, dirs, ours: list[dict], bare: list[dict], peaks: dict) -> dict[str, Any]:
     n_s, n_t = param_count(dirs["student"]), param_count(dirs["teacher"])
-    d = {k: median(ours, k, args.warmup) for k in (*PHASES, "tokens")}
-    b = {k: median(bare, k, args.warmup) for k in (*PHASES, "tokens")}
+    head, body = head_and_body(dirs["student"], n_s)
+    keys = (*PHASES, "tokens", "loss_tokens")
+    d = {k: median(ours, k, args.warmup) for k in keys}
+    b = {k: median(bare, k, args.warmup) if k in bare[0] else None for k in keys}
     peak = peak_flops(args.device, args.peak_tflops)
     tokens = d["tokens"]
     after = ours[args.warmup :]
+    planned = next((r["planned_peak"] for r in ours if r.get("planned_peak")), None)
+    flops_d = train_flops(body, head, tokens, d["loss_tokens"])
+    flops_b = train_flops(body, head, b["tokens"], b["loss_tokens"] or 0)
     return {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "backend": args.backend, "size": args.size,
         "student": MODELS["student"], "teacher": MODELS["teacher"],
         "student_params": n_s, "teacher_params": n_t,
         "vocab": json.loads((dirs["student"] / "config.json").read_text())["vocab_size"],
-        "batch": args.batch, "grad_accum": args.accum, "precision_flag": args.precision, "new_tokens": args.new,
-        "steps": args.steps, "warmup": args.warmup,
+        **settings(args), "warmup": args.warmup,
         "precision": PRECISIONS[args.precision],
         "distil": {k: d[k] for k in PHASES}, "bare": {k: b[k] for k in PHASES},
         "ratio": {k: d[k] / b[k] if b[k] else float("nan") for k in PHASES},
-        "tokens": {"input": tokens, "bare_input": b["tokens"]},
+        "tokens": {"input": tokens, "bare_input": b["tokens"], "loss": d["loss_tokens"],
+                   "bare_loss": b["loss_tokens"]},
         "peak_gib": peaks,
+        "planned_peak_gib": planned / 2**30 if planned else None,
         "decode": {
             "graph_breaks_warmup": sum(r["graph_breaks"] for r in ours[: args.warmup]),
             "graph_breaks_after": sum(r["graph_breaks"] for r in after),
@@ -348,7 +277,8 @@ def summarize(args, dirs, ours: list[dict], bare: list[dict], peaks: dict) -> di
         },
         "mfu": {
             "peak_tflops": peak / 1e12 if peak else None,
-            "train": 6 * n_s * tokens / d["student"] / peak if peak else None,
+            "train": flops_d / d["student"] / peak if peak else None,
+            "train_bare": flops_b / b["student"] / peak if peak and b["loss_tokens"] else None,
             "step": (8 * n_s + 2 * n_t) * tokens / d["step"] / peak if peak else None,
         },
         "per_step": {"distil": ours, "bare": bare},
@@ -396,15 +326,25 @@ def parse_args(argv=None):
     return args
 
 
+def settings(args) -> dict[str, Any]:
+    """What a bare side depends on: an earlier run's bare side is reused only if all equal."""
+    return {"batch": args.batch, "grad_accum": args.accum, "new_tokens": args.new,
+            "steps": args.steps, "size": args.size, "precision_flag": args.precision}  # fmt: skip
+
+
 def reused_bare(args) -> tuple[list[dict], float] | None:
     path = args.bare_json
     if path is None or not path.exists():
         return None
     old = json.loads(path.read_text())
-    same = all(old[k] == getattr(args, a) for k, a in
-               (("batch", "batch"), ("grad_accum", "accum"), ("new_tokens", "new"),
-                ("steps", "steps"), ("size", "size"), ("precision_flag", "precision")))  # fmt: skip
+    same = all(old.get(k) == v for k, v in settings(args).items())
     return (old["per_step"]["bare"], old["peak_gib"]["bare"]) if same else None
+
+
+def write_json(path: Path | None, report: dict[str, Any]) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1))
 
 
 def main(argv=None) -> None:
@@ -416,15 +356,17 @@ def main(argv=None) -> None:
 
     quiet_transformers()
     args.work.mkdir(parents=True, exist_ok=True)
-    dirs = build(args.work, args.size, args.device)
+    dirs = build(args.work, args.size, args.device)  # before any timer: saving, not stepping
     out = args.work / f"run-{args.backend}"
+    # the bare side first, its figures written at once: what a later backend reuses, also
+    # when this run is stopped in distil's side
+    bare, peak_bare = reused_bare(args) or measured(lambda: run_bare(dirs, args, LR), args.device)
+    partial = {**settings(args), "backend": args.backend, "partial": "the bare side only",
+               "per_step": {"bare": bare}, "peak_gib": {"bare": peak_bare}}  # fmt: skip
+    write_json(args.json, partial)
     ours, peak_distil = measured(lambda: run_distil(dirs, args, out), args.device)
-    reuse = reused_bare(args)
-    bare, peak_bare = reuse or measured(lambda: run_bare(dirs, args), args.device)
     report = summarize(args, dirs, ours, bare, {"distil": peak_distil, "bare": peak_bare})
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
+    write_json(args.json, report)
     print_report(report)
 
 
@@ -437,11 +379,14 @@ def print_report(r: dict[str, Any]) -> None:
     mfu = r["mfu"]
     fmt = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     dec = r["decode"]
+    planned = r["planned_peak_gib"]
+    plan = f", planned {planned:.1f}" if planned else ""
     print(
         f"RESULT realsize {r['backend']}: step {r['ratio']['step']:.2f}x bare, MFU train "
-        f"{fmt(mfu['train'])} step {fmt(mfu['step'])}, peak {r['peak_gib']['distil']:.1f} GiB "
-        f"(bare {r['peak_gib']['bare']:.1f}), decode graph breaks after warm-up "
-        f"{dec['graph_breaks_after']}, new graphs {dec['new_graphs_after']} ({r['device']})"
+        f"{fmt(mfu['train'])} (bare {fmt(mfu['train_bare'])}) step {fmt(mfu['step'])}, peak "
+        f"{r['peak_gib']['distil']:.1f} GiB{plan} (bare {r['peak_gib']['bare']:.1f}), decode "
+        f"graph breaks after warm-up {dec['graph_breaks_after']}, new graphs "
+        f"{dec['new_graphs_after']} ({r['device']})"
     )
 
 

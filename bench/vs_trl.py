@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads per side")
     p.add_argument("--prompts", type=int, default=2048, help="Countdown prompts in the data")
     p.add_argument("--backend", default=None, help="distil generation.backend (default: its own)")
+    p.add_argument("--json", type=Path, default=None,
+                   help="the distil / TRL ratios per mode, trainer and phase here")  # fmt: skip
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in args.modes if m not in MODES]
@@ -370,6 +372,9 @@ def main(argv: list[str] | None = None) -> None:
     }
     print(NOTES.format(ga=args.ga, batch=args.batch, window=args.batch * args.ga))
     print(result_line(all_ratios, args))
+    if args.json:  # ratio < 1: distil faster; the goal: on-policy step <= 1/3 of GOLDTrainer's
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"device": args.device, "ratios": all_ratios}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,36 +1,47 @@
-"""`make gpu-check`: distil on one GPU in under nine minutes, every figure in one summary file.
+"""`make gpu-check`: distil on one GPU within one lease, a verdict per goal in one summary file.
 
     python bench/gpu/check.py                 # on the GPU machine (make gpu-check)
     python bench/gpu/check.py --dry           # on a CPU machine (make gpu-check-dry)
     python bench/gpu/check.py --only tests,realsize-hf
 
-Steps, in this order, each in its own process under its own timeout (cut to what is left of
-the `--budget`), going on after a failure:
-  install   the wheels of --wheels (`make gpu-wheels`) into --site with pip --no-index
-            --no-deps --target (the image's torch is never touched); distil runs from src/
-  deps      bench/gpu/deps.py --installed: every requirement of distil and the benchmarks met
-  tests     pytest -m gpu tests/gpu (a test skipped for a missing extra is listed as such)
-  realsize-hf, realsize-hf_static
-            bench/realsize.py: Qwen3-0.6B/1.7B-shaped models, one on-policy step per backend
-  generation, async, train_throughput, vs_trl, cache
-            the benchmarks of bench/ at GPU sizes (bench/gpu/launch.py runs each)
-The summary (--out/SUMMARY.md, copied to $OUT when set) names the device and holds every
-figure, ready to paste into bench/RESULTS.md.
+A lease: 15 minutes of device time, a machine start of 1-2 minutes and ONE command of at most
+10 minutes, with too little left for a second start. So the whole check, the install included,
+fits TOTAL_S (480 s), and the steps run in the order the goals need them, each under its own
+budget (`STEPS`; a step past it is interrupted, and its kill fits in the budget too):
+  install          the wheels of --wheels (`make gpu-wheels`) into --site with pip --no-index
+                   --no-deps --target (the image's torch is never touched); distil runs from src/
+  deps             bench/gpu/deps.py --installed: every requirement of distil and the benchmarks
+  realsize-hf      bench/realsize.py: Qwen3-0.6B/1.7B-shaped models, the bare model calls first
+                   (their figures written at once), then distil's on-policy step: the step/bare
+                   ratio, training MFU (distil's and the bare calls'), planned vs measured peak
+  generation       bench/generation.py greedy only: decode 64 x 128 tokens, SmolLM2-135M-shaped,
+                   distil's compiled hf_static against transformers' compiled static cache; the
+                   RESULT line is printed before anything else runs
+  realsize-hf_static  the real-size step with the compiled decode (reusing realsize-hf's bare side)
+  vs_trl           distil's on-policy step against TRL's GOLDTrainer on the same work
+  tests            pytest -m gpu tests/gpu, last: what its budget leaves unrun is listed
+The other benchmarks (async, train_throughput, cache) run only when named in --only (a second
+lease). The summary (--out/SUMMARY.md, copied to $OUT when set) names the device, holds every
+figure and ends with one table: goal | target | measured | PASS / FAIL / NOT RUN.
 
-`--dry` (no CUDA needed): `wheels` proves the wheels + the image's packages (bench/gpu/image.txt)
-satisfy every requirement without an index (deps.py, and pip --dry-run for the wheels' tags);
-then every step starts and ends skipped for want of CUDA (pytest collects and skips the GPU
-tier; each script parses its flags, then stops).
+`--dry` (no CUDA needed): checks that the step budgets add up to at most TOTAL_S; `wheels`
+proves the wheels + the image's packages (bench/gpu/image.txt) satisfy every requirement
+without an index (deps.py, and pip --dry-run for the wheels' tags); then every step starts and
+ends skipped for want of CUDA (pytest collects and skips the GPU tier; each script parses its
+flags, then stops). A Python without what the check imports (a fresh clone, no .venv) is told
+what to install, with no traceback.
 
 Exit status: 0 every step ran and passed (--dry: every step started and was skipped for want of
-CUDA); 1 a step failed or timed out (or a GPU test failed); 2 nothing failed but something did
-not run: a GPU test skipped for a missing extra (vllm, flash-attn, ...), a step skipped or left
-for want of time. The summary's first lines say which.
+CUDA); 1 a step failed or timed out (or a GPU test failed, or --dry: the budgets exceed the
+total); 2 nothing failed but something did not run: a GPU test skipped for a missing extra
+(vllm, flash-attn, ...), a step skipped or left for want of time, or this Python lacks what
+the check imports. The summary's first lines say which.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import signal
@@ -46,6 +57,12 @@ from summary import PytestTally, device_line, write_summary
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = "bench/gpu/launch.py"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+TOTAL_S = 480.0  # the whole check, install included: one 10-minute command after a 1-2 min start
+REPORT_S = 10.0  # kept back for the summary and the copy to $OUT
+GRACE_S = 10.0  # a step past its budget: SIGINT, 5 s, SIGTERM, 3 s, SIGKILL, 2 s
+INSTALL_S = 20.0  # pip install --no-index --no-deps of ~6 MiB of wheels
+NEEDS = {"torch": "torch", "transformers": "transformers", "pytest": "pytest"}
+NEEDS_DRY = {**NEEDS, "packaging": "packaging", "pip": "pip"}
 
 
 @dataclass
@@ -53,7 +70,7 @@ class Step:
     name: str
     what: str
     argv: list[str]  # after the Python interpreter
-    timeout: float
+    budget: float  # seconds this step may take, its kill included
     status: str = "not run"
     seconds: float = 0.0
     log: Path | None = None
@@ -61,51 +78,84 @@ class Step:
 
 
 def gpu_steps(out: Path, site: Path) -> list[Step]:
-    """The steps of a GPU run, most important first (the budget cuts the last ones short)."""
+    """The steps of one lease, in the order the goals need them (see the module docstring)."""
     junit = out / "pytest.xml"
+    realsize = [LAUNCH, "bench/realsize.py", "--json"]
     steps = [
         Step("deps", "requirements met by what this Python imports",
-             ["bench/gpu/deps.py", "--installed", "--carried", str(site)], 20),
+             ["bench/gpu/deps.py", "--installed", "--carried", str(site)], 15),
+        Step("realsize-hf", "real-size on-policy step (bare calls first), backend hf",
+             [*realsize, str(out / "realsize-hf.json"), "--backend", "hf"], 150),
+        Step("generation", "decode 64 x 128 tokens, SmolLM2-135M-shaped, bf16, greedy",
+             [LAUNCH, "bench/generation.py", "--preset", "gpu135m", "--repeats", "2",
+              "--modes", "greedy", "--backends", "generate_static,hf_static+compile,hf",
+              "--json", str(out / "generation.json")], 75),  # two cold compiles, 30 layers
+        Step("realsize-hf_static", "real-size on-policy step, backend hf_static (compiled)",
+             [*realsize, str(out / "realsize-hf_static.json"), "--backend", "hf_static",
+              "--bare-json", str(out / "realsize-hf.json")], 90),
+        Step("vs_trl", "distil vs TRL GOLDTrainer, on-policy",
+             [LAUNCH, "bench/vs_trl.py", "--device", "cuda", "--threads", "4", "--modes", "on",
+              "--rounds", "1", "--steps", "6", "--warmup", "2", "--trl", "gold",
+              "--json", str(out / "vs_trl.json")], 50),
         Step("tests", "pytest -m gpu tests/gpu",
              ["-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider",
-              f"--junitxml={junit}", *pytest_extras()], 200),
+              f"--junitxml={junit}", *pytest_extras()], 70),
     ]  # fmt: skip
-    for backend, timeout in (("hf", 80), ("hf_static", 120)):  # hf_static compiles first
-        reuse = ["--bare-json", str(out / "realsize-hf.json")] if backend != "hf" else []
-        steps.append(
-            Step(f"realsize-{backend}", f"real-size on-policy step, backend {backend}",
-                 [LAUNCH, "bench/realsize.py", "--backend", backend,
-                  "--json", str(out / f"realsize-{backend}.json"), *reuse], timeout)
-        )  # fmt: skip
+    return steps
+
+
+def extra_steps() -> list[Step]:
+    """Benchmarks no goal needs, for a second lease (`--only async,train_throughput,cache`)."""
     bench = [
-        ("generation", "decode 64 x 128 tokens, SmolLM2-135M-shaped, bf16",
-         ["bench/generation.py", "--preset", "gpu135m", "--repeats", "2", "--backends",
-          "generate,generate_static,hf,hf_static+compile"], 80),
         ("async", "step vs bare calls, async off/on (gpu preset)",
          ["bench/step_breakdown.py", "--preset", "gpu", "--bf16", "--async", "--steps", "6",
-          "--warmup", "2", "--threads", "4"], 60),
+          "--warmup", "2", "--threads", "4"], 90),
         ("train_throughput", "training step MFU: packing, chunked loss, fused AdamW",
-         ["bench/train_throughput.py", "--part", "step", "--steps", "2", "--warmup", "1"], 60),
-        ("vs_trl", "distil vs TRL GOLDTrainer, on-policy",
-         ["bench/vs_trl.py", "--device", "cuda", "--threads", "4", "--modes", "on",
-          "--rounds", "1", "--steps", "6", "--warmup", "2", "--trl", "gold"], 45),
+         ["bench/train_throughput.py", "--part", "step", "--steps", "2", "--warmup", "1"], 90),
         ("cache", "teacher cache vs live teacher (demo sizes)",
          ["bench/cache.py", "--preset", "demo", "--rows", "512", "--epochs", "1",
-          "--repeats", "1", "--threads", "4"], 30),
+          "--repeats", "1", "--threads", "4"], 60),
     ]  # fmt: skip
-    steps += [Step(n, w, [LAUNCH, *a], t) for n, w, a, t in bench]
-    return steps
+    return [Step(n, w, [LAUNCH, *a], t) for n, w, a, t in bench]
+
+
+def budget_problems(steps: list[Step], total: float = TOTAL_S) -> list[str]:
+    """What makes the plan not fit one lease: the install, the steps' budgets and the report
+    must add up to at most `total` seconds, each budget long enough for its kill."""
+    spent = planned_seconds(steps)
+    out = [
+        f"step {s.name}: budget {s.budget:g} s leaves nothing after its kill ({GRACE_S:g} s)"
+        for s in steps
+        if s.budget <= GRACE_S
+    ]
+    if spent > total:
+        parts = " + ".join(f"{s.name} {s.budget:g}" for s in steps)
+        out.append(
+            f"the budgets add up to {spent:g} s (install {INSTALL_S:g} + {parts} + report "
+            f"{REPORT_S:g}), over the {total:g} s of one lease: shorten a step or move it to "
+            "extra_steps()"
+        )
+    return out
+
+
+def planned_seconds(steps: list[Step]) -> float:
+    """The install, every step's budget and the report: what the plan may take at most."""
+    return INSTALL_S + sum(s.budget for s in steps) + REPORT_S
+
+
+def missing_modules(dry: bool) -> list[str]:
+    """What this Python cannot import of what the check needs (a fresh clone's python3)."""
+    needs = NEEDS_DRY if dry else NEEDS
+    return [pkg for module, pkg in needs.items() if importlib.util.find_spec(module) is None]
 
 
 def pytest_extras() -> list[str]:
     """Where the GPU image's plugins are there: a per-test timeout (pytest-timeout) and, on a
     CUDA machine, 4 workers (pytest-xdist; one module per worker, so that a module's shared
     engine or server stays in one process)."""
-    import importlib.util
-
     import torch
 
-    out = ["--timeout=120"] if importlib.util.find_spec("pytest_timeout") else []
+    out = ["--timeout=60"] if importlib.util.find_spec("pytest_timeout") else []
     if importlib.util.find_spec("xdist") and torch.cuda.is_available():
         out += ["-n", "4", "--dist", "loadfile"]
     return out
@@ -125,8 +175,9 @@ def child_env(site: Path | None) -> dict[str, str]:
 
 
 def run_step(step: Step, python: str, env: dict, logs: Path, left: float) -> None:
-    """Run one step under min(its timeout, `left`); its log under `logs`."""
-    timeout = max(1.0, min(step.timeout, left))
+    """Run one step within min(its budget, `left`) seconds, its kill included; its log under
+    `logs`."""
+    timeout = max(1.0, min(step.budget, left) - GRACE_S)
     step.log = logs / f"{step.name}.log"
     start = time.monotonic()
     with step.log.open("w") as log:
@@ -156,8 +207,8 @@ def run_step(step: Step, python: str, env: dict, logs: Path, left: float) -> Non
 
 def stop_group(proc: subprocess.Popen) -> None:
     """SIGINT the step's process group (pytest then writes its report of the tests so far),
-    SIGTERM after 15 s, SIGKILL after 10 more."""
-    for sig, wait in ((signal.SIGINT, 15), (signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+    SIGTERM after 5 s, SIGKILL after 3 more: GRACE_S in all."""
+    for sig, wait in ((signal.SIGINT, 5), (signal.SIGTERM, 3), (signal.SIGKILL, 2)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -171,7 +222,10 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 def install(python: str, wheels: Path, site: Path) -> Step:
     step = Step(
-        "install", f"pip install --no-index --no-deps --target {site} {wheels}/*.whl", [], 60
+        "install",
+        f"pip install --no-index --no-deps --target {site} {wheels}/*.whl",
+        [],
+        INSTALL_S,
     )
     files = sorted(str(p) for p in wheels.glob("*.whl")) if wheels.is_dir() else []
     if not files:
@@ -184,9 +238,9 @@ def install(python: str, wheels: Path, site: Path) -> Step:
            "--no-cache-dir", "--upgrade", "--target", str(site), *files]  # fmt: skip
     start = time.monotonic()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=step.timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=step.budget)
     except subprocess.TimeoutExpired:
-        step.status = f"timed out after {step.timeout:.0f} s"
+        step.status = f"timed out after {step.budget:.0f} s"
         return step
     step.seconds = time.monotonic() - start
     step.status = "passed" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
@@ -199,7 +253,7 @@ def dry_wheels(python: str, wheels: Path, logs: Path) -> Step:
     every wheel for CPython 3.12 on x86-64 Linux without an index (pip --dry-run)."""
     step = Step("wheels", "wheels + image packages satisfy distil's requirements, no index",
                 ["bench/gpu/deps.py", "--wheels", str(wheels)], 60)  # fmt: skip
-    run_step(step, python, child_env(None), logs, step.timeout)
+    run_step(step, python, child_env(None), logs, step.budget)
     files = sorted(str(p) for p in wheels.glob("*.whl")) if wheels.is_dir() else []
     if step.status != "passed" or not files:
         return step
@@ -226,14 +280,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wheels", type=Path, default=ROOT / ".whl")
     p.add_argument("--site", type=Path, default=Path("/tmp/distil-gpu-site"))
     p.add_argument("--out", type=Path, default=ROOT / "runs/gpu-check")
-    p.add_argument("--budget", type=float, default=520.0, help="seconds for all steps")
+    p.add_argument("--budget", type=float, default=TOTAL_S, help="seconds for everything")
     p.add_argument("--only", default=None, help="comma-separated step names")
     p.add_argument("--python", default=sys.executable)
     args = p.parse_args(argv)
+    if missing := missing_modules(args.dry):
+        print(needs_message(missing, args.dry), file=sys.stderr)
+        return 2
     start = time.monotonic()
     logs = args.out / "logs"
     shutil.rmtree(args.out, ignore_errors=True)
     logs.mkdir(parents=True)
+    plan = planned_steps(args.out, args.site, args.only)
+    problems = budget_problems(plan, args.budget)
+    for line in problems:
+        print(f"[gpu-check] BUDGET: {line}", flush=True)
     done: list[Step] = []
     site = None
     if args.dry:
@@ -242,12 +303,11 @@ def main(argv: list[str] | None = None) -> int:
         done.append(install(args.python, args.wheels, args.site))
         site = args.site if done[-1].status == "passed" else None
     env = child_env(site)
-    wanted = set(args.only.split(",")) if args.only else None
-    for step in gpu_steps(args.out, args.site):
-        if (wanted is not None and step.name not in wanted) or (args.dry and step.name == "deps"):
+    for step in plan:
+        if args.dry and step.name == "deps":
             continue  # dry: the wheels step above stands for deps
-        left = args.budget - (time.monotonic() - start)
-        if left < 5:
+        left = args.budget - REPORT_S - (time.monotonic() - start)
+        if left < GRACE_S + 5:
             step.status = "not run: the time budget was spent"
         else:
             run_step(step, args.python, env, logs, left)
@@ -258,10 +318,10 @@ def main(argv: list[str] | None = None) -> int:
             step.status = (
                 f"skipped: no CUDA device ({tally.total} GPU tests collected, each skipped)"
             )
-    code = exit_code(done, tally, dry=args.dry)
+    code = 1 if args.dry and problems else exit_code(done, tally, dry=args.dry)
     path = write_summary(
         args.out, done, tally, code, device=device_line(), dry=args.dry,
-        seconds=time.monotonic() - start,
+        seconds=time.monotonic() - start, budget=(planned_seconds(plan), args.budget, problems),
     )  # fmt: skip
     if os.environ.get("OUT"):  # the device tool brings back what is there (8 files at most)
         copy_out(args.out, Path(os.environ["OUT"]))
@@ -269,10 +329,32 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def planned_steps(out: Path, site: Path, only: str | None) -> list[Step]:
+    """The default plan, or the steps named in `only` (extra benchmarks included), in order."""
+    steps = gpu_steps(out, site)
+    if only is None:
+        return steps
+    wanted = set(only.split(","))
+    return [s for s in [*steps, *extra_steps()] if s.name in wanted]
+
+
+def needs_message(missing: list[str], dry: bool) -> str:
+    what = "make gpu-check-dry" if dry else "make gpu-check"
+    return (
+        f"{what}: this Python ({sys.executable}) cannot import {', '.join(missing)}, which the "
+        "check imports (the GPU tier's pytest, the scripts' torch and transformers"
+        + (", deps.py's packaging and pip" if dry else "")
+        + "). Fix: `make venv` (a .venv with the CPU torch and distil[dev]; the make targets "
+        "use .venv/bin/python when it exists), or run it with a Python that has them: "
+        "make GPU_PYTHON=/path/to/python " + what.split()[-1]
+    )
+
+
 def copy_out(out: Path, dest: Path) -> None:
-    """SUMMARY.md, the pytest report, the real-size figures and the logs (one archive)."""
+    """SUMMARY.md, the pytest report, the figures and the logs (one archive)."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("SUMMARY.md", "pytest.xml", "realsize-hf.json", "realsize-hf_static.json"):
+    figures = ("realsize-hf.json", "realsize-hf_static.json", "generation.json", "vs_trl.json")
+    for name in ("SUMMARY.md", "pytest.xml", *figures):
         if (out / name).exists():
             shutil.copy(out / name, dest / name)
     shutil.make_archive(str(dest / "gpu-check-logs"), "gztar", out, "logs")

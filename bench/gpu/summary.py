@@ -1,5 +1,6 @@
 """The GPU check's summary: the pytest tally (with skips for missing extras named), the real-size
-check's figures and the benchmarks' RESULT lines and tables, in one markdown file."""
+check's figures and the benchmarks' RESULT lines and tables, in one markdown file that ends
+with one table: goal | target | measured | PASS / FAIL / NOT RUN (`goals`)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,10 @@ def _commit() -> str:
         return "unknown"
 
 
-def write_summary(out: Path, steps, tally, code: int, *, device: str, dry: bool, seconds: float):
+def write_summary(
+    out: Path, steps, tally, code: int, *, device: str, dry: bool, seconds: float, budget=None
+):
+    """SUMMARY.md under `out`; `budget`: (the plan's seconds, the total, its problems)."""
     meaning = (DRY_MEANING if dry else EXIT_MEANING).get(code, "?")
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -118,14 +122,25 @@ def write_summary(out: Path, steps, tally, code: int, *, device: str, dry: bool,
     if tally is not None and tally.missing:
         extras = ", ".join(f"{k} ({v} tests)" for k, v in sorted(tally.missing.items()))
         lines.append(f"\n**GPU tests not run for a missing extra: {extras}.**")
-    lines += ["", "| step | what | status | s |", "|---|---|---|---|"]
-    lines += [f"| {s.name} | {s.what} | {s.status} | {s.seconds:.0f} |" for s in steps]
+    lines += ["", "| step | what | status | s | budget s |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {s.name} | {s.what} | {s.status} | {s.seconds:.0f} | {s.budget:g} |" for s in steps
+    ]
+    lines += _budget(budget)
     if not_run and not dry:
         lines.append("\nNot run or not passed: " + ", ".join(s.name for s in not_run) + ".")
-    lines += _tests(tally) + _realsize(out) + _bench(steps)
+    lines += _tests(tally) + _realsize(out) + _bench(steps) + goals_table(out)
     path = out / "SUMMARY.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _budget(budget) -> list[str]:
+    if budget is None:
+        return []
+    planned, total, problems = budget
+    line = f"\nBudget: {planned:g} s planned (install, every step's budget, the report) of {total:g} s."
+    return [line, *[f"**BUDGET: {p}**" for p in problems]]
 
 
 def _tests(t: PytestTally | None) -> list[str]:
@@ -148,7 +163,12 @@ def _realsize(out: Path) -> list[str]:
     found = sorted(out.glob("realsize-*.json"))
     if not found:
         return []
-    runs = [json.loads(p.read_text()) for p in found]
+    every = [json.loads(p.read_text()) for p in found]
+    runs = [r for r in every if "distil" in r]  # a partial file: the bare side only
+    cut = [r["backend"] for r in every if "distil" not in r]
+    note = [f"\nOnly the bare side was measured for: {', '.join(cut)}."] if cut else []
+    if not runs:
+        return ["", "## Real-size check (bench/realsize.py)", *note]
     r0 = runs[0]
     lines = [
         "",
@@ -162,13 +182,13 @@ def _realsize(out: Path) -> list[str]:
         f"{r0['warmup']} warm-up. Seconds per step: distil / bare calls (ratio).",
         "",
         "| backend | generate | teacher | student fwd+bwd+loss | optimizer | step | peak GiB "
-        "distil / bare | MFU train | MFU step | decode graph breaks (warm-up / after) | "
-        "new graphs after warm-up |",
+        "distil (planned) / bare | MFU train distil / bare | MFU step | decode graph breaks "
+        "(warm-up / after) | new graphs after warm-up |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         lines.append(_realsize_row(r))
-    return lines
+    return lines + note
 
 
 def _realsize_row(r: dict[str, Any]) -> str:
@@ -180,10 +200,13 @@ def _realsize_row(r: dict[str, Any]) -> str:
     mfu = r["mfu"]
     fmt = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     dec = r["decode"]
+    planned = r.get("planned_peak_gib")
+    plan = f" ({planned:.1f})" if planned else ""
     return (
-        f"| {r['backend']} | {' | '.join(cells)} | {r['peak_gib']['distil']:.1f} / "
-        f"{r['peak_gib']['bare']:.1f} | {fmt(mfu['train'])} | {fmt(mfu['step'])} | "
-        f"{dec['graph_breaks_warmup']} / {dec['graph_breaks_after']} | {dec['new_graphs_after']} |"
+        f"| {r['backend']} | {' | '.join(cells)} | {r['peak_gib']['distil']:.1f}{plan} / "
+        f"{r['peak_gib']['bare']:.1f} | {fmt(mfu['train'])} / {fmt(mfu.get('train_bare'))} | "
+        f"{fmt(mfu['step'])} | {dec['graph_breaks_warmup']} / {dec['graph_breaks_after']} | "
+        f"{dec['new_graphs_after']} |"
     )
 
 
@@ -203,3 +226,96 @@ def _bench(steps) -> list[str]:
         if not table and not results:
             out.append(f"(no RESULT line or table; log: {s.log})")
     return out
+
+
+# ---- the goals: one verdict each ----------------------------------------------------------
+
+PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
+STEP_RATIO_MAX = 1.15  # distil's on-policy step / the bare model calls
+DECODE_RATIO_MIN = 0.5  # distil hf_static tokens/s / transformers' compiled static cache's
+MFU_MIN = 0.35  # training MFU of the real-size step
+TRL_SPEEDUP_MIN = 3.0  # TRL GOLDTrainer s/step / distil's
+PEAK_TOLERANCE = 0.20  # |planned - measured| / measured
+
+
+def _load(out: Path, name: str) -> dict[str, Any] | None:
+    path = out / name
+    try:
+        return json.loads(path.read_text()) if path.exists() else None
+    except ValueError:
+        return None
+
+
+def _realsize_goals(r: dict | None, backend: str) -> list[tuple[str, str, str, str]]:
+    """The step ratio for one backend; for hf also the MFU and the memory plan."""
+    full = r is not None and "distil" in r
+    why = "not measured" if r is None else "distil's side did not finish" if not full else ""
+    goal = f"on-policy step / bare model calls, real size ({backend})"
+    rows = []
+    if not full:
+        rows.append((goal, f"<= {STEP_RATIO_MAX}x", why, NOT_RUN))
+    else:
+        x = r["ratio"]["step"]
+        rows.append((goal, f"<= {STEP_RATIO_MAX}x", f"{x:.2f}x", _verdict(x <= STEP_RATIO_MAX)))
+    if backend != "hf":
+        return rows
+    mfu_goal = "training MFU, real-size step (distil; the bare calls beside)"
+    mfu = r["mfu"] if full else {}
+    if not mfu.get("train"):
+        rows.append((mfu_goal, f">= {MFU_MIN:.0%}", why or "no dense peak for this device",
+                     NOT_RUN))  # fmt: skip
+    else:
+        bare = mfu.get("train_bare")
+        seen = f"{mfu['train']:.1%}" + (f" (bare {bare:.1%})" if bare else "")
+        rows.append((mfu_goal, f">= {MFU_MIN:.0%}", seen, _verdict(mfu["train"] >= MFU_MIN)))
+    plan_goal = "planned peak memory vs measured, real-size step (hf)"
+    planned = r.get("planned_peak_gib") if full else None
+    if not planned:
+        rows.append((plan_goal, f"within {PEAK_TOLERANCE:.0%}", why or "no plan made", NOT_RUN))
+    else:
+        got = r["peak_gib"]["distil"]
+        off = (planned - got) / got if got else float("inf")
+        seen = f"planned {planned:.1f} GiB, measured {got:.1f} GiB ({off:+.0%})"
+        rows.append((plan_goal, f"within {PEAK_TOLERANCE:.0%}", seen,
+                     _verdict(abs(off) <= PEAK_TOLERANCE)))  # fmt: skip
+    return rows
+
+
+def _decode_goal(g: dict | None) -> tuple[str, str, str, str]:
+    goal = "decode 64 x 128 tokens, 0.135B: distil hf_static / transformers' compiled static cache"
+    target = f">= {DECODE_RATIO_MIN}x the tokens/s (within 2x)"
+    if g is None or g.get("goal_ratio") is None:
+        return goal, target, "not measured", NOT_RUN
+    x = g["goal_ratio"]
+    seen = f"{x:.2f}x ({g['static']}, batch {g['batch']}, {g['new']} tokens)"
+    return goal, target, seen, _verdict(x >= DECODE_RATIO_MIN)
+
+
+def _trl_goal(v: dict | None) -> tuple[str, str, str, str]:
+    goal = "on-policy step vs TRL GOLDTrainer, same work"
+    target = f">= {TRL_SPEEDUP_MIN:g}x faster"
+    ratio = (((v or {}).get("ratios") or {}).get("on") or {}).get("gold", {}).get("step")
+    if not ratio:
+        return goal, target, "not measured", NOT_RUN
+    speedup = 1.0 / ratio
+    return goal, target, f"{speedup:.2f}x faster", _verdict(speedup >= TRL_SPEEDUP_MIN)
+
+
+def _verdict(ok: bool) -> str:
+    return PASS if ok else FAIL
+
+
+def goals(out: Path) -> list[tuple[str, str, str, str]]:
+    """(goal, target, measured, PASS / FAIL / NOT RUN) of every goal, from the figures the
+    steps wrote under `out` (a missing or partial file: NOT RUN)."""
+    rows = _realsize_goals(_load(out, "realsize-hf.json"), "hf")
+    rows += _realsize_goals(_load(out, "realsize-hf_static.json"), "hf_static")
+    rows.append(_decode_goal(_load(out, "generation.json")))
+    rows.append(_trl_goal(_load(out, "vs_trl.json")))
+    return rows
+
+
+def goals_table(out: Path) -> list[str]:
+    """The summary's last lines: one row per goal."""
+    lines = ["", "## Goals", "", "| goal | target | measured | verdict |", "|---|---|---|---|"]
+    return lines + [f"| {g} | {t} | {m} | {v} |" for g, t, m, v in goals(out)]

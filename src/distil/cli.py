@@ -10,10 +10,12 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from distil.demo.cli import add_demo
+from distil.env import add_env
 from distil.errors import ConfigError, DistilError
+from distil.eval.cli import add_eval
+from distil.hub import add_push
 from distil.plan.cli import add_plan
 from distil.serve.cli import add_serve_teacher
 from distil.teacher.cli import add_cache_teacher, add_generate
@@ -38,11 +40,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from distil import __version__
+
     p = argparse.ArgumentParser(prog="distil", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"distil {__version__}")
     sub = p.add_subparsers(metavar="COMMAND")
     add_demo(sub, _positive_int)
     _add_train(sub)
-    _add_eval(sub)
+    add_eval(sub, _positive_int)
     _add_config(sub)
     _add_countdown(sub)
     _add_losses(sub)
@@ -52,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate(sub, _positive_int)
     add_serve_teacher(sub, _positive_int)
     add_plan(sub, _positive_int)
+    add_push(sub)
+    add_env(sub)
     return p
 
 
@@ -76,13 +83,13 @@ def _add_train(sub) -> None:
 
 
 def _train(args) -> int:
-    from distil.config import load_config
-    from distil.train.loop import train
+    from distil.api import Distiller
 
-    cfg = load_config(args.config, args.overrides)
-    train(cfg)
+    result = Distiller(args.config, args.overrides).train()
     if int(os.environ.get("RANK", "0")) == 0:  # torchrun / accelerate: once, not per rank
-        print(f"final model: {Path(cfg.train.output_dir) / 'final'}")
+        print(f"final model: {result.final_model}")
+        if result.hub_url:
+            print(f"pushed to: {result.hub_url}")
     return 0
 
 
@@ -256,6 +263,11 @@ def _add_config(sub) -> None:
     val.add_argument("file")
     val.add_argument("overrides", nargs="*")
     val.set_defaults(func=_config_validate)
+    sch = csub.add_parser(
+        "schema", help="the config's JSON Schema (for editors), or --markdown: docs/config.md"
+    )
+    sch.add_argument("--markdown", action="store_true", help="the reference page instead")
+    sch.set_defaults(func=_config_schema)
     d = csub.add_parser("diff", help="keys whose resolved values differ between two configs")
     d.add_argument("a", help="YAML file or run directory")
     d.add_argument("b", help="YAML file or run directory")
@@ -271,20 +283,28 @@ def _config_show(args) -> int:
 
 
 def _config_validate(args) -> int:
+    from distil.api.distiller import validate
     from distil.config import load_config
     from distil.inspect_prompts import first_row
-    from distil.preflight import validation
 
     cfg = load_config(args.file, args.overrides)
-    v = validation(cfg)
-    for note in v.notes:
-        print(f"note: {note}")
-    if v.problems:
-        raise ConfigError(v.problems, header=f"{args.file} is valid but cannot train")
+    v = validate(cfg, name=args.file, notes=lambda note: print(f"note: {note}"))
     shown = first_row(cfg, v.tokenizers, v.examples)
     if shown:
         print(shown)
     print(f"{args.file}: ok")
+    return 0
+
+
+def _config_schema(args) -> int:
+    from distil.config.reference import json_schema, reference_markdown
+
+    if args.markdown:
+        print(reference_markdown(), end="")
+    else:
+        import json
+
+        print(json.dumps(json_schema(), indent=2))
     return 0
 
 
@@ -318,6 +338,9 @@ def _add_countdown(sub) -> None:
     g = csub.add_parser("generate", help="solvable problems, disjoint train/test splits")
     g.add_argument("--n", type=_positive_int, required=True, help="training problems")
     g.add_argument("--test-n", type=int, default=500, help="test problems (default 500)")
+    g.add_argument(
+        "--dev-n", type=int, default=0, help="dev problems, a second held-out split (default 0)"
+    )
     g.add_argument("--numbers", default="3", help="numbers per problem: 3, 4 or 3-4")
     g.add_argument("--max-number", type=_positive_int, default=99, help="largest number")
     g.add_argument("--max-target", type=_positive_int, default=None, help="largest target")
@@ -330,13 +353,14 @@ def _add_countdown(sub) -> None:
 def _countdown_generate(args) -> int:
     from distil.tasks.countdown import generate_dataset, parse_numbers
 
-    if args.test_n < 0:
-        raise ConfigError(f"--test-n must be >= 0, got {args.test_n}")
+    if args.test_n < 0 or args.dev_n < 0:
+        raise ConfigError(f"--test-n and --dev-n must be >= 0, got {args.test_n}, {args.dev_n}")
     _check_out(args.out)
     summary = generate_dataset(
         args.out,
         n=args.n,
         test_n=args.test_n,
+        dev_n=args.dev_n,
         numbers=parse_numbers(args.numbers),
         max_number=args.max_number,
         max_target=args.max_target,
@@ -345,95 +369,6 @@ def _countdown_generate(args) -> int:
     )
     for key, value in summary.items():
         print(f"{key}: {value}")
-    return 0
-
-
-# ----------------------------------------------------------------------------- eval
-
-
-def _add_eval(sub) -> None:
-    p = sub.add_parser("eval", help="score a task's completions or a model (countdown, gsm8k, ...)")
-    p.add_argument("--model", action="append", default=[], help="model directory (repeatable)")
-    p.add_argument("--completions", action="append", default=[], help="JSONL of outputs")
-    p.add_argument("--config", help="YAML whose eval section gives the defaults")
-    p.add_argument(
-        "--task",
-        help="countdown, gsm8k, math, mmlu, or module:Class of your own (default: the "
-        "--config's eval.task, else countdown)",
-    )
-    p.add_argument("--data", help="problems: a JSONL/parquet file or a hub dataset id")
-    p.add_argument("--subset", help="hub dataset config name (gsm8k: main, mmlu: all)")
-    p.add_argument("--split", help="hub dataset split (default: test)")
-    p.add_argument("--n", type=_positive_int, help="problems to evaluate")
-    p.add_argument("--samples", type=_positive_int, help="completions per problem (pass@k)")
-    p.add_argument("--batch-size", type=_positive_int)
-    p.add_argument("--max-new-tokens", type=_positive_int)
-    p.add_argument("--temperature", type=float, help="0 = greedy")
-    p.add_argument("--template", help="prompt template (default: recorded with the model)")
-    p.add_argument("--number-usage", choices=["exact", "subset"])
-    p.add_argument("--out", default=None, help="report directory (default: eval-report)")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("overrides", nargs="*", help="eval.key=value overrides")
-    p.set_defaults(func=_eval)
-
-
-def _eval(args) -> int:
-    """Everything that can be checked without a model is checked first (config, --out, names,
-    completions files, the problems file), so a mistake never costs an evaluation."""
-    from distil.config import load_config
-    from distil.eval.report import check_out_dir, format_table, unique_names, write_report
-    from distil.eval.runner import evaluate_model, load_problem_set, score_file
-    from distil.preflight import check
-    from distil.tasks import make_task
-
-    if not args.model and not args.completions:
-        raise ConfigError("give at least one --model DIR or --completions FILE to evaluate")
-    flags = {
-        "task": args.task,
-        "data": args.data,
-        "subset": args.subset,
-        "split": args.split,
-        "n": args.n,
-        "samples": args.samples,
-        "batch_size": args.batch_size,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "template": args.template,
-        "number_usage": args.number_usage,
-    }
-    overrides = list(args.overrides) + [f"eval.{k}={v}" for k, v in flags.items() if v is not None]
-    full = load_config(args.config, overrides)
-    check(full, "eval")  # an unknown task name stops here
-    task = make_task(full.eval)  # a broken import path stops here
-    out = args.out or "eval-report"
-    check_out_dir(out)
-    sources = [("completions", f) for f in args.completions] + [("model", m) for m in args.model]
-    names = unique_names(sources)
-    if args.model:
-        from distil.models.load import check_model_path
-
-        for m in args.model:  # a mistyped local path stops here, not after the first model ran
-            check_model_path(m, "--model")
-    results = [
-        score_file(f, name=name, task=task)
-        for f, name in zip(args.completions, names, strict=False)
-    ]
-    if args.model:
-        problems, data = load_problem_set(task)
-        for m, name in zip(args.model, names[len(args.completions) :], strict=True):
-            r = evaluate_model(
-                m,
-                task,
-                name=name,
-                problems=problems,
-                progress=not args.no_progress,
-                template_kwargs=full.data.chat_template_kwargs or None,  # None: the model's
-            )
-            r.data = data
-            results.append(r)
-    print(format_table(results))
-    paths = write_report(results, out)
-    print(f"\nreport: {paths['markdown']}  {paths['json']}", file=sys.stderr)
     return 0
 
 

@@ -145,7 +145,9 @@ def first_row(cfg: DistilConfig, toks: dict, examples) -> str | None:
 
 
 def _has_teacher(cfg: DistilConfig) -> bool:
-    return cfg.loss.name != "sft" or cfg.train.seq_kd
+    from distil.losses import teacher_runs
+
+    return teacher_runs(cfg.loss.name, cfg.train.seq_kd)
 
 
 def _teacher_tok(cfg: DistilConfig, toks: dict):

@@ -30,6 +30,7 @@ from distil.models.tokenizer_families import (
     FAMILIES,
     save_tokenizer,
 )
+from distil.models.tokenizers import id_rows
 
 __all__ = [
     "CHAR_TEMPLATE",
@@ -161,15 +162,16 @@ def build_model_dir(
     """Save a tiny `arch` model ("llama" | "qwen2") and its tokenizer into `path`; returns it.
 
     The tokenizer is `tokenizer` when given, else one of `family` trained on `corpus` with
-    `vocab_size`. The model's vocabulary is `len(tokenizer)`. `AutoModelForCausalLM` loads the
-    model back; load the tokenizer with `load_tokenizer(path)` (plain `AutoTokenizer` rebuilds
-    a qwen2 directory's tokenizer from its vocabulary in transformers 5, with other ids).
+    `vocab_size`. The model's vocabulary is the tokenizer's id rows (`id_rows`: largest id
+    + 1). `AutoModelForCausalLM` loads the model back; load the tokenizer with
+    `load_tokenizer(path)` (plain `AutoTokenizer` rebuilds a qwen2 directory's tokenizer from
+    its vocabulary in transformers 5, with other ids).
     """
     if tokenizer is None:
         tokenizer = train_tokenizer(family, corpus, vocab_size)
     model = tiny_model(
         arch,
-        len(tokenizer),
+        id_rows(tokenizer),
         hidden_size=hidden_size,
         num_layers=num_layers,
         seed=seed,

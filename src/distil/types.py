@@ -267,7 +267,8 @@ class Sample:
 
     `source` is "on_policy" (the student sampled it), "off_policy" (the dataset's completion)
     or "seq_kd" (the teacher wrote it). `completion_text` is what the completion decodes to;
-    cross-tokenizer teachers re-tokenize it with their own tokenizer.
+    cross-tokenizer teachers re-tokenize it with their own tokenizer. An on-policy sample of a
+    run that scores rewards carries its `reward` and its group-relative `advantage`.
     """
 
     example_id: int
@@ -277,6 +278,8 @@ class Sample:
     prompt: Messages | str | None = None
     completion_text: str | None = None
     sampling_logprobs: list[float] | None = None
+    reward: float | None = None
+    advantage: float | None = None
 
 
 @dataclass
@@ -302,10 +305,19 @@ class Batch:
     context_attention_mask_B_L: torch.Tensor | None = None
     context_shift_B: torch.Tensor | None = None
     alignment: AlignmentGroups | None = None
+    # cross-tokenizer batches: every completion token, before the alignment narrowed mask_B_T to
+    # the tokens in groups (None: mask_B_T is it). A task's reward trains all of them.
+    completion_mask_B_T: torch.Tensor | None = None
 
     @property
     def num_loss_tokens(self) -> int:
         return int(self.mask_B_T.sum())
+
+    @property
+    def num_completion_tokens(self) -> int:
+        """The completion tokens (the reward term's), aligned or not."""
+        mask = self.mask_B_T if self.completion_mask_B_T is None else self.completion_mask_B_T
+        return int(mask.sum())
 
     def to(self, device: torch.device | str) -> Batch:
         moved = {

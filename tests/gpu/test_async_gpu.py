@@ -1,5 +1,10 @@
 """generation.async on CUDA with the compiled hf_static generator (inductor, reduce-overhead:
-CUDA graphs recorded and replayed in the one sampler thread, on its side stream).
+CUDA graphs recorded and replayed in the one sampler thread, on its side stream; on torch < 2.12,
+whose cudagraph trees assert in any thread but the first to use them (pytorch#123177), the
+sampler's copy compiles without CUDA graphs: `StaticCacheGenerator.worker_copy`).
+
+The synchronous buffer runs first on the main thread, so the main thread is the first to use
+CUDA graphs: the order that made torch 2.11 assert in the worker (gpu-review-2 finding 2).
 
 With the weights held still, every window the async source hands out must equal the
 synchronous buffer's window of the same index (both seeded per call, so the samples are a
@@ -64,9 +69,13 @@ def samples(window):
 def test_async_compiled_generator_windows_equal_the_sync_windows():
     from torch._dynamo.utils import counters
 
+    from distil.generation.static import cudagraphs_on_any_thread
+
     model = tiny_llama(V, seed=3).to(DEVICE)
     sync = make_buffer(model)
     source = AsyncWindows(make_buffer(model), model, max_steps=WINDOWS)
+    worker_mode = source.buffer.student.generator.compile_mode
+    assert worker_mode == (None if cudagraphs_on_any_thread() else "default")
     counters.clear()
     graphs = None
     try:

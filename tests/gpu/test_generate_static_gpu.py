@@ -89,3 +89,37 @@ def test_an_evaluation_releases_its_kv_caches(bpe_tokenizer):
     torch.cuda.synchronize()
     assert static.kept_cache_bytes() == kept
     assert torch.cuda.memory_allocated() <= allocated  # the eval's caches are free again
+
+
+def test_three_evaluations_between_training_calls_skip_no_cuda_graph(bpe_tokenizer):
+    """gpu-review-2 finding 11: an evaluation's caches are new each time (new static
+    addresses: its graphs re-record), and training's caches must keep theirs. After three
+    evaluations no CUDA graph was skipped, nothing recompiled after the first, and the
+    training calls (two width buckets in rotation) still equal hf's greedy tokens."""
+    from torch._dynamo.utils import counters
+
+    model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer, seed=3).cuda()
+    prompts = [bpe_tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    kw = {"pad_id": bpe_tokenizer.pad_token_id, "stop_ids": [bpe_tokenizer.eos_token_id]}
+    static = StaticCacheGenerator(model, compile=True, batch_buckets=[8, 32],
+                                  length_buckets=[8, 16, 64], **kw)  # fmt: skip
+    hf = HFGenerator(model, **kw)
+    train = SamplingParams(12, temperature=0.0)
+    long = [list(range(5, 40))]  # width bucket 64: the short prompts use 16
+    counters.clear()
+    graphs = None
+    for evaluation in range(3):
+        for rows in (prompts[:2], long):
+            got = static.generate(rows, train)
+            want = hf.generate(rows, train)
+            assert torch.equal(got.completion_ids_B_C, want.completion_ids_B_C)
+        kept = {k: c.layers[0].keys.data_ptr() for k, c in static._caches.items()}
+        with static.scratch_caches():
+            static.generate(prompts * 6, SamplingParams(24, temperature=0.0))  # eval shapes
+        assert {k: c.layers[0].keys.data_ptr() for k, c in static._caches.items()} == kept
+        if evaluation == 0:
+            graphs = counters["stats"]["unique_graphs"]
+    torch.cuda.synchronize()
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    assert counters["stats"]["unique_graphs"] == graphs  # compiled once, replayed after
+    assert dict(counters["graph_break"]) == {}

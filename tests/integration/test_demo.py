@@ -22,10 +22,11 @@ ROWS = [
     "teacher (bpe)",
     "char student: start (SFT on labelled set)",
     "char student: distilled, cross-tokenizer (aligned KL on teacher-written completions)",
-    "char student: control, sequence-level KD",
+    "char student: control, sequence-level KD (the same teacher-written completions)",
     "char student: control, continued SFT",
     "bpe student: start (SFT on labelled set)",
     "bpe student: on-policy distilled, same tokenizer",
+    "bpe student: control, sequence-level KD (teacher-written completions of its prompts)",
     "bpe student: control, continued SFT",
 ]
 RUNS = [
@@ -36,6 +37,7 @@ RUNS = [
     "distill_same_tokenizer",
     "control_seqkd",
     "control_sft",
+    "control_seqkd_bpe",
     "control_sft_bpe",
 ]
 
@@ -91,6 +93,22 @@ def test_demo_pipeline_writes_models_metrics_table_and_plot(smoke_demo):
     assert "where the time went" in run.stdout
     cfg = yaml.safe_load((out / "runs" / "distill_cross_tokenizer" / "config.yaml").read_text())
     assert cfg["train"]["max_minutes"] is None and cfg["train"]["max_steps"] == 3
+    # curves on the dev split; the table on the test split, disjoint from it
+    assert cfg["eval"]["data"] == str(out / "data" / "dev.jsonl")
+    keys = [{(tuple(sorted(json.loads(x)["nums"])), json.loads(x)["target"])
+             for x in (out / "data" / f"{split}.jsonl").read_text().splitlines()}
+            for split in ("dev", "test")]  # fmt: skip
+    assert len(keys[0]) == 24 and not keys[0] & keys[1]
+    # the bpe student's seq-KD control: the teacher's completions of the prompts its
+    # on-policy run samples for
+    read = {name: yaml.safe_load((out / "runs" / name / "config.yaml").read_text())["data"]["train"]
+            for name in ("distill_same_tokenizer", "control_seqkd_bpe")}  # fmt: skip
+    assert read == {
+        "distill_same_tokenizer": str(out / "written" / "prompts.jsonl"),
+        "control_seqkd_bpe": str(out / "written" / "teacher.jsonl"),
+    }
+    # one seed is not the pre-stated analysis (5 seeds): the table says so
+    assert "THIS RUN HAS 1 SEED(S): exploratory" in run.stdout
 
 
 def test_controls_get_the_distillation_student_compute(smoke_demo):
@@ -98,6 +116,7 @@ def test_controls_get_the_distillation_student_compute(smoke_demo):
     for control, distilled in (
         ("control_seqkd", "distill_cross_tokenizer"),
         ("control_sft", "distill_cross_tokenizer"),
+        ("control_seqkd_bpe", "distill_same_tokenizer"),
         ("control_sft_bpe", "distill_same_tokenizer"),
     ):
         spent = last_metrics(out / "runs" / distilled)["cost/student_flops"]
@@ -123,7 +142,7 @@ def test_the_same_command_prints_the_same_table_in_lanes_or_one_after_another(sm
     assert "2 lanes of 1 thread" in run.stderr and "lanes of" not in again.stderr
     assert (smoke_demo[0] / "logs" / "run_distill_cross_tokenizer.log").read_text().strip()
     assert table_lines(again.stdout) == table_lines(run.stdout)
-    assert len(table_lines(run.stdout)) == len(ROWS) + 2 + 5  # the table, the paired leads
+    assert len(table_lines(run.stdout)) == len(ROWS) + 2 + 6  # the table, the 4 paired leads
     # the smoke models score 0%: the training trajectories are the sharper check
     for name in RUNS:
         a, b = (d / "runs" / name / "metrics.jsonl" for d in (smoke_demo[0], tmp_path / "demo"))

@@ -60,13 +60,18 @@ def test_table_over_seeds_paired_leads_and_compute_to_match(seeds2):
         (ROWS[2], ROWS[3]),
         (ROWS[2], ROWS[4]),
         (ROWS[6], ROWS[7]),
+        (ROWS[6], ROWS[8]),
     ]
     for x in leads:
         assert x["n"] == 2 and len(x["ci95"]) == 2 and len(x["differences"]) == 2
     lines = table_lines(run.stdout)
     assert lines[0].endswith("| Student Cost (TFLOP) | Compute to Match |")
     assert " ± " in lines[2]
-    assert "| Distilled | Control | Lead (points) | 95% CI | Verdict |" in lines
+    head = (
+        "| Distilled | Control | Lead per seed | Lead (points) | 95% CI | p | p (Holm) | Verdict |"
+    )
+    assert head in lines
+    assert all("p_holm" in x for x in leads)  # Holm over the 4 comparisons
     assert "not significant" in run.stdout and "Paired lead" in run.stdout
     assert "--seeds 2" in run.stdout
     assert (out / "curves.png").stat().st_size > 10_000

@@ -149,9 +149,12 @@ def test_the_dry_rehearsal_passes_and_fails_without_one_wheel(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     text = (out / "SUMMARY.md").read_text()
     assert "| wheels |" in text and "| passed |" in text
-    for step in ("tests", "realsize-hf", "realsize-hf_static", "generation", "vs_trl", "cache"):
-        assert f"| {step} |" in text
-    assert text.count("skipped: no CUDA device") >= 8
+    order = ["realsize-hf", "generation", "realsize-hf_static", "vs_trl", "tests"]
+    at = [text.index(f"| {step} |") for step in order]
+    assert at == sorted(at) and "| cache |" not in text  # by goal; extras not in one lease
+    assert text.count("skipped: no CUDA device") >= 5
+    assert "Budget: 480 s planned" in text and "BUDGET:" not in text
+    assert text.rstrip().splitlines()[-1].endswith("| NOT RUN |")  # the goal table ends it
     pruned = tmp_path / "pruned"
     pruned.mkdir()
     for w in wheels.glob("*.whl"):
@@ -177,7 +180,15 @@ def test_realsize_runs_end_to_end_at_tiny_sizes_on_the_cpu(tmp_path):
     for side in ("distil", "bare"):
         assert all(r[side][k] > 0 for k in ("generate", "teacher", "student", "optimizer"))
     assert r["decode"]["graph_breaks_after"] == 0 and r["mfu"]["train"] is None  # CPU: no peak
-    assert "RESULT realsize hf: step" in run.stdout
+    assert r["planned_peak_gib"] > 0 and r["tokens"]["loss"] > 0 and r["tokens"]["bare_loss"] > 0
+    assert "RESULT realsize hf: step" in run.stdout and "planned" in run.stdout
+    # the bare side alone, reused by a second backend (its own --json written before distil's
+    # side runs: a run stopped there still hands it over)
+    again = tmp_path / "again.json"
+    cmd = [*cmd[: cmd.index("--json")], "--json", str(again), "--bare-json", str(out)]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(again.read_text())["per_step"]["bare"] == r["per_step"]["bare"]
 
 
 def test_make_test_gpu_lists_a_missing_extra_and_fails_with_strict(monkeypatch):
@@ -214,3 +225,113 @@ def test_make_test_gpu_lists_a_missing_extra_and_fails_with_strict(monkeypatch):
     monkeypatch.setenv("DISTIL_GPU_STRICT", "1")
     hooks.pytest_sessionfinish(session, 0)
     assert session.exitstatus == pytest.ExitCode.TESTS_FAILED
+
+
+def test_the_plan_fits_one_lease_in_goal_order_and_an_overrun_is_named(tmp_path):
+    steps = check.gpu_steps(tmp_path, tmp_path / "site")
+    assert [s.name for s in steps] == [
+        "deps", "realsize-hf", "generation", "realsize-hf_static", "vs_trl", "tests"
+    ]  # fmt: skip
+    assert check.budget_problems(steps) == []
+    assert check.planned_seconds(steps) <= check.TOTAL_S == 480
+    steps[1].budget += 40  # realsize-hf 40 s longer: past one lease
+    (problem,) = check.budget_problems(steps)
+    assert "add up to 520 s" in problem and "realsize-hf 190" in problem and "480 s" in problem
+    steps[1].budget = check.GRACE_S  # nothing left after its kill
+    assert any("realsize-hf: budget 10 s" in p for p in check.budget_problems(steps))
+    extra = check.planned_steps(tmp_path, tmp_path, "async,cache,tests")
+    assert [s.name for s in extra] == ["tests", "async", "cache"]
+
+
+def figures(out: Path, *, step=1.08, mfu=0.31, bare_mfu=0.42, planned=18.7, peak=19.2,
+            decode=0.62, vs_trl=0.25, partial_static=True):  # fmt: skip
+    full = {"ratio": {"step": step}, "distil": {}, "peak_gib": {"distil": peak, "bare": 15.0},
+            "mfu": {"train": mfu, "train_bare": bare_mfu}, "planned_peak_gib": planned}  # fmt: skip
+    (out / "realsize-hf.json").write_text(json.dumps(full))
+    static = {"partial": "the bare side only"} if partial_static else {**full}
+    (out / "realsize-hf_static.json").write_text(json.dumps(static))
+    gen = {"goal_ratio": decode, "static": "hf_static+compile", "batch": 64, "new": 128}
+    (out / "generation.json").write_text(json.dumps(gen))
+    (out / "vs_trl.json").write_text(json.dumps({"ratios": {"on": {"gold": {"step": vs_trl}}}}))
+
+
+def test_the_summary_ends_with_a_verdict_per_goal(tmp_path):
+    figures(tmp_path)
+    rows = {g: (m, v) for g, _, m, v in summary.goals(tmp_path)}
+    assert rows["on-policy step / bare model calls, real size (hf)"] == ("1.08x", "PASS")
+    assert rows["on-policy step / bare model calls, real size (hf_static)"] == (
+        "distil's side did not finish", "NOT RUN")  # fmt: skip
+    assert rows["training MFU, real-size step (distil; the bare calls beside)"] == (
+        "31.0% (bare 42.0%)", "FAIL")  # fmt: skip
+    assert rows["planned peak memory vs measured, real-size step (hf)"] == (
+        "planned 18.7 GiB, measured 19.2 GiB (-3%)", "PASS")  # fmt: skip
+    decode = next(k for k in rows if k.startswith("decode 64 x 128"))
+    assert rows[decode][1] == "PASS" and rows[decode][0].startswith("0.62x")
+    assert rows["on-policy step vs TRL GOLDTrainer, same work"] == ("4.00x faster", "PASS")
+    figures(tmp_path, step=1.2, planned=14.0, decode=0.4, vs_trl=0.5, partial_static=False)
+    verdicts = [v for *_, v in summary.goals(tmp_path)]
+    assert verdicts == ["FAIL", "FAIL", "FAIL", "FAIL", "FAIL", "FAIL"]
+    for name in ("realsize-hf.json", "generation.json"):
+        (tmp_path / name).unlink()
+    verdicts = [v for *_, v in summary.goals(tmp_path)]
+    assert verdicts == ["NOT RUN"] * 3 + ["FAIL", "NOT RUN", "FAIL"]
+    partial = {"partial": "the bare side only", "backend": "hf_static"}
+    (tmp_path / "realsize-hf_static.json").write_text(json.dumps(partial))
+    passed = [check.Step("tests", "t", [], 1, status="passed")]
+    text = summary.write_summary(
+        tmp_path, passed, None, 0, device="X", dry=False, seconds=1
+    ).read_text()
+    assert text.rstrip().splitlines()[-1] == (
+        "| on-policy step vs TRL GOLDTrainer, same work | >= 3x faster | 2.00x faster | FAIL |"
+    )
+
+
+@no_cuda
+def test_gpu_check_dry_without_torch_says_what_it_needs():
+    """A fresh clone's python3 (no .venv): what to install, no traceback. (-S: this Python
+    without its site-packages, so without torch, transformers, pytest.)"""
+    cmd = [sys.executable, "-S", str(GPU / "check.py"), "--dry", "--out", "/tmp/unused-gpu-check"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "cannot import torch, transformers, pytest" in run.stderr and "make venv" in run.stderr
+
+
+def test_realsize_mfu_counts_the_head_at_the_loss_positions_only(tmp_path):
+    """gpu-review-2 finding 13: 6 N T counted the head's FLOPs on prompt tokens, which the
+    chunked loss never computes. Qwen3-0.6B (tied): the head is V H = 151,936 x 1024, counted
+    once; the body multiplies every input token, the head only the loss positions."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import realsize
+
+    model = tmp_path / "m"
+    model.mkdir()
+    config = json.loads((ROOT / "tests/data/model_configs/qwen3-0.6b/config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config))
+    head, body = realsize.head_and_body(model, 596_049_920)
+    assert head == 151_936 * 1024 and body == 596_049_920 - head
+    assert realsize.train_flops(body, head, 1000, 300) == 6 * (body * 1000 + head * 300)
+    (model / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    assert realsize.head_and_body(model, 596_049_920 + head) == (head, body)
+
+
+def test_realsizes_bare_generate_masks_the_padded_rows_with_one_slice_fill():
+    """The bare side's logits processor: -inf on every id past the tokenizer, the rest
+    untouched, and no `isin` over the vocabulary (what suppress_tokens ran every step)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from realsize_bare import PastTokenizerMasked
+
+    names: list[str] = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    scores = torch.randn(3, 20)
+    before = scores.clone()
+    with Ops():
+        out = PastTokenizerMasked(12)(None, scores)
+    assert torch.equal(out[:, :12], before[:, :12]) and (out[:, 12:] == float("-inf")).all()
+    assert not any(n.startswith("isin") for n in names) and len(names) <= 3, names

@@ -8,13 +8,14 @@ import torch
 from buffer_fakes import EOS, make_buffer
 
 from distil.config import build_config
+from distil.errors import ConfigError
 from distil.generation.base import SamplingParams
 from distil.generation.hf import HFGenerator
 from distil.generation.seeded import GumbelMaxSampler, sampling_seed
 from distil.testing import read_metrics, train_killed_after_checkpoint
 from distil.train import loop
 from distil.train.async_gen import SAMPLER_FILE, AsyncWindows, weight_snapshot
-from distil.train.buffer import ON
+from distil.train.buffer import ON, SEQ_KD
 from distil.types import Rollout
 
 # ----------------------------------------------------------------------------- seeded sampling
@@ -171,6 +172,50 @@ def test_async_windows_are_the_sync_windows_sampled_one_step_stale():
     assert all(name == "distil-async-generation" for name in probe.threads)
     assert all(seed is not None for _, seed in probe.calls)
     assert source.state.windows == 6 and source._in_flight is None  # nothing past the last step
+
+
+def test_a_writer_that_is_the_student_samples_the_snapshot_not_the_live_weights():
+    """teacher.from_student=current with seq-KD: the teacher's writer samples the same
+    snapshot as the student's sampler (one step stale), never the live module the optimizer is
+    writing meanwhile (gpu-review-2 finding 4)."""
+    model = torch.nn.Linear(2, 2)
+    init = float(model.weight.detach()[0, 0])
+    writer = WeightProbe(model)
+    buffer = make_buffer(
+        batch=2, accum=2, n=2, lam=0.0, seed=3, seq_kd=True, generator=WeightProbe(model),
+        teacher_gen=writer,
+    )[0]  # fmt: skip
+    source = AsyncWindows(buffer, model, max_steps=6, teacher_is_student=True)
+    assert source.buffer.teacher.generator.model is source.snapshot
+    for step in range(6):
+        assert SEQ_KD in source.next_window().policies
+        with torch.no_grad():
+            model.weight[0, 0] = step + 1.0  # the optimizer step on the live weights
+    assert writer.seen_weight == [init, init, 1.0, 2.0, 3.0, 4.0]
+    assert all(name == "distil-async-generation" for name in writer.threads)
+
+
+def test_an_async_run_whose_student_writes_its_seq_kd_slices(tmp_path, make_train_config):
+    raw = make_train_config(
+        teacher={"path": None, "from_student": "current", "context": "{prompt} (hint)"},
+        train={"lambda": 0.5, "seq_kd": True, "max_steps": 3, "seed": 3},
+        generation={"async": True},
+    )
+    loop.train(build_config(raw))
+    m = read_metrics(tmp_path / "run")
+    assert {x["policy/seq_kd_share"] for x in m} > {0.0} and all(x["skipped"] == 0 for x in m)
+
+
+def test_an_ema_writer_is_refused_with_async(make_train_config):
+    raw = make_train_config(
+        teacher={"path": None, "from_student": "ema", "context": "{prompt} (hint)"},
+        train={"lambda": 0.5, "seq_kd": True},
+        generation={"async": True},
+    )
+    with pytest.raises(ConfigError, match=r"generation\.async = true with teacher\.from_student"):
+        build_config(raw)
+    raw["generation"]["async"] = False
+    build_config(raw)
 
 
 def test_every_window_is_sampled_on_one_long_lived_worker_thread():
@@ -367,3 +412,30 @@ def test_sigterm_does_not_wait_for_the_window_in_flight_and_resumes_exactly(
     a, b = read_metrics(tmp_path / "run"), read_metrics(tmp_path / "stopped")
     assert [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]
     assert [m["loss"] for m in a] == [m["loss"] for m in b]
+
+
+@pytest.mark.parametrize("own_copy", [True, False])
+def test_a_gathering_generators_worker_copy_still_gathers(own_copy):
+    """A sharded sampler's GatheringGenerator once reached the worker thread through its
+    attribute forwarding as the inner generator's bare worker copy (no `full_weights`)."""
+    from distil.train.async_gen import _worker_copy
+    from distil.train.fsdp import GatheringGenerator
+
+    class Inner:
+        copied_for_worker = False
+
+        def generate(self, prompt_ids, params):
+            return "sampled"
+
+    if own_copy:
+
+        def worker_copy(self):
+            made = Inner()
+            made.copied_for_worker = True
+            return made
+
+        Inner.worker_copy = worker_copy
+    inner, model = Inner(), torch.nn.Linear(2, 2)
+    copy = _worker_copy(GatheringGenerator(inner, model))
+    assert type(copy) is GatheringGenerator and copy.model is model
+    assert copy.inner is not inner and copy.inner.copied_for_worker == own_copy

@@ -320,3 +320,75 @@ def test_a_union_field_of_the_wrong_type_is_one_problem():
     assert problem.startswith("'student.lora.target_modules' = {':': None}")
     (problem,) = problems_of(load_config, None, ["logging.trackers=[1]"])
     assert problem.startswith("'logging.trackers' = 1")
+
+
+# A resolved config (a DistilConfig, a run directory's config.yaml) loaded with overrides: each
+# derived value follows the values the overrides change, as it does for a fresh config.
+def _resolved(**sections) -> DistilConfig:
+    from distil.config import build_config
+
+    base = {
+        "student": {"path": "org/student"},
+        "teacher": {"path": "org/teacher"},
+        "train": {"output_dir": "runs/a", "per_device_batch_size": 4, "grad_accum_steps": 1},
+        "generation": {"num_generations": 2},
+    }
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return build_config(base)
+
+
+def _loaded_both_ways(cfg: DistilConfig, overrides: dict, tmp_path) -> list[DistilConfig]:
+    """`as_config(cfg, overrides)` and `load_config(run_dir, overrides)` of its config.yaml."""
+    from distil.config.loading import as_config, override_list
+
+    save_resolved(cfg, tmp_path / "run")
+    return [as_config(cfg, overrides), load_config(tmp_path / "run", override_list(overrides))]
+
+
+def test_a_resolved_config_re_derives_generation_batch_size(tmp_path):
+    cfg = _resolved()
+    assert cfg.generation.generation_batch_size == 2
+    for again in _loaded_both_ways(cfg, {"train.grad_accum_steps": 2}, tmp_path):
+        assert again.generation.generation_batch_size == 4  # (4 * 2) / 2
+    # the invariant ties it to its derivation in a valid config: a resolved one always follows
+    with pytest.raises(ConfigError, match="2 \\* 2 != 4 \\* 3"):  # gbs set with the override
+        load_config(
+            tmp_path / "run", ["train.grad_accum_steps=3", "generation.generation_batch_size=2"]
+        )
+
+
+def test_a_resolved_config_re_derives_tokenizers(tmp_path):
+    cfg = _resolved()
+    for again in _loaded_both_ways(
+        cfg, {"student.path": "foo/bar", "teacher.path": "t/2"}, tmp_path
+    ):
+        assert (again.student.tokenizer, again.teacher.tokenizer) == ("foo/bar", "t/2")
+    own = _resolved(student={"tokenizer": "org/tok"})
+    for again in _loaded_both_ways(own, {"student.path": "foo/bar"}, tmp_path):
+        assert again.student.tokenizer == "org/tok"  # a tokenizer of its own is kept
+
+
+def test_a_resolved_config_re_derives_each_teachers_tokenizer(tmp_path):
+    def several(a: str, b: str) -> DistilConfig:
+        models = {"a": {"path": a}, "b": {"path": b, "tokenizer": "org/tb"}}
+        return _resolved(teacher={"path": None}, teachers={"models": models, "weights": {"a": 1}})
+
+    cfg = several("org/a", "org/b")
+    assert cfg.teachers.models["a"].tokenizer == "org/a"
+    moved = {"teachers.models.a.path": "x/a", "teachers.models.b.path": "x/b"}
+    for again in _loaded_both_ways(cfg, moved, tmp_path):
+        assert again.teachers.models["a"].tokenizer == "x/a"
+        assert again.teachers.models["b"].tokenizer == "org/tb"  # its own: kept
+        assert to_dict(again) == to_dict(several("x/a", "x/b"))
+
+
+def test_a_resolved_config_re_derives_run_name(tmp_path):
+    cfg = _resolved()
+    assert cfg.logging.run_name == "a"
+    for again in _loaded_both_ways(cfg, {"train.output_dir": "runs/b"}, tmp_path):
+        assert again.logging.run_name == "b"
+        assert to_dict(again) == to_dict(_resolved(train={"output_dir": "runs/b"}))
+    named = _resolved(logging={"run_name": "mine"})
+    for again in _loaded_both_ways(named, {"train.output_dir": "runs/b"}, tmp_path):
+        assert again.logging.run_name == "mine"

@@ -31,6 +31,7 @@ from distil.tasks.countdown import (
     read_rows,
     solution_steps,
     solve,
+    split_set,
     to_rows,
     write_rows,
 )
@@ -272,6 +273,19 @@ def test_exclude_and_splits_are_disjoint():
     excluded = frozenset(p.key for p in train[:100])
     fresh = generate_problems(200, numbers=(3, 4), max_number=20, seed=5, exclude=excluded)
     assert not {p.key for p in fresh} & excluded
+
+
+def test_a_dev_split_is_held_out_like_the_test_split_and_leaves_it_unchanged(tmp_path):
+    splits = split_set(300, 100, 80, numbers=(3, 4), max_number=20, seed=5)
+    keys = {name: {p.key for p in problems} for name, problems in splits.items()}
+    assert [len(splits[n]) for n in ("train", "dev", "test")] == [300, 80, 100]
+    assert not keys["train"] & keys["dev"] and not keys["train"] & keys["test"]
+    assert not keys["dev"] & keys["test"]
+    _, test = generate_splits(300, 100, numbers=(3, 4), max_number=20, seed=5)
+    assert splits["test"] == test  # adding a dev split keeps the test set
+    out = generate_dataset(tmp_path, n=40, test_n=10, dev_n=8, template="countdown_plain")
+    assert out["counts"] == {"train": 40, "dev": 8, "test": 10}
+    assert len(read_rows(tmp_path / "dev.jsonl")) == 8
 
 
 def test_count_problems_hand_checked():

@@ -32,3 +32,19 @@ def test_validate_and_train_say_it_once(make_train_config, capsys):
     assert sum("ask for bfloat16" in n for n in notes) == 1
     loop.train(build_config(raw))
     assert capsys.readouterr().err.count("ask for bfloat16") == 1
+
+
+def test_the_default_fp32_student_on_cuda_is_noted_with_its_fixes(make_train_config):
+    """gpu-review-2 finding 12: a GPU run with the defaults trains fp32 weights without
+    autocast; the start-up notes say so and name the switches (each of which silences it)."""
+    from distil.config.rules import fp32_on_cuda_note
+
+    cfg = build_config(make_train_config())
+    note = fp32_on_cuda_note(cfg, cuda=True)
+    assert note and "fp32 weights and no autocast" in note
+    assert fp32_on_cuda_note(cfg, cuda=False) is None  # a CPU run: fp32 is its fast path
+    for section, values in (("train", {"bf16_weights": True}), ("train", {"bf16": True}),
+                            ("student", {"dtype": "bfloat16"}),
+                            ("student", {"lora": {"enabled": True}})):  # fmt: skip
+        assert fp32_on_cuda_note(config_with(make_train_config(), **{section: values}),
+                                 cuda=True) is None, values  # fmt: skip

@@ -146,6 +146,14 @@ def test_trailing_bytes_the_teacher_drops_are_masked_and_the_eos_still_pairs(
     start = len(s_prompt) - 1  # position predicting completion token 0
     assert not batch.mask_B_T[0, start + newline] and batch.mask_B_T[0, start + eos]
     assert batch.mask_B_T.sum().item() == len(ids) - 1
+    # a task's reward trains the '\n' too: the completion mask before the alignment
+    from distil.data.collate import collate
+
+    plain = collate([sample], bpe_tokenizer.pad_token_id)
+    assert torch.equal(batch.completion_mask_B_T, plain.mask_B_T) and plain.num_loss_tokens == len(
+        ids
+    )
+    assert batch.num_completion_tokens == len(ids)
     # the student's EOS is predicted from the teacher's EOS position, alone
     s_pos, t_pos = a.student_pos_G_S[-1], a.teacher_pos_G_T[-1]  # last group: the EOS pair
     assert s_pos[s_pos >= 0].tolist() == [start + eos]
@@ -272,3 +280,76 @@ def test_rows_known_to_be_prefixes_align_as_when_compared(student, teacher, requ
                  "proj_teacher_pos_N", "proj_table_N"):  # fmt: skip
         assert torch.equal(getattr(got.alignment, name), getattr(want.alignment, name)), name
     assert torch.equal(got.mask_B_T, want.mask_B_T)
+
+
+def test_a_cross_tokenizer_reward_trains_every_sampled_token(
+    tmp_path, monkeypatch, make_train_config, xtok_teacher
+):
+    """aligned_kl + a task's reward (reward_weight 1): the distillation term covers the aligned
+    tokens, the reward term every sampled token (unaligned ones too), each a mean over its own
+    tokens in the window; the gradient equals the two terms computed apart on the whole window,
+    and splitting the window into micro-batches changes nothing."""
+    from distil.losses import get_loss
+    from distil.train.buffer import Window
+    from distil.train.setup import build
+    from distil.train.step import score_micro_batch, student_forward
+
+    (tmp_path / "rw_xtok.py").write_text(
+        "def score(row, completion):\n    return float(len(completion) % 3)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    raw = make_train_config(
+        teacher={"path": str(xtok_teacher)},
+        loss={"name": "aligned_kl", "reward_weight": 1.0},
+        train={"lambda": 1.0, "max_steps": 1},
+        generation={"max_new_tokens": 16},
+        reward={"function": "rw_xtok:score"},
+    )
+    cfg = build_config(raw)
+    c = build(cfg)
+    window = c.buffer.next_window()
+    samples = [s for b in window.micro_batches for s in b.samples]
+    whole = c.cross.collate(samples, c.tokenizer.pad_token_id)
+    assert len(window.micro_batches) == 2 and whole.completion_mask_B_T is not None
+    assert torch.equal(whole.mask_B_T & whole.completion_mask_B_T, whole.mask_B_T)
+    n_aligned, n_all = whole.num_loss_tokens, whole.num_completion_tokens
+    assert n_all > n_aligned > 0  # some sampled tokens are in no alignment group
+    assert window.num_completion_tokens == n_all
+    unaligned = whole.completion_mask_B_T & ~whole.mask_B_T
+    adv = torch.tensor([s.advantage for s in samples])
+    assert (adv[unaligned.nonzero()[:, 0]] != 0).any()  # and they carry a signal
+
+    def grads(w: Window):
+        sums = loop._accumulate(c, cfg, w)[0]
+        out = {k: p.grad.clone() for k, p in c.model.named_parameters()}
+        c.optimizer.zero_grad(set_to_none=True)
+        return out, sums
+
+    split, sums = grads(window)
+    one, _ = grads(Window([whole], ["on_policy"], window.metrics))
+    student = student_forward(c.model, c.unwrapped, whole, chunk_size=c.loss_opts["chunk_size"],
+                              vocab_size=c.vocab_size)  # fmt: skip
+    targets = score_micro_batch(c.teacher, whole)[0]
+    opts = {**c.loss_opts, "labels_B_T": whole.labels_B_T}
+    distill = get_loss("aligned_kl")(student, targets, whole.mask_B_T, num_tokens=n_aligned,
+                                     alignment=whole.alignment, **opts)  # fmt: skip
+    reward = get_loss("grpo")(student, None, whole.completion_mask_B_T, num_tokens=n_all,
+                              advantages_B=adv, **opts)  # fmt: skip
+    aligned_only = get_loss("grpo")(student, None, whole.mask_B_T, num_tokens=n_aligned,
+                                    advantages_B=adv, **opts)  # fmt: skip
+
+    def reference(loss):
+        loss.backward(retain_graph=True)
+        out = {k: p.grad.clone() for k, p in c.model.named_parameters()}
+        c.optimizer.zero_grad(set_to_none=True)
+        return out
+
+    ref = reference(distill.loss + reward.loss)
+    wrong = reference(distill.loss + aligned_only.loss)  # the reward on aligned tokens only
+    assert any(v.abs().sum() > 0 for v in ref.values())
+    for k in ref:
+        torch.testing.assert_close(one[k], ref[k], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(split[k], ref[k], rtol=1e-4, atol=1e-6)
+    assert any(not torch.allclose(split[k], wrong[k], rtol=1e-3, atol=1e-5) for k in ref)
+    assert sums["reward_tokens_count"].item() == n_all
+    assert sums["tokens_count"].item() == n_aligned

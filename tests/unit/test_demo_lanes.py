@@ -30,6 +30,7 @@ def test_each_stage_waits_for_what_it_reads(tmp_path):
         "run:control_seqkd",
         "run:control_sft",
         "run:distill_same_tokenizer",
+        "run:control_seqkd_bpe",
         "run:control_sft_bpe",
     ]
     assert got == {
@@ -45,7 +46,13 @@ def test_each_stage_waits_for_what_it_reads(tmp_path):
             "run:distill_cross_tokenizer",
         },
         "run:control_sft": {"start:char", "run:distill_cross_tokenizer"},  # the labelled set
-        "run:distill_same_tokenizer": {"start:bpe"},  # on-policy: prompts only
+        # on-policy: prompts only, those the teacher writes for (its seq-KD control's)
+        "run:distill_same_tokenizer": {"start:bpe", "writes:teacher_writes"},
+        "run:control_seqkd_bpe": {
+            "start:bpe",
+            "writes:teacher_writes",
+            "run:distill_same_tokenizer",
+        },
         "run:control_sft_bpe": {"start:bpe", "run:distill_same_tokenizer"},
     }
 

@@ -55,7 +55,7 @@ def _write(tmp_path, change):
         (lambda r: r["runs"][0].update(config="missing"), "no config missing.yaml"),
         (lambda r: r["presets"]["smoke"]["steps"].pop("cross"), "preset smoke has no steps.cross"),
         (lambda r: r["presets"]["smoke"]["steps"].update(start=0), "positive ints"),
-        (lambda r: r["presets"]["smoke"].update(minutes=3), "preset smoke"),
+        (lambda r: r["presets"]["smoke"].update(hours=3), "preset smoke"),
         (
             lambda r: r["students"]["char"].update(start_data="/data/x.jsonl"),
             "students.char.start_data must be a path under runs/demo/",

@@ -5,7 +5,17 @@ import math
 
 import pytest
 
-from distil.demo.stats import T975, compute_to_match, match_ratio, mean_sd, paired, t975
+from distil.demo.stats import (
+    T975,
+    compute_to_match,
+    holm,
+    incomplete_beta,
+    match_ratio,
+    mean_sd,
+    paired,
+    t975,
+    t_two_sided_p,
+)
 
 
 def test_mean_and_sample_sd():
@@ -88,3 +98,40 @@ def test_match_ratio():
     assert match_ratio(30.0, 60.0) == 0.5
     assert match_ratio(30.0, None) is None
     assert match_ratio(30.0, 0.0) == math.inf
+
+
+@pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 2.5, 4.303, 12.7, 80.0])
+def test_two_sided_p_in_closed_form_for_one_and_two_dof(t):
+    """P(|T| >= t): 1 - (2/pi) atan(t) with 1 dof (Cauchy), 1 - t / sqrt(2 + t^2) with 2."""
+    assert t_two_sided_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), abs=1e-12)
+    assert t_two_sided_p(t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t), abs=1e-12)
+    assert t_two_sided_p(-t, 2) == t_two_sided_p(t, 2)
+
+
+def test_two_sided_p_at_the_tables_quantiles_is_five_percent():
+    for dof in (1, 2, 3, 4, 5, 10, 30):
+        assert t_two_sided_p(t975(dof), dof) == pytest.approx(0.05, abs=2e-4), dof
+
+
+def test_incomplete_beta_limits_and_symmetry():
+    assert incomplete_beta(0.0, 2, 3) == 0.0 and incomplete_beta(1.0, 2, 3) == 1.0
+    # I_x(1, 1) = x; I_x(a, b) = 1 - I_{1-x}(b, a); I_x(2, 1) = x^2
+    assert incomplete_beta(0.37, 1, 1) == pytest.approx(0.37, abs=1e-12)
+    assert incomplete_beta(0.3, 2.5, 0.5) == pytest.approx(1 - incomplete_beta(0.7, 0.5, 2.5))
+    assert incomplete_beta(0.6, 2, 1) == pytest.approx(0.36, abs=1e-12)
+
+
+def test_paired_p_value_and_its_edge_cases():
+    # differences [1, 2, 3]: t = 2 / (1 / sqrt 3) with 2 dof
+    d = paired([1.5, 2.5, 3.5], [0.5, 0.5, 0.5])
+    assert d.p_value == pytest.approx(1 - math.sqrt(12 / 14), rel=1e-9)
+    assert paired([1.0], [0.5]).p_value is None  # one seed
+    assert paired([1.0, 1.0], [1.0, 1.0]).p_value == 1.0  # no difference at all
+    assert paired([2.0, 2.0], [1.0, 1.0]).p_value == 0.0  # the same difference every seed
+
+
+def test_holm_by_hand():
+    # sorted 0.01 (x3), 0.03 (x2), 0.04 (x1) -> 0.03, 0.06, 0.06 (monotone), in input order
+    assert holm([0.04, 0.01, 0.03]) == pytest.approx([0.06, 0.03, 0.06])
+    assert holm([0.5, 0.6]) == [1.0, 1.0]  # capped at 1
+    assert holm([0.02]) == [0.02]

@@ -2,6 +2,7 @@
 match from recorded curves, the rows' mean ± sd, and the paired leads with their intervals."""
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -20,10 +21,11 @@ from distil.demo.summary import (
 )
 
 CROSS = "char student: distilled, cross-tokenizer (aligned KL on teacher-written completions)"
-SEQKD = "char student: control, sequence-level KD"
+SEQKD = "char student: control, sequence-level KD (the same teacher-written completions)"
 SFT = "char student: control, continued SFT"
 SAME = "bpe student: on-policy distilled, same tokenizer"
 SFT_BPE = "bpe student: control, continued SFT"
+SEQKD_BPE = "bpe student: control, sequence-level KD (teacher-written completions of its prompts)"
 
 
 def demo(tmp_path, n_seeds=1) -> DemoRun:
@@ -121,15 +123,23 @@ def test_rows_over_seeds_and_paired_leads_by_hand(tmp_path):
     assert agg[CROSS]["gap_recovered"] == pytest.approx(0.42 / 0.8)
     assert agg[SEQKD]["accuracy_sd"] == pytest.approx(0.0)
     leads = {(x["distilled"], x["control"]): x for x in paired_leads(base, per_seed)}
-    assert set(leads) == {(CROSS, SEQKD), (CROSS, SFT), (SAME, SFT_BPE)}
+    assert set(leads) == {(CROSS, SEQKD), (CROSS, SFT), (SAME, SEQKD_BPE), (SAME, SFT_BPE)}
     seqkd = leads[(CROSS, SEQKD)]
     assert seqkd["mean"] == pytest.approx(0.02) and seqkd["sd"] == pytest.approx(0.01)
     assert seqkd["ci95"] == pytest.approx([0.02 - 0.02484, 0.02 + 0.02484], abs=1e-5)
-    assert seqkd["verdict"] == "not significant"
-    assert leads[(CROSS, SFT)]["verdict"] == "significant, ahead"
+    # two-sided p with 2 dof in closed form, 1 - t / sqrt(2 + t^2): t = 2 sqrt(3) and 6 sqrt(3)
+    p_seqkd, p_sft = 1 - math.sqrt(12 / 14), 1 - math.sqrt(108 / 110)
+    assert seqkd["p"] == pytest.approx(p_seqkd, rel=1e-9)
+    assert leads[(CROSS, SFT)]["p"] == pytest.approx(p_sft, rel=1e-9)
+    # the bpe rows tie (0.1 each): p = 1. Holm over the 4: 4 p_sft, 3 p_seqkd, then 1, 1
+    assert leads[(SAME, SFT_BPE)]["p"] == 1.0
+    assert leads[(CROSS, SFT)]["p_holm"] == pytest.approx(4 * p_sft, rel=1e-9)
+    assert seqkd["p_holm"] == pytest.approx(3 * p_seqkd, rel=1e-9)
+    assert seqkd["verdict"] == "not significant after Holm"
+    assert leads[(CROSS, SFT)]["verdict"] == "significant after Holm, ahead"
     text = leads_table(list(leads.values()))
-    assert "| +2.0 ± 1.0 sd | [-0.5, +4.5] | not significant |" in text
-    assert "| +12.0 ± 2.0 sd | [+7.0, +17.0] | significant, ahead |" in text
+    assert "| +1.0 / +2.0 / +3.0 | +2.0 ± 1.0 sd | [-0.5, +4.5] | 0.074 | 0.223 |" in text
+    assert "| +12.0 ± 2.0 sd | [+7.0, +17.0] | 0.009 | 0.037 | significant after Holm" in text
     md = seeds_table(aggregate(per_seed))
     assert f"| {CROSS} | 52.0 ± 1.0% (51.0 / 52.0 / 53.0) | 52.5 ± 1." in md
     assert agg[CROSS]["gap_recovered_sd"] == pytest.approx(0.01 / 0.8)
@@ -140,5 +150,5 @@ def test_one_seed_lead_has_no_interval(tmp_path):
     run = demo(tmp_path)
     per_seed = [seed_table(run, 0.5, 0.45, 0.4)]
     lead = next(x for x in paired_leads(run, per_seed) if x["control"] == SEQKD)
-    assert lead["mean"] == pytest.approx(0.05) and lead["ci95"] is None
-    assert "| +5.0 |  | one seed: no interval |" in leads_table([lead])
+    assert lead["mean"] == pytest.approx(0.05) and lead["ci95"] is None and lead["p"] is None
+    assert "| +5.0 |  |  |  | one seed: no interval |" in leads_table([lead])

@@ -341,7 +341,7 @@ def test_an_evaluation_keeps_no_kv_cache_and_the_training_cache_stays(bpe_tokeni
     training_cache, training_bytes = static._caches[key], static.kept_cache_bytes()
     assert training_bytes > 0
     with static.scratch_caches():
-        for n, new in ((3, 9), (1, 30), (2, 4)):  # other buckets, more than KEPT_CACHES
+        for n, new in ((3, 9), (1, 30), (2, 4)):  # other buckets than training's
             params = SamplingParams(new, temperature=0.0, n=n)
             assert_same_rollout(hf.generate(prompts, params), static.generate(prompts, params))
         assert static.kept_cache_bytes() > training_bytes  # the eval's caches, while it runs
@@ -351,6 +351,24 @@ def test_an_evaluation_keeps_no_kv_cache_and_the_training_cache_stays(bpe_tokeni
     again = static.generate(prompts[:2], train)  # the training cache still serves its bucket
     assert static._caches[key] is training_cache
     assert_same_rollout(hf.generate(prompts[:2], train), again)
+
+
+def test_training_calls_in_three_width_buckets_keep_their_three_caches(bpe_tokenizer):
+    """gpu-review-2 finding 11: with two caches kept, three width buckets in rotation evicted
+    each other, so every call made a new cache (new static addresses: the CUDA graphs
+    re-recorded every step). Now each shape keeps its cache, at the same addresses."""
+    model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer, seed=3)
+    _, static = pair(model, bpe_tokenizer)
+    params = SamplingParams(4, temperature=0.0)
+    widths = {3: [[5, 6, 7]], 12: [list(range(5, 17))], 40: [list(range(5, 45))]}  # 4, 16, 64
+    first = {}
+    for _ in range(3):
+        for length, rows in widths.items():
+            static.generate(rows, params)
+            addresses = {k: c.layers[0].keys.data_ptr() for k, c in static._caches.items()}
+            for key, ptr in addresses.items():
+                assert first.setdefault(key, ptr) == ptr, (length, key)
+    assert sorted(first) == [(3, 4 + 4), (3, 16 + 4), (3, 64 + 4)]
 
 
 @pytest.mark.slow
@@ -374,13 +392,19 @@ def test_steady_state_sampled_calls_replay_the_compiled_step(bpe_tokenizer, prom
 
 def test_backend_names_build_their_generators(make_train_config, bpe_tokenizer):
     model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer)
-    kw = {"pad_id": bpe_tokenizer.pad_token_id, "stop_ids": [bpe_tokenizer.eos_token_id]}
+    kw = {
+        "pad_id": bpe_tokenizer.pad_token_id,
+        "stop_ids": [bpe_tokenizer.eos_token_id],
+        "vocab_limit": len(bpe_tokenizer) - 8,
+    }
     cfg = build_config(make_train_config())
     assert cfg.generation.backend == "hf"
-    assert type(build_generator(cfg, model, **kw)) is HFGenerator
+    gen = build_generator(cfg, model, **kw)
+    assert type(gen) is HFGenerator and gen.vocab_limit == len(bpe_tokenizer) - 8
     cfg = build_config(make_train_config(generation={"backend": "hf_static"}))
     gen = build_generator(cfg, model, **kw)
     assert type(gen) is StaticCacheGenerator and gen.compile is False  # auto: off on CPU
+    assert gen.vocab_limit == len(bpe_tokenizer) - 8
     cfg = build_config(make_train_config(generation={"backend": "hf_static", "compile": True}))
     gen = build_generator(cfg, model, **kw)
     assert gen.compile is True and gen.max_batch == 256
@@ -394,12 +418,13 @@ def test_vllm_backend_is_imported_only_when_chosen(make_train_config, monkeypatc
 
     class StandIn:
         @classmethod
-        def from_config(cls, cfg, model, *, pad_id, stop_ids):
-            made.update(cfg=cfg, model=model, pad_id=pad_id, stop_ids=stop_ids)
+        def from_config(cls, cfg, model, *, pad_id, stop_ids, vocab_limit):
+            made.update(cfg=cfg, model=model, pad_id=pad_id, stop_ids=stop_ids, limit=vocab_limit)
             return cls()
 
     monkeypatch.delitem(sys.modules, "distil.generation.vllm", raising=False)
-    build_generator(build_config(make_train_config()), object(), pad_id=0, stop_ids=[1])
+    cfg = build_config(make_train_config())
+    build_generator(cfg, object(), pad_id=0, stop_ids=[1], vocab_limit=None)
     assert "distil.generation.vllm" not in sys.modules  # hf needs no vllm module
     module = types.ModuleType("distil.generation.vllm")
     module.VLLMGenerator = StandIn
@@ -407,8 +432,9 @@ def test_vllm_backend_is_imported_only_when_chosen(make_train_config, monkeypatc
     cfg = build_config(make_train_config())
     cfg.generation.backend = "vllm"  # (a config check may ask for CUDA: not the point here)
     model = object()
-    assert isinstance(build_generator(cfg, model, pad_id=3, stop_ids=(4, 5)), StandIn)
-    assert made == {"cfg": cfg, "model": model, "pad_id": 3, "stop_ids": [4, 5]}
+    gen = build_generator(cfg, model, pad_id=3, stop_ids=(4, 5), vocab_limit=9)
+    assert isinstance(gen, StandIn)
+    assert made == {"cfg": cfg, "model": model, "pad_id": 3, "stop_ids": [4, 5], "limit": 9}
 
 
 def test_unknown_backend_is_a_config_error_naming_the_valid_ones(make_train_config):
@@ -471,3 +497,47 @@ def test_greedy_on_policy_run_logs_the_same_losses_with_hf_and_hf_static(
     assert evals["hf"] and evals["hf_static"] == evals["hf"]  # the eval sampled with it too
     (gen,) = built  # the student's; the eval ran through it and kept none of its caches
     assert gen._caches and all(length == 64 + 12 for _, length in gen._caches)
+
+
+def test_cudagraphs_on_any_thread_from_torch_2_12():
+    from distil.generation.static import cudagraphs_on_any_thread
+
+    got = {v: cudagraphs_on_any_thread(v) for v in ("2.11.0+cu130", "2.12.0a0+git1", "2.12.0",
+                                                    "2.13.0+cpu", "3.0.0")}  # fmt: skip
+    assert got == {"2.11.0+cu130": False, "2.12.0a0+git1": False, "2.12.0": True,
+                   "2.13.0+cpu": True, "3.0.0": True}  # fmt: skip
+
+
+@pytest.mark.parametrize("torch_version", ["2.11.0+cu130", "2.13.0"])
+def test_the_async_sampler_compiles_without_cuda_graphs_before_torch_2_12(
+    monkeypatch, bpe_tokenizer, torch_version
+):
+    """gpu-review-2 finding 2: on torch 2.11 cudagraph trees assert in a thread other than the
+    first to use them, so the worker thread's hf_static copy compiles without CUDA graphs
+    (inductor's default mode); the main thread's generator and newer torches keep them."""
+    from distil.generation import static
+    from distil.train.async_gen import AsyncWindows
+    from distil.train.buffer import GenerationBuffer, PromptSide
+    from distil.types import Example
+
+    monkeypatch.setattr(static.torch, "__version__", torch_version)
+    model = tiny_llama(len(bpe_tokenizer), tokenizer=bpe_tokenizer)
+    gen = StaticCacheGenerator(model, pad_id=0, stop_ids=[2], compile=True)
+    writer = StaticCacheGenerator(model, pad_id=0, stop_ids=[2], compile=True)
+    examples = [Example(i, f"p {i}", f"a {i}") for i in range(8)]
+    prompts = [[5 + i, 6] for i in range(8)]
+    buffer = GenerationBuffer(
+        examples, PromptSide(prompts, gen), completion_ids=[[7, 2]] * 8,
+        params=SamplingParams(4, n=1), per_device_batch_size=2, grad_accum_steps=1,
+        lambda_=0.5, pad_id=0, seq_kd=True, teacher=PromptSide(prompts, writer),
+    )  # fmt: skip
+    source = AsyncWindows(buffer, model, max_steps=2)
+    try:
+        sampler, written = source.buffer.student.generator, source.buffer.teacher.generator
+        old = torch_version.startswith("2.11")
+        assert sampler is not gen and written is not writer
+        assert sampler.compile_mode == written.compile_mode == ("default" if old else None)
+        assert gen.compile_mode is None and writer.compile_mode is None  # the originals keep them
+        assert sampler.model is source.snapshot and written.model is model
+    finally:
+        source.close()

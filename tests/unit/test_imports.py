@@ -138,6 +138,7 @@ LAYERS = {
     "distil.teacher.cli": 7,
     "distil.serve.cli": 7,
     "distil.plan.cli": 7,
+    "distil.eval.cli": 7,
 }
 SHARED_KERNELS = {"distil.models", "distil.align"}  # the L2 rooms their siblings may import
 

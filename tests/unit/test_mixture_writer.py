@@ -91,3 +91,36 @@ def test_one_teacher_mixed_alone_or_with_itself_writes_as_it_does_alone(
 def test_weights_are_checked():
     with pytest.raises(ValueError, match="one weight >= 0 per teacher"):
         mixture_generator([object()], [0.0], pad_id=0, stop_ids=[1])
+
+
+def test_a_row_cap_writes_what_one_call_writes_and_holds_only_its_rows(
+    teachers, prompts, bpe_tokenizer
+):
+    """max_batch=2 over 6 rows: three decodes of at most 2 rows each (every teacher's KV cache
+    holds 2 rows), the same greedy completions and log-probs as one decode of all 6; sampled
+    parts draw from seeds of their own (a prompt repeated in two parts is not written twice
+    from the same noise)."""
+    pad, stops = bpe_tokenizer.pad_token_id, stop_token_ids(bpe_tokenizer, teachers[0])
+    rows_seen = []
+    hooks = [
+        m.register_forward_pre_hook(lambda _, a, kw: rows_seen.append(kw["input_ids"].shape[0]),
+                                    with_kwargs=True)
+        for m in teachers
+    ]  # fmt: skip
+    try:
+        one = mixture_generator(teachers, [1.0, 2.0], pad_id=pad, stop_ids=stops, max_batch=None)
+        capped = mixture_generator(teachers, [1.0, 2.0], pad_id=pad, stop_ids=stops, max_batch=2)
+        want = write(one, prompts, temperature=0.0)
+        assert max(rows_seen) == 6
+        rows_seen.clear()
+        got = write(capped, prompts, temperature=0.0)
+        assert max(rows_seen) == 2
+    finally:
+        for h in hooks:
+            h.remove()
+    assert torch.equal(got.completion_ids_B_C, want.completion_ids_B_C)
+    torch.testing.assert_close(got.logprobs_B_C, want.logprobs_B_C, rtol=0, atol=1e-5)
+    same = [prompts[0]] * 4
+    sampled = write(capped, same, n=1)
+    ids = sampled.completion_ids_B_C
+    assert not torch.equal(ids[0], ids[2]) and not torch.equal(ids[1], ids[3])

@@ -123,17 +123,18 @@ def test_a_wrong_boundary_or_the_cache_left_on_changes_the_logits(monkeypatch):
 def test_every_packed_forward_turns_the_cache_and_the_mask_off():
     seen = []
     model = tiny_llama(97, seed=3)
-    inner = model.forward
+    inner = model.model.forward  # the decoder: the model's forward calls it, a teacher directly
 
     def spy(**kwargs):
         seen.append(kwargs)
         return inner(**kwargs)
 
-    model.forward = spy
+    teacher = LiveTeacher(model, packing=True)  # its one-time logits check: not packed
+    model.model.forward = spy
     ids, attn = _ragged(97, LENGTHS)
     with torch.no_grad():
         model_forward(model, ids, attn, packing=True)
-        LiveTeacher(model, packing=True).score(_batch(ids, attn))
+        teacher.score(_batch(ids, attn))
     assert len(seen) == 2
     for kw in seen:
         assert kw["use_cache"] is False and kw["attention_mask"] is None

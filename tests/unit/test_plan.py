@@ -77,10 +77,22 @@ def test_kv_cache_is_2_layers_kv_heads_head_dim_tokens_bytes():
 
 def test_hf_static_keeps_its_bucketed_kv_cache_in_every_phase():
     plan = make_plan(cfg(generation={"backend": "hf_static"}), H100)
-    rows, width = 8, 256 + 256  # bucket(8) = 8 rows; bucket(256) = 256 + max_new_tokens
-    kv = 2 * 28 * 8 * 128 * rows * width * 2
+    # bucket(8) = 8 rows; one cache per prompt bucket up to bucket(256), each + max_new_tokens
+    rows, tokens = 8, sum(w + 256 for w in (64, 128, 256))
+    kv = 2 * 28 * 8 * 128 * rows * tokens * 2
     for phase in ("generation", "student fwd/bwd + loss", "optimizer step"):
         assert term(plan, phase, "hf_static KV cache (kept)") == kv
+
+
+def test_hf_static_counts_the_caches_of_a_call_split_at_the_largest_bucket():
+    """8 rows over buckets [2, 3]: calls of 3, 3 and 2 rows, so caches of 3 and of 2 rows are
+    kept for each prompt bucket (the plan once counted the 3-row set only)."""
+    plan = make_plan(cfg(generation={"backend": "hf_static", "static_batch_buckets": [2, 3]}), H100)
+    rows, tokens = 3 + 2, sum(w + 256 for w in (64, 128, 256))
+    kv = 2 * 28 * 8 * 128 * rows * tokens * 2
+    assert term(plan, "generation", "hf_static KV cache (kept)") == kv
+    even = make_plan(cfg(generation={"backend": "hf_static", "static_batch_buckets": [4]}), H100)
+    assert term(even, "generation", "hf_static KV cache (kept)") == kv * 4 // 5  # 4 + 4: one set
 
 
 def test_vllm_reserves_its_share_of_the_device_while_it_samples():
@@ -259,10 +271,9 @@ def test_routed_scoring_is_the_largest_teachers_plus_the_assembled_targets():
 def test_mixed_scoring_holds_the_mixture_and_runs_every_teacher():
     plan = make_plan(several({"big": 1.0, "small": 1.0}), H100)
     rows_bt, vocab = 4 * (512 - 1), 151_936
-    assert term(plan, "teacher scoring", "mixture log M (fp32)") == rows_bt * vocab * 4
-    assert term(plan, "teacher scoring", "last teacher's log-probs + fp32 term") == (
-        rows_bt * vocab * (2 + 4)
-    )
+    # the other teacher's bf16 log-probs, and a chunk of 220 rows mixed in fp32 (no B x T x V)
+    assert term(plan, "teacher scoring", "the other teachers' log-probs") == rows_bt * vocab * 2
+    assert term(plan, "teacher scoring", "mixing chunk (fp32)") == 220 * vocab * 4 * 3
     scoring = next(p for p in plan.devices[0].phases if p.name == "teacher scoring")
     big, small = model_shape(Q17).active_params, model_shape(Q06).active_params
     assert scoring.flops == 2 * (big + small) * 4 * 512
@@ -383,3 +394,16 @@ def test_a_sharded_teacher_of_several_holds_its_share_of_the_weights():
             assert named["teacher weights (big)"] == pytest.approx(big / 4, abs=4), p.name
             assert named["teacher weights (small)"] == small, p.name
     assert seen >= 3  # in every phase, as a replicated teacher's
+
+
+def test_a_mixture_writer_holds_the_kv_caches_of_64_rows_at_a_time():
+    from distil.generation.mixture import MAX_BATCH
+
+    window = {"per_device_batch_size": 32, "grad_accum_steps": 8}  # 256 rows
+    mixed = make_plan(several({"big": 1.0, "small": 1.0}, train={"seq_kd": True, "lambda": 0.0,
+                                                                  **window}), H100)  # fmt: skip
+    small_kv = 2 * 28 * 8 * 128 * MAX_BATCH * 512 * 2  # Qwen3-0.6B: 28 layers, 8 KV heads
+    assert term(mixed, "teacher generation (seq-KD)", "teacher KV cache (small)") == small_kv
+    writing = next(p for p in mixed.devices[0].phases if p.name == "teacher generation (seq-KD)")
+    big, small = model_shape(Q17).active_params, model_shape(Q06).active_params
+    assert writing.flops == 2 * (big + small) * 256 * 512  # every row written

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from distil.config import build_config
+from distil.data.collate import collate
 from distil.preflight import preflight
 from distil.teacher.several import Part, RoutedBatch, _rows
 from distil.testing import build_model_dir, config_with, read_metrics
@@ -250,6 +251,8 @@ def test_cross_tokenizer_teachers_routed_equal_each_alone_row_by_row(
     singles = {"a": build(config_with(alone(raw, a))), "b": build(config_with(alone(raw, b)))}
     batch = mixed_batch(c)
     assert isinstance(batch, RoutedBatch) and set(batch.parts) == {"a", "b"}
+    plain = collate(batch.samples, c.tokenizer.pad_token_id)  # a reward term's tokens: all
+    assert torch.equal(batch.completion_mask_B_T, plain.mask_B_T)
     parts = c.teacher.score_parts(batch)
     assert all(isinstance(p, Part) and p.batch.alignment is not None for p in parts)
     ref = per_row_reference(c, batch, singles, cross_rows)
@@ -337,8 +340,9 @@ def test_a_teacher_without_rows_runs_only_its_idle_forward(tiny_llama_model, mon
     routed.score(batch)
     assert a.calls == ["score"] and b.calls == ["idle"]
     forwards = []
+    whole = live.LiveTeacher(tiny_llama_model)  # (its one-time logits check runs a forward)
     monkeypatch.setattr(tiny_llama_model, "forward", lambda *x, **k: forwards.append(1))
-    live.LiveTeacher(tiny_llama_model).idle()  # not sharded: no forward
+    whole.idle()  # not sharded: no forward
     assert forwards == []
 
 

@@ -52,7 +52,7 @@ def test_final_model_is_printed_once_not_per_rank(tmp_path, capsys, monkeypatch,
     from distil.cli import main
     from distil.train import loop
 
-    monkeypatch.setattr(loop, "train", lambda cfg: {})  # the line after training is the point
+    monkeypatch.setattr(loop, "train", lambda cfg, **kw: {})  # the line after training is the point
     if rank is None:
         monkeypatch.delenv("RANK", raising=False)
     else:
@@ -69,7 +69,7 @@ def test_a_requested_stop_is_not_reported_as_an_error(tmp_path, capsys, monkeypa
     from distil.train import loop
     from distil.train.signals import TrainingInterrupted
 
-    def stopped(cfg):
+    def stopped(cfg, **kw):
         raise TrainingInterrupted("training stopped by SIGINT after step 3: ...", signal.SIGINT)
 
     monkeypatch.setattr(loop, "train", stopped)

@@ -8,7 +8,7 @@ from distil.config import build_config
 from distil.eval.runner import run_template
 from distil.models.load import read_model_meta, write_model_meta
 from distil.train import loop
-from distil.train.loop import _eval_set
+from distil.train.evaluation import eval_set as eval_problems
 
 
 def rendered_rows(countdown_dir, tmp_path):
@@ -29,7 +29,7 @@ def test_rendered_rows_take_the_students_template(tmp_path, make_train_config, c
     }
     cfg = build_config(make_train_config(**over, loss={"name": "sft"}, train={"lambda": 0.0}))
     assert run_template(cfg) == "countdown_plain"
-    task, problems = _eval_set(cfg)
+    task, problems = eval_problems(cfg)
     assert task.cfg.template == "countdown_plain"
     # the prompt the student is evaluated on is the one it was trained on, arrow included
     assert task.messages(problems[0])[0]["content"].startswith("nums:")
@@ -37,6 +37,6 @@ def test_rendered_rows_take_the_students_template(tmp_path, make_train_config, c
     assert read_model_meta(tmp_path / "run" / "final")["template"] == "countdown_plain"
     # eval.template still wins; without a recorded template there is none to take
     named = build_config(make_train_config(**over, eval={"template": "countdown_chat"}))
-    assert _eval_set(named)[0].cfg.template == "countdown_chat"
+    assert eval_problems(named)[0].cfg.template == "countdown_chat"
     bare = build_config(make_train_config(data={"template": None}))
     assert run_template(bare) is None

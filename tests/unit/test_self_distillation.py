@@ -89,3 +89,54 @@ def test_an_ema_teacher_follows_the_student_and_resumes_bit_exactly(raw, tmp_pat
     w_cut = load_file(tmp_path / "cut" / "final" / "model.safetensors")
     for k in w_whole:
         assert torch.equal(w_cut[k], w_whole[k])
+
+
+@pytest.mark.parametrize("precision", ["bf16_weights", "bf16"])
+def test_the_current_student_as_teacher_in_bf16(raw, tmp_path, precision):
+    """train.bf16_weights (bf16 weights) or train.bf16 (autocast over fp32 weights): accelerate
+    wraps the student's forward to return fp32 outputs, which once met the bf16 head as the
+    teacher's hidden states (gpu-review-2 finding 3). The teacher's targets are those of the
+    student's own bf16 weights scored whole (its full logits through the unwrapped forward)."""
+    cfg = config_with(raw, teacher={"path": None, "from_student": "current"},
+                      train={precision: True, "output_dir": str(tmp_path / precision)})  # fmt: skip
+    c = build(cfg)
+    batch = c.buffer.next_window().micro_batches[0]
+    targets = c.teacher.score(batch).logprobs_B_T_V
+    model = c.unwrapped
+    ids = batch.context_input_ids_B_L
+    attn = batch.context_attention_mask_B_L
+    with torch.no_grad():
+        # the class's own forward: not accelerate's autocast + fp32-output wrapper
+        out = type(model).forward(model, input_ids=ids, attention_mask=attn, use_cache=False)
+        logits = out.logits[:, :-1]
+    row_N, pos_N = batch.mask_B_T.nonzero(as_tuple=True)  # teacher position: + its context
+    want = torch.log_softmax(logits.float(), -1)[row_N, pos_N + batch.context_shift_B[row_N]]
+    got = targets[row_N, pos_N].float()
+    atol = 2e-2 if precision == "bf16_weights" else 1e-4  # bf16: the head's output rounding
+    torch.testing.assert_close(got, want, rtol=0, atol=atol)
+    loop.train(cfg)
+    assert [m["skipped"] for m in read_metrics(tmp_path / precision)] == [0, 0]
+
+
+@pytest.mark.parametrize("from_student", ["current", "initial"])
+def test_a_teacher_that_follows_the_student_scores_under_the_runs_autocast(
+    raw, tmp_path, monkeypatch, from_student
+):
+    """train.bf16: the current student as teacher scores under the run's bf16 autocast (its
+    decoder call bypasses accelerate's autocast wrapper, so it once ran fp32 matmuls); a frozen
+    copy scores as before, in its own dtype."""
+    from distil.teacher.live import LiveTeacher
+
+    seen = []
+    score = LiveTeacher.score
+
+    def spy(self, batch):
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu"))
+        return score(self, batch)
+
+    monkeypatch.setattr(LiveTeacher, "score", spy)
+    cfg = config_with(raw, teacher={"path": None, "from_student": from_student},
+                      train={"bf16": True, "output_dir": str(tmp_path)})  # fmt: skip
+    loop.train(cfg)
+    assert len(seen) == 4  # 2 steps x 2 micro-batches
+    assert set(seen) == ({torch.bfloat16} if from_student == "current" else {False})

@@ -37,12 +37,18 @@ def test_chunked_scores_equal_each_prompts_full_log_softmax(monkeypatch, chunk):
     assert max(rows) == (chunk or sum(rows))
     longest = max(len(p) for p in PROMPTS)
     assert seen.allocations(len(PROMPTS) * longest * V * 4) == 0  # no (B, L, V) logits
-    for prompt, got in zip(PROMPTS, entries, strict=True):
+    check_entries(model, PROMPTS, entries, 3)
+
+
+def check_entries(model, prompts, entries, k: int) -> None:
+    """Each prompt's entries: the top-k and the realised token of one log-softmax over the
+    model's own logits of the whole prompt, with their 1-based ranks."""
+    for prompt, got in zip(prompts, entries, strict=True):
         assert len(got) == len(prompt) and got[0] is None
         with torch.no_grad():
             lp = torch.log_softmax(model(torch.tensor([prompt])).logits[0, :-1].float(), -1)
         for p in range(1, len(prompt)):
-            vals, ids = lp[p - 1].topk(3)
+            vals, ids = lp[p - 1].topk(k)
             for rank, (v, t) in enumerate(zip(vals.tolist(), ids.tolist(), strict=True), 1):
                 assert got[p][str(t)]["rank"] == rank
                 assert abs(got[p][str(t)]["logprob"] - v) < 1e-5

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -84,7 +85,8 @@ def test_a_mixture_is_the_hand_computed_mixture():
 
     p1 = torch.tensor([[[0.7, 0.2, 0.1]]], dtype=torch.float64)
     p2 = torch.tensor([[[0.1, 0.1, 0.8]]], dtype=torch.float64)
-    mixed = MixedTeacher([Fixed(p1), Fixed(p2)], [3.0, 1.0]).score(None).logprobs_B_T_V
+    batch = SimpleNamespace(teacher_input_ids_B_L=None, mask_B_T=torch.ones(1, 1, dtype=bool))
+    mixed = MixedTeacher([Fixed(p1), Fixed(p2)], [3.0, 1.0]).score(batch).logprobs_B_T_V
     want = torch.log(torch.tensor([[[0.55, 0.175, 0.275]]], dtype=torch.float64))
     torch.testing.assert_close(mixed, want)
     assert math.isclose(float(mixed.exp().sum()), 1.0)
@@ -161,3 +163,32 @@ def test_a_mistyped_key_of_one_teacher_is_named_with_its_fix(
         "'teachers.models.b.top_k' = 'abc': Input should be a valid integer, unable to parse "
         "string as an integer",
     ]
+
+
+def test_a_mixture_mixes_only_the_scored_rows_without_an_fp32_copy_of_the_targets():
+    """gpu-review-2 finding 10: the mixture was computed in fp32 over every (B, T, V) position,
+    fillers included. Now only the loss rows are mixed, a chunk at a time, into the first
+    teacher's (bf16) output: no fp32 (B, T, V) tensor, the same values at the loss rows."""
+    from alloc_probe import Created
+
+    from distil.data.collate import collate
+    from distil.teacher.live import LiveTeacher
+    from distil.testing import tiny_llama
+    from distil.types import Sample
+
+    V = 1000
+    teachers = [LiveTeacher(tiny_llama(V, seed=s).to(torch.bfloat16), chunk_rows=4) for s in (1, 2)]
+    g = torch.Generator().manual_seed(0)
+    samples = [Sample(i, torch.randint(3, V, (6,), generator=g).tolist(),
+                      torch.randint(3, V, (n,), generator=g).tolist(), "off_policy")
+               for i, n in enumerate((9, 3, 12))]  # fmt: skip
+    batch = collate(samples, pad_id=0)
+    b, t = batch.mask_B_T.shape
+    with Created() as seen:
+        got = MixedTeacher(teachers, [3.0, 1.0]).score(batch).logprobs_B_T_V
+    assert got.dtype == torch.bfloat16
+    assert seen.allocations(b * t * V * 4) == 0  # no fp32 (B, T, V)
+    full = [x.score(batch).logprobs_B_T_V.float() for x in teachers]
+    want = torch.logaddexp(full[0] + math.log(0.75), full[1] + math.log(0.25))
+    m = batch.mask_B_T
+    torch.testing.assert_close(got[m].float(), want[m].to(torch.bfloat16).float(), rtol=0, atol=0)

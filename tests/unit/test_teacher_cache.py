@@ -100,6 +100,7 @@ def test_cached_rows_equal_the_live_teachers_top_k(raw, cache_dir, pair_dirs):
     cfg = config_with(raw)
     manifest = fmt.read_manifest(cache_dir)
     assert manifest["complete"] and len(manifest["shards"]) == 3  # 64 rows, 24 per shard
+    assert cfg.teacher.dtype == "auto" and manifest["dtype"] == "float32"  # as loaded (CPU)
     tok = load_tokenizer(str(pair_dirs[1]))
     _, prompts, completions = prepare_rows(cfg, tok)
     cached = CachedTeacher(cache_dir, manifest)
@@ -144,17 +145,22 @@ class Killed(Exception):
     pass
 
 
-def test_a_killed_cache_teacher_resumes_after_the_last_complete_shard(tmp_path, raw, cache_dir):
-    out = tmp_path / "killed"
+def killed_after_shard(raw, out, shard: int) -> None:
+    """cache-teacher into `out`, killed once shard `shard` is written (24 rows a shard)."""
 
     def die(index):
-        if index == 1:
+        if index == shard:
             raise Killed
 
     with pytest.raises(Killed):
         cache_teacher(
             config_with(raw), out, values="fp32", shard_rows=24, batch_size=8, after_shard=die
         )
+
+
+def test_a_killed_cache_teacher_resumes_after_the_last_complete_shard(tmp_path, raw, cache_dir):
+    out = tmp_path / "killed"
+    killed_after_shard(raw, out, 1)
     manifest = fmt.read_manifest(out)
     assert not manifest["complete"] and [e["rows"] for e in manifest["shards"]] == [
         [0, 24],
@@ -177,6 +183,37 @@ def test_a_killed_cache_teacher_resumes_after_the_last_complete_shard(tmp_path, 
     assert sum(scored) == 16  # only the last shard's rows were scored again
     full, resumed = fmt.read_manifest(cache_dir), fmt.read_manifest(out)
     assert [e["sha256"] for e in resumed["shards"]] == [e["sha256"] for e in full["shards"]]
+
+
+def test_a_cache_started_before_the_dtype_was_resolved_resumes(tmp_path, raw, cache_dir):
+    """Manifests once recorded the config's `dtype: auto`; resuming such a cache, cut short,
+    matches `auto` with the dtype it resolves to now and finishes the same shards."""
+    out = tmp_path / "old"
+    killed_after_shard(raw, out, 0)
+    manifest = fmt.read_manifest(out)
+    assert manifest["dtype"] == "float32"  # resolved (a CPU)
+    fmt.write_manifest(out, {**manifest, "dtype": "auto"})  # as the old writer left it
+    cache_teacher(config_with(raw), out, values="fp32", shard_rows=24, batch_size=8)
+    full, resumed = fmt.read_manifest(cache_dir), fmt.read_manifest(out)
+    assert resumed["complete"]
+    assert [e["sha256"] for e in resumed["shards"]] == [e["sha256"] for e in full["shards"]]
+    fmt.write_manifest(out, {**resumed, "dtype": "bfloat16"})  # a real change still refused
+    with pytest.raises(CacheError, match="dtype: 'bfloat16' vs 'float32'"):
+        cache_teacher(config_with(raw), out, values="fp32", shard_rows=24, batch_size=8)
+
+
+def test_an_old_auto_dtype_matches_per_teacher_too():
+    from distil.teacher.writer import _differs
+
+    def teachers(a, b="float32"):
+        return {"a": {"dtype": a, "top_k": 4}, "b": {"dtype": b, "top_k": 4}}
+
+    assert not _differs("dtype", "auto", "bfloat16")
+    assert _differs("dtype", "float16", "bfloat16")
+    assert not _differs("teachers", teachers("auto", "auto"), teachers("bfloat16"))
+    assert _differs("teachers", teachers("float16"), teachers("bfloat16"))
+    assert _differs("teachers", {"a": teachers("auto")["a"]}, teachers("bfloat16"))
+    assert _differs("top_k", "auto", 4)  # only a dtype's `auto` is read as resolved
 
 
 def damage(kind, cache_dir):

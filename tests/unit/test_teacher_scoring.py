@@ -102,17 +102,20 @@ def test_an_fsdp_teacher_runs_under_no_grad_not_inference_mode():
 
     model = tiny_llama(V, seed=3)
     modes = []
-    inner = model.forward
+    inner = model.model.forward  # the decoder: the teacher's own path and the sharded one's
 
     def spy(**kw):
         modes.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled()))
         return inner(**kw)
 
-    model.forward = spy
+    model.model.forward = spy
     batch = _batch()
-    plain = LiveTeacher(model).score(batch)
+    plain_teacher = LiveTeacher(model)  # its one-time logits check runs the decoder too
+    modes.clear()
+    plain = plain_teacher.score(batch)
     model.__class__ = type("FSDPLlama", (FSDPModule, type(model)), {})  # as fully_shard does
-    sharded = LiveTeacher(model).score(batch)
+    sharded_teacher = LiveTeacher(model)  # no check: a sharded teacher scores whole logits
+    sharded = sharded_teacher.score(batch)
     assert modes == [(True, False), (False, False)]
     m = batch.mask_B_T
     torch.testing.assert_close(sharded.logprobs_B_T_V[m], plain.logprobs_B_T_V[m])
@@ -154,3 +157,50 @@ def test_previous_targets_are_released_before_the_next_micro_batch_is_scored(
     cfg = build_config(make_train_config(train={"max_steps": 1, "lambda": 0.0}))
     loop.train(cfg)
     assert len(checked) == 2 and checked[1] == [False]  # grad_accum_steps = 2
+
+
+def test_a_soft_capped_teacher_is_scored_as_its_own_forward_scores():
+    """Gemma 2's final_logit_softcapping (logits = cap * tanh(logits / cap)) comes after the
+    head, which the teacher applies itself: its targets equal the model's whole forward."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(
+        vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, final_logit_softcapping=3.0,
+        attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)  # logits well past the cap: the tanh bends them
+    batch = _batch()
+    out = LiveTeacher(model).score(batch)
+    m = batch.mask_B_T
+    ref = _reference(model, batch)
+    torch.testing.assert_close(out.logprobs_B_T_V[m], ref[m], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 3])
+def test_one_host_read_per_micro_batch_however_many_chunks(chunk_rows):
+    """The finite check of every chunk is read back once, after the last chunk is queued
+    (`aten._local_scalar_dense` is what bool() / .item() / int() of a tensor run)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Reads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                Reads.count += 1
+            return func(*args, **(kwargs or {}))
+
+    model = tiny_llama(V, seed=3)
+    batch = _batch()
+    n = int(batch.mask_B_T.sum())
+    scorer = LiveTeacher(model, chunk_rows=chunk_rows)
+    with Reads():
+        out = scorer.score(batch)
+    assert n > 3 * 5  # several chunks of 3 rows
+    assert Reads.count == 1
+    m = batch.mask_B_T
+    torch.testing.assert_close(out.logprobs_B_T_V[m], _reference(model, batch)[m])

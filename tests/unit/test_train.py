@@ -1,6 +1,7 @@
 """The training step and loop: accumulation invariance, chunked path, resume, guards."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -186,50 +187,54 @@ def test_non_finite_abort_names_the_last_good_checkpoint(
     assert checkpoints(tmp_path / "run") == [1]
 
 
-def test_a_dead_model_with_zero_gradients_stops(tmp_path, make_train_config):
-    # lr=1e6 saturates the tiny student after one step: grad_norm is exactly 0 from step 2 on
-    cfg = make_train_config(
-        train={"lr": 1e6, "max_steps": 30, "save_every": 1, "max_zero_grad_steps": 3}
-    )
+@pytest.mark.parametrize("logs_reward", [False, True])
+def test_a_dead_model_with_zero_gradients_stops(tmp_path, make_train_config, logs_reward):
+    # lr=1e6 saturates the tiny student after one step: grad_norm is exactly 0 from step 2 on.
+    # Logging the reward (its dead samples' groups all flat) does not excuse it: only grpo's.
+    train = {"lr": 1e6, "max_steps": 30, "save_every": 1, "max_zero_grad_steps": 3}
+    reward = {"train": {"lambda": 1.0}, "reward": {"log": True}} if logs_reward else {}
+    cfg = make_train_config(**{**reward, "train": {**train, **reward.get("train", {})}})
     with pytest.raises(DistilError, match="gradient norm was exactly 0 for 3 steps") as info:
         loop.train(build_config(cfg))
     assert "step-00000001" in str(info.value) and "lower train.lr" in str(info.value)
     metrics = read_metrics(tmp_path / "run")
     assert [m["grad_norm"] for m in metrics][1:] == [0.0, 0.0, 0.0]
     assert metrics[0]["grad_norm"] > 0 and checkpoints(tmp_path / "run") == [1]
+    if logs_reward:
+        assert [m["reward/no_signal_groups"] for m in metrics][1:] == [1.0, 1.0, 1.0]
 
 
-class NaNAt:
-    """A teacher model whose logits are NaN at one (row, position) of its forward."""
+def nan_at(model, row, pos):
+    """The teacher's final hidden state (its decoder's output, which the head reads) made NaN
+    at one (row, position); returns the hook's handle."""
 
-    def __init__(self, model, row, pos):
-        self.model, self.row, self.pos = model, row, pos
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def __call__(self, **kwargs):
-        out = self.model(**kwargs)
-        out.logits[self.row, self.pos] = float("nan")
+    def hook(module, args, out):
+        out.last_hidden_state[row, pos] = float("nan")
         return out
 
+    return model.get_decoder().register_forward_hook(hook)
 
-def test_nan_teacher_logits_stop_before_the_loss(models, bpe_tokenizer):
+
+@pytest.mark.parametrize("chunk_rows", [None, 2])  # one chunk, several
+def test_nan_teacher_logits_stop_before_the_loss(models, bpe_tokenizer, chunk_rows):
     from distil.teacher.live import TeacherOutputError
 
     teacher, _ = models
     batch = collate(ragged_samples(bpe_tokenizer, 4), bpe_tokenizer.pad_token_id)
     real = batch.attention_mask_B_L[1].nonzero()[-1].item() - 1  # a real token of row 1
-    scorer = LiveTeacher(teacher)
-    scorer.model = NaNAt(teacher, 1, real)
-    with pytest.raises(TeacherOutputError, match=f"row 1, position {real}"):
+    scorer = LiveTeacher(teacher, chunk_rows=chunk_rows)
+    hook = nan_at(teacher, 1, real)
+    with pytest.raises(TeacherOutputError, match=f"at 1 of the .* row 1, position {real}"):
         scorer.score(batch)
+    hook.remove()
     pad = (batch.attention_mask_B_L == 0).nonzero()
     assert len(pad), "the batch has padding"
     row, pos = pad[0].tolist()
-    scorer.model = NaNAt(teacher, row, pos)  # NaN on a padding position is not used: no error
-    assert torch.isfinite(scorer.score(batch).logprobs_B_T_V[batch.mask_B_T]).all()
-    scorer.model = teacher
+    hook = nan_at(teacher, row, pos)  # NaN on a padding position is not used: no error
+    try:
+        assert torch.isfinite(scorer.score(batch).logprobs_B_T_V[batch.mask_B_T]).all()
+    finally:
+        hook.remove()
 
 
 def test_teacher_with_another_tokenizer_is_an_error_for_same_tokenizer_losses(
@@ -306,11 +311,8 @@ def test_lora_student_trains_adapters_and_saves_a_plain_merged_model(
     assert not any("embed" in k or "norm" in k for k in changed)
 
 
-def test_missing_tracker_names_the_extra(tmp_path, make_train_config):
-    import importlib.util
-
-    if importlib.util.find_spec("wandb") is not None:
-        pytest.skip("wandb is installed here")
+def test_missing_tracker_names_the_extra(tmp_path, make_train_config, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed: import raises
     cfg = build_config(make_train_config(logging={"trackers": ["wandb"]}))
     with pytest.raises(DistilError, match=r"pip install 'distil\[trackers\]'"):
         loop.train(cfg)

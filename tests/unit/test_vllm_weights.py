@@ -56,6 +56,36 @@ def test_weights_pushed_only_when_they_changed_and_always_before_sampling(fake_v
     assert torch.allclose(got.logprobs_B_C[:, :width], want.logprobs_B_C, atol=1e-5)
 
 
+@pytest.mark.parametrize("sleep_level", [0, 1])
+@pytest.mark.parametrize("bf16_weights", [False, True])
+def test_a_fused_adamw_step_is_pushed(fake_vllm, sleep_level, bf16_weights):
+    """distil's optimizer with train.fused_adamw (the default on CUDA; fused runs on CPU too):
+    torch's fused kernel bumps no version counter, and the engine, awake or asleep at level 1
+    (both keep its weights), sampled the initial policy for the whole run (gpu-review-2
+    finding 5). After each step the next generate pushes the new weights."""
+    from distil.config import TrainConfig
+    from distil.train.optim import build_optimizer
+
+    student = tiny_llama(V)
+    cfg = TrainConfig(fused_adamw=True, bf16_weights=bf16_weights, lr=1e-2)
+    opt = build_optimizer(student, cfg, device="cpu")
+    gen = make(student, sleep_level=sleep_level)
+    greedy = SamplingParams(8, temperature=0.0)
+    gen.generate(PROMPTS, greedy)
+    for pushes in (2, 3):
+        out = student(torch.tensor([PROMPTS[0]]), labels=torch.tensor([PROMPTS[0]]))
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+        got = gen.generate(PROMPTS, greedy)
+        assert gen.weights_version == pushes
+        engine = engine_weights(gen)
+        assert all(torch.equal(engine[n], p) for n, p in student.named_parameters())
+    want = HFGenerator(student, pad_id=0, stop_ids=[5, 6]).generate(PROMPTS, greedy)
+    width = want.completion_ids_B_C.shape[1]
+    assert torch.equal(got.completion_ids_B_C[:, :width], want.completion_ids_B_C)
+
+
 def test_lora_student_pushes_merged_weights_and_stays_unmerged(fake_vllm):
     peft = pytest.importorskip("peft")
     config = peft.LoraConfig(

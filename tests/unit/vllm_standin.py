@@ -63,6 +63,7 @@ class FakeSamplingParams:
     logprobs: int | None = None
     detokenize: bool = True
     seed: int | None = None
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self):
         if self.temperature < 1e-5 and self.n > 1:  # as vLLM's _verify_greedy_sampling
@@ -146,7 +147,7 @@ class FakeLLM:
 
     def _one(self, request_id, prompt, sp):
         ids = prompt["prompt_token_ids"]
-        gen = HFGenerator(self.model.hf, pad_id=0, stop_ids=sp.stop_token_ids)
+        gen = _Biased(self.model.hf, sp.logit_bias, pad_id=0, stop_ids=sp.stop_token_ids)
         params = SamplingParams(sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.n)
         with torch.random.fork_rng(devices=[]):
             if sp.seed is not None:
@@ -165,6 +166,28 @@ class FakeLLM:
         if self.shuffle:
             random.Random(request_id).shuffle(outs)
         return RequestOutput(request_id, list(ids), outs)
+
+
+class _Biased(HFGenerator):
+    """HFGenerator plus a request's logit_bias (added to the raw logits, before the warpers,
+    as vLLM's LogitBiasLogitsProcessor does; -inf masks)."""
+
+    def __init__(self, model, bias, **kw):
+        super().__init__(model, **kw)
+        self.bias = dict(bias or {})
+
+    def _masks(self) -> list:
+        if not self.bias:
+            return super()._masks()
+        ids = torch.tensor(list(self.bias))
+        values = torch.tensor(list(self.bias.values()))
+
+        def add_bias(input_ids, scores):
+            out = scores.clone()
+            out[:, ids] += values.to(out.dtype)
+            return out
+
+        return [*super()._masks(), add_bias]
 
 
 def install(monkeypatch):

@@ -23,7 +23,7 @@ import torch
 
 from distil.align.byte_index import ByteIndex
 from distil.errors import AlignmentError
-from distil.models.tokenizers import turn_end_id
+from distil.models.tokenizers import id_rows, turn_end_id
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _ROLES = ("eos", "bos", "pad", "unk")  # first wins when one id holds several roles (pad = eos)
@@ -64,7 +64,7 @@ class VocabBytes:
     by_bytes      non-empty bytes -> canonical id: the lowest non-special id, except that a
                   byte-fallback '<0xNN>' token loses to a regular piece with the same bytes
                   (the tokenizer never emits the byte token then)
-    size          len(tokenizer)
+    size          the tokenizer's id rows (`models.tokenizers.id_rows`: largest id + 1)
     lengths       int64 (size,) byte length per id; is_special bool (size,)
     convention    how the bytes were derived ("byte_level", "metaspace", "wordpiece", "plain",
                   "decode" for the decode-difference fallback)
@@ -151,7 +151,7 @@ def vocab_bytes(tokenizer: Any) -> VocabBytes:
 
 
 def _build(tok: Any) -> VocabBytes:
-    size = len(tok)
+    size = id_rows(tok)  # ids in a gap of the vocabulary: b"" (no piece)
     specials, special_text, added_plain = _specials_and_added(tok)
     pieces = tok.convert_ids_to_tokens(list(range(size)))
     if getattr(tok, "backend_tokenizer", None) is None:  # slow tokenizer: no decoder JSON

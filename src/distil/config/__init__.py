@@ -8,6 +8,7 @@ values together (checked after `resolve()` fills the derived values). The resolv
 value included, is written to the run directory as `config.yaml`.
 """
 
+from distil.config.derived import resolve
 from distil.config.loading import (
     apply_overrides,
     build_config,
@@ -17,7 +18,7 @@ from distil.config.loading import (
     read_yaml,
 )
 from distil.config.output import diff, flatten, save_resolved, to_dict, to_yaml
-from distil.config.rules import check, resolve, semantic_problems
+from distil.config.rules import check, semantic_problems
 from distil.config.schema import (
     LOCATION_KEYS,
     DataConfig,
@@ -27,6 +28,7 @@ from distil.config.schema import (
     LoggingConfig,
     LossConfig,
     ModelConfig,
+    RewardConfig,
     TeacherConfig,
     TrainConfig,
 )
@@ -40,6 +42,7 @@ __all__ = [
     "LoggingConfig",
     "LossConfig",
     "ModelConfig",
+    "RewardConfig",
     "TeacherConfig",
     "TrainConfig",
     "apply_overrides",

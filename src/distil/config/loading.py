@@ -4,16 +4,20 @@ the fix, rules over several values)."""
 
 from __future__ import annotations
 
+import copy
 import difflib
+import json
+import os
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from distil.config.rules import resolve, semantic_problems
+from distil.config.derived import resolve, underive
+from distil.config.rules import semantic_problems
 from distil.config.schema import DistilConfig
 from distil.errors import ConfigError
 from distil.paths import path_problem
@@ -138,11 +142,57 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
     return problems
 
 
+ConfigLike = str | os.PathLike | Mapping[str, Any] | DistilConfig | None
+Overrides = Sequence[str] | Mapping[str, Any]
+
+
+def raw_config(config: ConfigLike, overrides: Overrides = ()) -> tuple[dict[str, Any], list[str]]:
+    """(a config as a plain dict with `overrides` applied, the overrides' problems): a YAML
+    file or run directory read as `load_config` reads it, a dict of sections, a DistilConfig,
+    or None (every default). Overrides are `key=value` strings as on the command line, or a
+    mapping {"train.max_steps": 10} whose values are set as given. With overrides, each
+    derived value that equals its derivation is cleared first, to be derived again
+    (`derived.underive`: a resolved config's run_name follows a new train.output_dir)."""
+    if config is None:
+        raw: dict[str, Any] = {}
+    elif isinstance(config, DistilConfig):
+        raw = config.model_dump(mode="json", by_alias=True)
+    elif isinstance(config, Mapping):
+        raw = copy.deepcopy(dict(config))
+    elif isinstance(config, (str, os.PathLike)):
+        raw = read_yaml(config)
+    else:
+        raise ConfigError(
+            f"config: got a {type(config).__name__}. Fix: pass a YAML file or run directory "
+            "path, a dict of sections, or a DistilConfig"
+        )
+    overrides = override_list(overrides)
+    if overrides:  # derived values follow what the overrides change (derived.underive)
+        underive(raw)
+    return raw, apply_overrides(raw, overrides)
+
+
+def override_list(overrides: Overrides) -> list[str]:
+    """`key=value` strings of a list of them (or one), or of a mapping {key: value} whose
+    values are written as JSON (which YAML reads back as the same value)."""
+    if isinstance(overrides, str):
+        return [overrides]
+    if isinstance(overrides, Mapping):
+        return [f"{k}={json.dumps(v, default=str)}" for k, v in overrides.items()]
+    return list(overrides)
+
+
+def as_config(config: ConfigLike, overrides: Overrides = ()) -> DistilConfig:
+    """`raw_config` validated and resolved, every problem in one ConfigError (a DistilConfig
+    without overrides is returned as it is)."""
+    if isinstance(config, DistilConfig) and not overrides:
+        return config
+    return build_config(*raw_config(config, overrides))
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DistilConfig:
     """Read YAML (or a run directory's config.yaml), apply overrides, validate and resolve."""
-    raw = read_yaml(path) if path is not None else {}
-    problems = apply_overrides(raw, overrides)
-    return build_config(raw, problems)
+    return build_config(*raw_config(path, overrides))
 
 
 def _loc_key(loc: tuple) -> str:

@@ -1,5 +1,5 @@
-"""Derived values (`resolve`) and the rules that tie several values together, each returning
-the keys involved and a message with the fix.
+"""The rules that tie several values together, each returning the keys involved and a message
+with the fix (the derived values are filled first: config/derived.py).
 
 Values and their relations only: whether a name resolves to a plug-in (a task, a loss, a
 backend), whether a path exists and what this machine has are asked by `distil.preflight`."""
@@ -8,35 +8,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
 
 from distil.config.contexts import has_context, teacher_contexts
 from distil.config.output import flatten, to_dict
 from distil.config.rules_backends import CHECKS as BACKEND_CHECKS
+from distil.config.rules_reward import CHECKS as REWARD_CHECKS
 from distil.config.schema import DistilConfig
 
-
-def resolve(cfg: DistilConfig) -> DistilConfig:
-    """Fill the derived values (one place for them); returns a new config."""
-    cfg = cfg.model_copy(deep=True)
-    if cfg.student.tokenizer is None:
-        cfg.student.tokenizer = cfg.student.path
-    if cfg.teacher.tokenizer is None:
-        cfg.teacher.tokenizer = cfg.teacher.path
-    for t in cfg.teachers.models.values():
-        if t.tokenizer is None:
-            t.tokenizer = t.path
-    gen, train = cfg.generation, cfg.train
-    window = train.per_device_batch_size * train.grad_accum_steps
-    if gen.generation_batch_size is None and window % gen.num_generations == 0:
-        gen.generation_batch_size = window // gen.num_generations
-    if cfg.logging.run_name is None:
-        cfg.logging.run_name = Path(train.output_dir).name
-    return cfg
-
-
 Check = Callable[[DistilConfig], "tuple[tuple[str, ...], str] | None"]
-_CHECKS: list[Check] = list(BACKEND_CHECKS)  # rules over generation and teacher backends
+# rules over generation and teacher backends, and over a task's reward in the loss
+_CHECKS: list[Check] = [*BACKEND_CHECKS, *REWARD_CHECKS]
 
 
 def check(fn: Check) -> Check:
@@ -51,6 +32,7 @@ def semantic_problems(cfg: DistilConfig) -> list[tuple[tuple[str, ...], str]]:
 
 @check
 def _mixed_precision(cfg: DistilConfig):
+    """train.bf16 and train.fp16 exclude each other."""
     if cfg.train.bf16 and cfg.train.fp16:
         return ("train.bf16", "train.fp16"), (
             "train.bf16 and train.fp16 are both true; pick one (set the other to false)"
@@ -60,6 +42,7 @@ def _mixed_precision(cfg: DistilConfig):
 
 @check
 def _bf16_weights(cfg: DistilConfig):
+    """train.bf16_weights excludes train.fp16, LoRA and student.dtype=float16."""
     train, dtype = cfg.train, cfg.student.dtype
     if not train.bf16_weights:
         return None
@@ -100,8 +83,29 @@ def precision_notices(cfg: DistilConfig) -> list[str]:
     ]
 
 
+def fp32_on_cuda_note(cfg: DistilConfig, *, cuda: bool) -> str | None:
+    """The default precision on a GPU, said once at the start: fp32 weights and no autocast
+    (a deliberate default: the same numbers as on a CPU, and what plain AdamW needs; a GPU
+    user asks for bf16). None when the run asks for bf16 or fp16, or loads low-precision
+    weights (LoRA's frozen base, student.dtype), or is not on CUDA."""
+    train, s = cfg.train, cfg.student
+    if not cuda or train.bf16 or train.bf16_weights or train.fp16 or s.lora.enabled:
+        return None
+    if s.dtype not in ("auto", "float32"):
+        return None
+    return (
+        "the student trains with fp32 weights and no autocast (train.bf16 and "
+        "train.bf16_weights are false, the defaults): its matmuls run in TF32, at about half "
+        "the bf16 rate, and each decoded token reads twice the weight bytes. For speed: "
+        "train.bf16_weights=true (bf16 weights and compute, fp32 master copies and AdamW), "
+        "or train.bf16=true (bf16 autocast over fp32 weights)"
+    )
+
+
 @check
 def _static_cache_under_autocast(cfg: DistilConfig):
+    """generation.backend=hf_static with train.bf16 needs bf16 weights (train.bf16_weights), not
+    fp32 ones."""
     train = cfg.train
     if not (cfg.generation.backend == "hf_static" and train.bf16 and not train.bf16_weights):
         return None
@@ -119,6 +123,8 @@ def _static_cache_under_autocast(cfg: DistilConfig):
 
 @check
 def _window_invariant(cfg: DistilConfig):
+    """generation.generation_batch_size * generation.num_generations =
+    train.per_device_batch_size * train.grad_accum_steps."""
     gen, train = cfg.generation, cfg.train
     window = train.per_device_batch_size * train.grad_accum_steps
     g, n = gen.generation_batch_size, gen.num_generations
@@ -167,6 +173,7 @@ def warmup_notice(cfg: DistilConfig) -> str | None:
 
 @check
 def _seq_kd_has_slices(cfg: DistilConfig):
+    """train.seq_kd needs off-policy slices: train.lambda below 1."""
     t = cfg.train
     if t.seq_kd and t.lambda_ >= 1.0:
         return ("train.seq_kd", "train.lambda"), (
@@ -179,6 +186,8 @@ def _seq_kd_has_slices(cfg: DistilConfig):
 
 @check
 def _slices_hold_whole_groups(cfg: DistilConfig):
+    """with 0 < train.lambda < 1, train.per_device_batch_size is a multiple of
+    generation.num_generations."""
     # Copies of one prompt must not straddle a micro-batch whose policy may differ.
     n, b = cfg.generation.num_generations, cfg.train.per_device_batch_size
     if 0.0 < cfg.train.lambda_ < 1.0 and b % n != 0:
@@ -193,6 +202,7 @@ def _slices_hold_whole_groups(cfg: DistilConfig):
 
 @check
 def _sft_trains_on_data(cfg: DistilConfig):
+    """loss.name=sft trains on data, not on the student's samples: train.lambda=0."""
     if cfg.loss.name == "sft" and cfg.train.lambda_ > 0:
         return ("loss.name", "train.lambda"), (
             f"loss.name = 'sft' trains on completions the student did not write, but "
@@ -204,6 +214,7 @@ def _sft_trains_on_data(cfg: DistilConfig):
 
 @check
 def _resume_changed_keys(cfg: DistilConfig):
+    """train.resume_changed names config keys (or patterns) that exist."""
     import fnmatch
 
     keys = flatten(to_dict(cfg))
@@ -217,7 +228,19 @@ def _resume_changed_keys(cfg: DistilConfig):
 
 
 @check
+def _hub_repo_named(cfg: DistilConfig):
+    """train.push_to_hub needs train.hub_model_id, the repo it uploads to."""
+    if cfg.train.push_to_hub and not cfg.train.hub_model_id:
+        return ("train.push_to_hub", "train.hub_model_id"), (
+            "train.push_to_hub=true but train.hub_model_id is not set. Fix: set "
+            "train.hub_model_id to the Hub repo, e.g. my-org/qwen3-0.6b-distilled"
+        )
+    return None
+
+
+@check
 def _hybrid_weights(cfg: DistilConfig):
+    """loss.matched_weight and loss.unmatched_weight are both set or both null."""
     m, u = cfg.loss.matched_weight, cfg.loss.unmatched_weight
     if (m is None) != (u is None):
         return ("loss.matched_weight", "loss.unmatched_weight"), (
@@ -229,6 +252,7 @@ def _hybrid_weights(cfg: DistilConfig):
 
 @check
 def _teacher_cache_scores_data_only(cfg: DistilConfig):
+    """teacher.cache scores dataset completions only: train.lambda=0 and train.seq_kd=false."""
     if not cfg.teacher.cache:
         return None
     if cfg.train.lambda_ > 0 or cfg.train.seq_kd:
@@ -244,7 +268,10 @@ def _teacher_cache_scores_data_only(cfg: DistilConfig):
 
 @check
 def _several_teachers(cfg: DistilConfig):
-    """`teachers` + `routing`: what this version supports, each refusal with its fix."""
+    """teachers.models replaces teacher.path/cache/url and needs exactly one of
+    teachers.column (route rows) and teachers.weights (a mixture of live, full-vocabulary
+    teachers, weights >= 0); each teacher is a path, a cache or a url, and a distillation loss
+    scores with them (docs/multi-teacher.md)."""
     names, r = list(cfg.teachers.models), cfg.teachers
     if not names:
         if r.column or r.weights or r.map:
@@ -323,7 +350,8 @@ def _several_teachers(cfg: DistilConfig):
 
 @check
 def _offloaded_teachers(cfg: DistilConfig):
-    """`offload`: a live teacher of several, whole on its device while it scores."""
+    """offload is for a live, replicated teacher of teachers.models that does not write seq-KD
+    completions (not for the one `teacher`)."""
     if cfg.teacher.offload:
         return ("teacher.offload",), (
             "teacher.offload = true: offload moves each of several teachers to its device only "
@@ -358,6 +386,8 @@ def _offloaded_teachers(cfg: DistilConfig):
 
 @check
 def _self_distillation(cfg: DistilConfig):
+    """teacher.from_student leaves teacher.path, cache, url and teachers.models null; current
+    and ema need teacher.context or teacher.system."""
     t = cfg.teacher
     if t.from_student is None:
         return None

@@ -4,6 +4,7 @@ the rules in `distil.config.rules`, which runs the ones listed in CHECKS."""
 
 from __future__ import annotations
 
+from distil.config.rules_reward import TEACHERLESS
 from distil.config.schema import DistilConfig
 
 
@@ -46,7 +47,7 @@ def _remote_teacher(cfg: DistilConfig):
                 "or write the completions once with `distil generate` and train on them",
             )
         )
-    if cfg.loss.temperature != 1.0 and cfg.loss.name != "sft":
+    if cfg.loss.temperature != 1.0 and cfg.loss.name not in TEACHERLESS:
         found.append(
             (
                 ("teacher.url", "loss.temperature"),
@@ -93,6 +94,8 @@ def _vllm_engine_lengths(cfg: DistilConfig):
 
 
 def _teacher_windows(cfg: DistilConfig):
+    """generation.teacher_windows > 1 needs teacher-written slices (train.seq_kd=true,
+    train.lambda < 1) and a teacher that does not change every step."""
     k, t = cfg.generation.teacher_windows, cfg.teacher
     if k == 1:
         return None
@@ -111,4 +114,22 @@ def _teacher_windows(cfg: DistilConfig):
     return None
 
 
-CHECKS = [_remote_teacher, _vllm_engine_lengths, _teacher_windows]
+def _async_ema_writer(cfg: DistilConfig):
+    """generation.async samples the next window in the background while the step trains; an
+    EMA teacher that writes seq-KD slices would be sampled while `after_step` lerps it."""
+    t, train = cfg.teacher, cfg.train
+    if not (cfg.generation.async_ and train.seq_kd and train.lambda_ < 1.0):
+        return None
+    if t.from_student != "ema":
+        return None
+    return ("generation.async", "teacher.from_student", "train.seq_kd"), (
+        "generation.async = true with teacher.from_student = 'ema' writing seq-KD slices "
+        "(train.seq_kd = true, train.lambda < 1): the next window's completions would be "
+        "sampled in the background from the average while each step updates it in place, so "
+        "they would come from half-updated weights, differ from run to run and not resume "
+        "exactly. Fix: generation.async=false, or teacher.from_student=current (its writer "
+        "samples the student's snapshot) or initial, or train.seq_kd=false"
+    )
+
+
+CHECKS = [_remote_teacher, _vllm_engine_lengths, _teacher_windows, _async_ema_writer]

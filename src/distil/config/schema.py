@@ -1,4 +1,4 @@
-"""The config tree: nine sections, every default and its description in one place (the
+"""The config tree: ten sections, every default and its description in one place (the
 student's and teachers' sections in schema_models.py)."""
 
 from __future__ import annotations
@@ -190,6 +190,55 @@ class LossConfig(Section):
     unmatched_weight: float | None = Field(
         None, ge=0.0, description="hybrid loss: weight of the unmatched (sorted L1) term"
     )
+    reward_weight: float = Field(
+        0.0,
+        ge=0.0,
+        description="weight of a task's reward (the `reward` section's group-relative policy "
+        "gradient, GRPO) added to this on-policy distillation loss (0: distillation alone, "
+        "bit-identical to no reward; loss.name=grpo is the reward alone; docs/reward.md)",
+    )
+
+
+class RewardConfig(Section):
+    """A verifiable reward on each on-policy completion (loss.name=grpo, loss.reward_weight > 0
+    or reward.log); docs/reward.md."""
+
+    task: str | None = Field(
+        None,
+        description="the task whose checker judges each completion (countdown, gsm8k, math, "
+        "mmlu, mypkg.tasks:MyTask), built with the eval section's settings (null: eval.task)",
+    )
+    function: str | None = Field(
+        None,
+        description="instead of a task's checker: a function by import path "
+        "(mypkg.rewards:score) called with the data row (dict) and the completion (str), "
+        "returning a finite number or (number, category name)",
+    )
+    values: dict[str, float] = Field(
+        default_factory=lambda: {"correct": 1.0},
+        description="the reward of each outcome category of the task's checker (Countdown: "
+        "correct, missing_answer_tags, wrong_value, ...; `distil eval` lists them)",
+    )
+    default: float = Field(
+        0.0, description="the reward of an outcome that reward.values does not list"
+    )
+    normalize_std: bool = Field(
+        True,
+        description="divide each group's centred rewards by its standard deviation (GRPO); "
+        "false: centred only (Dr. GRPO)",
+    )
+    clip: float = Field(
+        0.2,
+        ge=0.0,
+        lt=1.0,
+        description="generation.async: the importance ratio to the lagging sampler is clipped "
+        "to [1 - clip, 1 + clip] (PPO's epsilon)",
+    )
+    log: bool = Field(
+        False,
+        description="score every on-policy completion and log the reward metrics even when "
+        "the loss does not use them (a distillation run's reward curve)",
+    )
 
 
 class TrainConfig(Section):
@@ -252,6 +301,16 @@ class TrainConfig(Section):
         description="keys (or patterns like teacher.*) allowed to differ from the checkpoint's",
     )
     eval_every: int = Field(0, ge=0, description="evaluate every N steps (0: never)")
+    push_to_hub: bool = Field(
+        False,
+        description="upload output_dir/final with its model card to the Hub repo "
+        "train.hub_model_id when training ends (main process; needs a Hub token: HF_TOKEN or "
+        "`hf auth login`)",
+    )
+    hub_model_id: str | None = Field(
+        None, description="the Hub repo the final model goes to (org/name or name)"
+    )
+    hub_private: bool = Field(False, description="create the Hub repo private")
     log_every: int = Field(1, gt=0, description="print metrics every N steps")
     max_consecutive_skips: int = Field(
         5, gt=0, description="non-finite steps skipped in a row before the run stops"
@@ -300,6 +359,12 @@ class EvalConfig(Section):
     template: str | None = Field(
         None, description="prompt template (null: the one recorded with the model)"
     )
+    mmlu_scoring: Literal["generate", "loglik"] = Field(
+        "generate",
+        description="mmlu: read the letter the model writes (generate), or pick the choice "
+        "letter of highest log-likelihood after the k-shot prompt as plain text, no chat "
+        "template, as lm-evaluation-harness scores MMLU (loglik; comparable with its numbers)",
+    )
     number_usage: Literal["exact", "subset"] = Field(
         "exact", description="numbers used must equal nums (exact) or be a sub-multiset"
     )
@@ -308,11 +373,20 @@ class EvalConfig(Section):
 
 
 class LoggingConfig(Section):
-    trackers: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
-        default_factory=list, description="trackers through accelerate (installed extras)"
+    trackers: list[Literal["tensorboard", "wandb", "trackio", "mlflow"]] = Field(
+        default_factory=list,
+        description="experiment trackers through accelerate (the trackers extra); a resumed "
+        "run continues the same tracker run (ids kept in output_dir/trackers.json)",
     )
-    project: str = Field("distil", description="tracker project name")
-    run_name: str | None = Field(None, description="run name (default: output dir name)")
+    project: str = Field(
+        "distil", description="tracker project (W&B, trackio) or experiment (MLflow) name"
+    )
+    run_name: str | None = Field(
+        None,
+        description="the run's name in every tracker, TensorBoard's directory "
+        "(output_dir/tensorboard/<run_name>) and the model card's title (default: the output "
+        "dir's name)",
+    )
     progress: bool = Field(True, description="show a progress bar")
     print_example: bool = Field(True, description="print one rendered training example")
 
@@ -326,6 +400,7 @@ class DistilConfig(Section):
     loss: LossConfig = Field(default_factory=LossConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
 
@@ -344,6 +419,7 @@ __all__ = [
     "LoraConfig",
     "LossConfig",
     "ModelConfig",
+    "RewardConfig",
     "Section",
     "TeacherConfig",
     "TeachersConfig",

@@ -244,6 +244,7 @@ class CrossTokenizer:
         return replace(
             batch,
             mask_B_T=mask,
+            completion_mask_B_T=batch.mask_B_T,  # the reward term trains unaligned tokens too
             teacher_input_ids_B_L=t_ids,
             teacher_attention_mask_B_L=t_mask,
             alignment=alignment,

@@ -124,12 +124,18 @@ def unpack(y_R_P: torch.Tensor, plan: PackPlan) -> torch.Tensor:
 
 @contextmanager
 def head_bypassed(model: torch.nn.Module):
-    """Temporarily replace the output embedding with identity, so `model_forward` returns the
-    final hidden states; yields the real head (teachers apply it to the rows they need). Holds
-    the module's lock (models/inuse.py): a generate call on another thread waits for it."""
+    """Temporarily replace the output embedding with identity and turn off what the forward
+    applies after it (`models.logits.after_head_off`: Gemma 2's soft-cap, Cohere's and
+    Granite's scales), so `model_forward` returns the head's input through the (possibly
+    DDP-wrapped) module; yields the real head (the student's chunked loss applies it, then
+    `models.logits.logits_rule(model).after_head`). Holds the module's lock
+    (models/inuse.py): a generate call on another thread waits for it. A teacher, which needs
+    no wrapper, reads its hidden states from its decoder instead (`model_forward(hidden=True)`):
+    no swap, no lock."""
     from distil.models.inuse import module_lock
+    from distil.models.logits import after_head_off
 
-    with module_lock(model):
+    with module_lock(model), after_head_off(model):
         head = model.get_output_embeddings()
         model.set_output_embeddings(torch.nn.Identity())
         try:
@@ -161,28 +167,36 @@ def model_forward(
     *,
     packing: bool,
     pack_length: int | None = None,
+    hidden: bool = False,
 ) -> torch.Tensor:
     """The model's `.logits` output (B, L, D) for a right-padded batch, run padded or packed.
 
     Every training forward goes through here so that the cache is always off: see the module
     docstring. `pack_length=None` packs into rows as long as the longest sequence (the padded
     width), so a packed row never costs more attention than a padded one. D is the vocabulary,
-    or the hidden size when the head is replaced (`head_bypassed`).
+    or the hidden size when the head is replaced (`head_bypassed`). `hidden`: the final hidden
+    states (H), from the model's decoder (`get_decoder()`: the body and its final norm, no head),
+    with the module untouched, so nothing else waits for it (a teacher: `final_hidden`).
     """
+    run = _decoder_call(model) if hidden else (lambda **kw: model(**kw).logits)
     if not packing:
-        return model(
-            input_ids=input_ids_B_L, attention_mask=attention_mask_B_L, use_cache=False
-        ).logits
+        return run(input_ids=input_ids_B_L, attention_mask=attention_mask_B_L, use_cache=False)
     lengths = sequence_lengths(attention_mask_B_L)
     capacity = max(lengths) if pack_length is None else max(pack_length, max(lengths))
     if attn_implementation(model).startswith("flash"):
         capacity = None  # varlen kernels: one row, boundaries from position_ids
     plan = plan_packing(lengths, input_ids_B_L.shape[1], capacity)
     ids_R_P = pack(input_ids_B_L, plan)
-    out = model(
+    out = run(
         input_ids=ids_R_P,
         position_ids=plan.position_ids_R_P.to(ids_R_P.device),
         attention_mask=None,  # a mask (even all ones) turns the packed-sequence detection off
         use_cache=False,  # a cache turns it off too: sequences would attend across each other
     )
-    return unpack(out.logits, plan)
+    return unpack(out, plan)
+
+
+def _decoder_call(model):
+    """A call of `model`'s decoder returning its last hidden state (after the final norm)."""
+    decoder = model.get_decoder()
+    return lambda **kw: decoder(**kw).last_hidden_state

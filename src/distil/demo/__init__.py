@@ -1,7 +1,8 @@
 """`distil demo`: the whole pipeline on a CPU in minutes, with models it trains itself.
 
-1. Countdown data (3 numbers from 1-99): a large train split, a held-out test split, a small
-   labelled set and the prompts (no answers) the students are distilled on.
+1. Countdown data (3 numbers from 1-99): a large train split, two held-out splits drawn alike
+   (dev: in-training curves and recipe choices; test: read once per model, for the table), a
+   small labelled set and the prompts (no answers) the students are distilled on.
 2. Two tokenizers that cut text differently: a byte-level BPE for the teacher, characters for
    the cross-tokenizer student (the same-tokenizer student uses the teacher's BPE).
 3. The teacher (~5M parameters) trained on reference solutions, cached by its settings.
@@ -12,10 +13,13 @@
    across tokenizers (token-level aligned KL on those teacher-written completions), then
    its controls at the same student compute (FLOPs): sequence-level KD (cross-entropy on the
    same completions) and continued supervised training on the labelled set; the bpe student
-   distilled on-policy with the teacher's tokenizer (forward KL), then its continued-SFT
-   control at equal compute.
-7. Every model evaluated with the Countdown checker: a table (accuracy, share of the
-   teacher-student gap recovered, steps, student compute) as Markdown and JSON, and a plot.
+   distilled on-policy with the teacher's tokenizer (forward KL) on the same prompts, then its
+   controls at equal compute: sequence-level KD on the teacher's completions of those prompts
+   and continued SFT.
+7. Every model evaluated with the Countdown checker on the test split: a table (accuracy, share
+   of the teacher-student gap recovered, steps, student compute) as Markdown and JSON, the
+   paired leads with the pre-stated analysis (demo.yaml `analysis`: Holm over every
+   comparison), and a plot.
 
 Budgets are optimizer steps and the controls' budget is a FLOP count, so the same command on
 the same machine and thread count prints the same table. Every training stage is an ordinary
@@ -26,11 +30,15 @@ paths and budgets, and prints the equivalent commands.
 trained once) and reports mean ± sd and paired differences with 95% intervals (stats.py); the
 table also gives each distilled student's compute to match its continued-SFT control.
 
-Modules: presets.py (configs/demo.yaml), run.py (the run's state), stages.py, report.py,
-lanes.py (the students' stages in order or in worker processes side by side), summary.py (rows
-over seeds, paired differences, compute to match), stats.py, plot.py, cli.py (`distil demo`
-arguments). Imports point one way: cli -> here -> lanes -> stages -> report -> summary -> run
--> presets.
+`--tune` runs every run of demo.yaml at each learning rate of its pre-stated grid on a tuning
+seed, scored on the dev split (tune.py); the configs carry the chosen rates.
+
+Modules: presets.py (configs/demo.yaml), run.py (the run's state), stages.py, records.py (what
+a finished stage ran, for --resume), teachers.py (the cached teacher, the expected time),
+report.py, lanes.py (the students' stages in order or in worker processes side by side),
+summary.py (rows over seeds, paired differences, compute to match), stats.py, plot.py,
+tune.py, cli.py (`distil demo` arguments). Imports point one way: cli -> here -> tune ->
+teachers, lanes -> stages -> records, report -> summary -> run -> presets.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ def run_demo(
     seeds: int = 1,
     resume: bool = False,
     lanes: int = 1,
+    tune: bool = False,
 ) -> dict[str, Any]:
     """Run every stage; returns the results (also written to out/results.{md,json}).
 
@@ -60,12 +69,14 @@ def run_demo(
     difference to each control with its 95% interval. `resume`: reuse the stages an earlier
     run of the same command finished in `out` (a killed demo goes on where it stopped).
     `lanes`: the students' stages in that many worker processes side by side, the threads
-    split among them (lanes.py); the same table as one after another.
+    split among them (lanes.py); the same table as one after another. `tune`: instead of the
+    table, every run at each lr of the pre-stated grid on the tuning seed, scored on the dev
+    split (tune.py).
     """
     import torch
 
     from distil.demo import lanes as lanes_
-    from distil.demo import stages
+    from distil.demo import stages, teachers
     from distil.demo.presets import manifest
     from distil.demo.run import DemoRun, default_cache_dir
 
@@ -87,7 +98,13 @@ def run_demo(
     run.out.mkdir(parents=True, exist_ok=True)
     stages.make_data(run)
     stages.make_tokenizers(run)
-    stages.train_teacher(run)
+    if estimate := teachers.expected_time(run, seeds, tune=tune):
+        print(estimate, flush=True)
+    if tune:
+        from distil.demo.tune import run_tuning
+
+        return run_tuning(run)
+    teachers.train_teacher(run)
     seeded = [run.for_seed(k) for k in range(seeds)]
     lanes_.run_seeds(seeded)
     return stages.report(seeded)

@@ -45,10 +45,18 @@ def add_demo(sub, positive_int) -> None:
     p.add_argument(
         "--study",
         default=None,
-        choices=["multi-teacher", "self-distill"],
+        choices=["multi-teacher", "self-distill", "reward"],
         help="run a study instead of the demo: two teachers (3- and 4-number Countdown) routed "
-        "per row, or self-distillation with privileged context and context distillation "
-        "(presets full, smoke; docs/multi-teacher.md, docs/privileged-context.md)",
+        "per row, self-distillation with privileged context and context distillation, or a "
+        "task's reward (GRPO) against and with on-policy distillation (presets full, smoke; "
+        "docs/multi-teacher.md, docs/privileged-context.md, docs/reward.md)",
+    )
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="choose each run's learning rate: every run of demo.yaml (or of --study reward's "
+        "manifest) at each lr of its analysis.lr_grid on the tuning seed, scored on its dev "
+        "split (never the test split); writes tune.md (docs/demo.md, docs/reward.md)",
     )
     p.add_argument(
         "--resume",
@@ -92,12 +100,23 @@ def run(args) -> int:
     from distil.demo.presets import manifest
 
     preset = args.preset or ("quick" if args.quick else "full")
+    lanes = args.lanes or min(2, args.threads)
+    if lanes > args.threads:
+        raise ConfigError(
+            f"--lanes {lanes} with --threads {args.threads}: each lane needs a thread. Fix: "
+            f"--lanes {args.threads} or fewer, or more --threads"
+        )
     if args.study:
         from distil.demo.studies import run_study
 
         command = f"distil demo --study {args.study} --preset {preset} --out {args.out}"
+        command += f" --threads {args.threads}" + (
+            f" --seeds {args.seeds}" if args.seeds != 1 else ""
+        )
+        command += " --tune" if args.tune else ""
         run_study(args.study, args.out, preset=preset, threads=args.threads,
-                  cache_dir=args.cache_dir, command=f"{command} --threads {args.threads}")  # fmt: skip
+                  cache_dir=args.cache_dir, command=command, seeds=args.seeds, lanes=lanes,
+                  resume=args.resume, tune=args.tune)  # fmt: skip
         return 0
     presets = manifest().presets
     if preset not in presets:
@@ -110,14 +129,10 @@ def run(args) -> int:
         command += f" --distill-scale {args.distill_scale:g}"
     if args.seeds != 1:
         command += f" --seeds {args.seeds}"
-    lanes = args.lanes or min(2, args.threads)
-    if lanes > args.threads:
-        raise ConfigError(
-            f"--lanes {lanes} with --threads {args.threads}: each lane needs a thread. Fix: "
-            f"--lanes {args.threads} or fewer, or more --threads"
-        )
     if args.lanes is not None:
         command += f" --lanes {lanes}"
+    if args.tune:
+        command += " --tune"
     run_demo(
         args.out,
         preset=preset,
@@ -128,5 +143,6 @@ def run(args) -> int:
         seeds=args.seeds,
         resume=args.resume,
         lanes=lanes,
+        tune=args.tune,
     )
     return 0

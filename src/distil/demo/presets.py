@@ -26,12 +26,17 @@ class Preset:
     n_train: int
     n_test: int
     n_labelled: int
+    n_dev: int  # a second held-out split for recipe choices and in-training curves
     teacher: tuple[int, int, int, int]  # hidden, layers, heads, intermediate
     student: tuple[int, int, int, int]
     steps: dict[str, int]
     eval_every: int | None  # None: the configs' own
     eval_n: int
     bpe_vocab: int = 512
+    n_slice: int | None = None  # the reward study's four-number problems (null: n_train)
+    # minutes measured on the reference machine (2 cores, 2 threads, 2 lanes): the teacher's
+    # training and one seed's students' stages, for the estimate printed before a run
+    minutes: dict[str, Any] | None = None  # teacher, seed (floats), machine (text)
 
 
 @dataclass(frozen=True)
@@ -73,11 +78,29 @@ class Writes:
 
 
 @dataclass(frozen=True)
+class Analysis:
+    """The analysis stated before the runs: how many seeds are reported (none added after the
+    results are seen), the seed and learning-rate grid of the tuning runs (scored on dev), and
+    the test: each distilled student against each of its equal-compute controls, paired by
+    seed, two-sided paired t, Holm-adjusted over every comparison; a win is an adjusted p below
+    `alpha` with a positive mean lead."""
+
+    seeds: int
+    tune_seed: int
+    lr_grid: tuple[float, ...]
+    alpha: float = 0.05
+    correction: str = "holm"
+
+
+@dataclass(frozen=True)
 class Manifest:
     students: dict[str, Student]
     runs: list[Run]
     presets: dict[str, Preset]
     writes: Writes | None = None
+    analysis: Analysis | None = None
+    # a study's paired comparisons: (run, other run) keys, the first's lead over the second
+    comparisons: tuple[tuple[str, str], ...] = ()
 
 
 @cache
@@ -102,10 +125,32 @@ def manifest(path: str | Path = MANIFEST) -> Manifest:
         name: _preset(name, p, problems) for name, p in _section(raw, "presets", problems).items()
     }
     writes = _writes(raw.get("writes"), presets, problems)
+    analysis = _analysis(raw.get("analysis"), problems)
+    comparisons = tuple(tuple(c) for c in raw.get("comparisons") or ())
+    keys = {r.key for r in runs}
+    for c in comparisons:
+        if len(c) != 2 or not set(c) <= keys:
+            problems.append(f"comparisons: {list(c)} must name two runs of {sorted(keys)}")
     _cross_check(students, runs, presets, problems)
     if problems:
         raise ConfigError(f"{path}: " + "; ".join(problems))
-    return Manifest(students, runs, presets, writes)
+    return Manifest(students, runs, presets, writes, analysis, comparisons)
+
+
+def _analysis(raw: Any, problems: list[str]) -> Analysis | None:
+    if raw is None:
+        return None
+    try:
+        a = Analysis(**{**raw, "lr_grid": tuple(float(x) for x in raw["lr_grid"])})
+    except (TypeError, KeyError, ValueError) as exc:
+        problems.append(f"analysis: {exc} (needs seeds, tune_seed, lr_grid; alpha, correction)")
+        return None
+    if a.correction != "holm" or not 0 < a.alpha < 1 or a.seeds < 2 or not a.lr_grid:
+        problems.append(
+            f"analysis: correction must be holm, 0 < alpha < 1, seeds >= 2 and lr_grid not "
+            f"empty, got {a}"
+        )
+    return a
 
 
 def _writes(raw: Any, presets: dict[str, Preset], problems: list[str]) -> Writes | None:
@@ -154,7 +199,7 @@ def _preset(name: str, raw: Any, problems: list[str]) -> Preset:
         preset = Preset(**raw)
     except TypeError as exc:
         problems.append(f"preset {name}: {exc}")
-        return Preset(0, 0, 0, (0, 0, 0, 0), (0, 0, 0, 0), {}, None, 0)
+        return Preset(0, 0, 0, 0, (0, 0, 0, 0), (0, 0, 0, 0), {}, None, 0)
     preset = Preset(**{**raw, "teacher": tuple(raw["teacher"]), "student": tuple(raw["student"])})
     bad = {k: v for k, v in preset.steps.items() if not isinstance(v, int) or v <= 0}
     if bad or not {"teacher", "start"} <= set(preset.steps):

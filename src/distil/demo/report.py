@@ -17,6 +17,7 @@ from distil.demo.run import TEACHER_SUMMARY, DemoRun, last_metrics
 from distil.demo.summary import (
     MATCH_NOTE,
     aggregate,
+    analysis_note,
     leads_table,
     matches,
     paired_leads,
@@ -188,7 +189,8 @@ def header(run: DemoRun) -> str:
 
 LEADS_HEAD = (
     "Paired lead of each distilled student over each of its equal-cost controls (same seed; "
-    "accuracy points on the held-out problems; 95% interval: Student's t with N-1 dof)"
+    "accuracy points on the test problems; 95% interval and two-sided p: Student's t with N-1 "
+    "dof; p (Holm): adjusted over every comparison of the table)"
 )
 
 
@@ -203,7 +205,8 @@ def write_outputs(runs: list[DemoRun], results: list[list]) -> dict[str, Any]:
         md = seeds_table(agg)
     leads = paired_leads(run, per_seed)
     head = header(run)
-    text = f"{md}\n\n{LEADS_HEAD}:\n\n{leads_table(leads)}"
+    note = analysis_note(run)
+    text = f"{md}\n\n{LEADS_HEAD}" + (f"; {note}" if note else "") + f":\n\n{leads_table(leads)}"
     verdicts = [
         (f"{seeded.tag}{r.name}", r.summary)
         for seeded, seed_results in zip(runs, results, strict=True)

@@ -9,6 +9,7 @@ import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -62,15 +63,21 @@ class DemoRun:
         return replace(self, seed=seed)
 
     @property
+    def several(self) -> bool:
+        """Whether this seed is one of several, or not seed 0 (the tuning seed): its own
+        directory, tag and train.seed."""
+        return self.n_seeds > 1 or self.seed != 0
+
+    @property
     def seed_dir(self) -> Path:
-        """Where a seed's students and runs go: --out itself for one seed (the layout of a
-        single-seed demo), --out/seed<k> for several."""
-        return self.out if self.n_seeds == 1 else self.out / f"seed{self.seed}"
+        """Where a seed's students and runs go: --out itself for the single-seed demo (seed 0),
+        --out/seed<k> otherwise."""
+        return self.out / f"seed{self.seed}" if self.several else self.out
 
     @property
     def tag(self) -> str:
         """'seed k: ' before a stage's name when there are several seeds."""
-        return "" if self.n_seeds == 1 else f"seed {self.seed}: "
+        return f"seed {self.seed}: " if self.several else ""
 
     @property
     def paths(self) -> dict[str, Path]:
@@ -102,6 +109,39 @@ class _Timed:
 def default_cache_dir() -> Path:
     root = os.environ.get("DISTIL_CACHE") or Path.home() / ".cache" / "distil"
     return Path(root) / "demo"
+
+
+@cache
+def code_version() -> str:
+    """A hash of distil's own code and package data (every file of the installed package), so
+    a cached teacher or a finished stage is reused only by the code that made it."""
+    import distil
+
+    root = Path(distil.__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if (
+            path.is_file()
+            and path.suffix in (".py", ".yaml", ".json")
+            and "__pycache__" not in path.parts
+        ):
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def content_hash(path: Path) -> str | None:
+    """sha256 of a file, or of a directory's model files (config, weights, tokenizer); None
+    when `path` does not exist."""
+    path = Path(path)
+    if path.is_file():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    if not path.is_dir():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(path.iterdir()):
+        if f.is_file() and (f.suffix in (".safetensors", ".json") or f.name == "tokenizer.json"):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
 
 
 def settings_key(*parts: Any) -> str:

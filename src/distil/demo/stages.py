@@ -5,7 +5,6 @@ command."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -14,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from distil.demo.presets import CONFIG_DIR, DEMO_ROOT, Run, Writes, budget_steps
-from distil.demo.run import TEACHER_SUMMARY, DemoRun, copy_tree, last_metrics, settings_key
+from distil.demo.records import STAGE_RECORD, finished, mark_finished
+from distil.demo.run import DemoRun, copy_tree, last_metrics
 from distil.files import atomic_write
 from distil.progress import console
 
@@ -22,31 +22,29 @@ SEED = 0
 # seed k of `--seeds N`: a student's init seed is its demo.yaml seed + SEED_STRIDE * k (seed 0:
 # today's single-seed demo), and train.seed (data order, sampling) is k
 SEED_STRIDE = 100
-# config keys holding paths that the demo moves under its --out directory
-PATH_KEYS = ("data.train", "student.path", "teacher.path", "train.output_dir", "eval.data")
 
 
-def moved_paths(run: DemoRun, config: str) -> dict[str, Any]:
-    """The config's `runs/demo/...` paths as overrides under `run.out`."""
-    raw = _config(config)
-    out = {}
-    for key in PATH_KEYS:
-        section, name = key.split(".")
-        value = (raw.get(section) or {}).get(name)
-        if isinstance(value, str) and value.startswith(DEMO_ROOT + "/"):
-            out[key] = moved(run, value)
+def moved_paths(run: DemoRun, raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every `runs/demo/...` string of a config (nested sections too: teachers.models.x.path)
+    or of a dict of dotted overrides, as a dotted override under the run's output directory."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(moved_paths(run, value, dotted + "."))
+        elif isinstance(value, str) and value.startswith(DEMO_ROOT + "/"):
+            out[dotted] = moved(run, value)
     return out
 
 
 def demo_path(run: DemoRun, rel: str) -> Path:
     """A config's path under `runs/demo/` (given without that root) in this run: data,
-    tokenizers and the teacher shared by the seeds, the students' models and runs in the
-    seed's directory."""
+    tokenizers and the teachers (models/teacher*, runs/teacher*) shared by the seeds, the
+    students' models and runs in the seed's directory."""
     head, _, rest = rel.partition("/")
-    first, _, tail = rest.partition("/")
-    if head in ("models", "runs") and first == "teacher":
-        base = run.paths["teacher" if head == "models" else "teacher_run"]
-        return base / tail if tail else base
+    first = rest.partition("/")[0]
+    if head in ("models", "runs") and first.startswith("teacher"):
+        return run.out / head / rest
     return run.paths[head] / rest if head in run.paths else run.seed_dir / rel
 
 
@@ -77,7 +75,7 @@ def train_stage(run: DemoRun, config: str, overrides: dict[str, Any]) -> dict[st
     from distil.config import load_config
     from distil.train.loop import train
 
-    values = {**moved_paths(run, config), **overrides}
+    values = {**moved_paths(run, _config(config)), **overrides}
     if "train.max_steps" in values:
         warmup = scaled_warmup(_config(config).get("train", {}), values["train.max_steps"])
         if warmup is not None:
@@ -97,34 +95,6 @@ def train_stage(run: DemoRun, config: str, overrides: dict[str, Any]) -> dict[st
     return metrics
 
 
-STAGE_RECORD = "demo_stage.json"  # what a finished stage ran: its command and config's sha256
-
-
-def _record(command: str, config: Path) -> dict[str, str]:
-    return {"command": command, "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest()}
-
-
-def finished(run: DemoRun, out: Path, command: str, config: Path) -> bool:
-    """With --resume: whether `out` holds a stage that finished running exactly `command` with
-    this config text (then it is reused and says so)."""
-    record = out / STAGE_RECORD
-    if not (run.resume and record.is_file()):
-        return False
-    if json.loads(record.read_text()) != _record(command, config):
-        return False
-    note = f"reusing the finished stage in {out} (--resume)"
-    console.print(f"[dim]{note}[/dim]")
-    if run.stages:  # the stage running it (in a lane: what the demo prints when it ends)
-        run.stages[-1].note = note
-    return True
-
-
-def mark_finished(out: Path, command: str, config: Path) -> None:
-    """Record a finished stage in `out` (written last, atomically: a killed stage has none)."""
-    text = json.dumps(_record(command, config)) + "\n"
-    atomic_write(out / STAGE_RECORD, lambda tmp: Path(tmp).write_text(text))
-
-
 # ----------------------------------------------------------------------------- data
 
 
@@ -134,13 +104,15 @@ def make_data(run: DemoRun) -> None:
     p = run.preset
     data = run.paths["data"]
     with run.timed("Countdown data") as stage:
-        wanted = {"n": p.n_train, "test_n": p.n_test, "n_labelled": p.n_labelled, "seed": SEED}
+        wanted = {"n": p.n_train, "test_n": p.n_test, "dev_n": p.n_dev,
+                  "n_labelled": p.n_labelled, "seed": SEED}  # fmt: skip
         meta = data / "demo.json"
         if not (meta.exists() and json.loads(meta.read_text()) == wanted):
             generate_dataset(
                 data,
                 n=p.n_train,
                 test_n=p.n_test,
+                dev_n=p.n_dev,
                 numbers=(3,),
                 seed=SEED,
                 template="countdown_plain",
@@ -154,11 +126,12 @@ def make_data(run: DemoRun) -> None:
             _write_jsonl(data / "prompts.jsonl", prompts)
             meta.write_text(json.dumps(wanted))
         run.commands.append(
-            f"distil countdown generate --n {p.n_train} --test-n {p.n_test} "
+            f"distil countdown generate --n {p.n_train} --test-n {p.n_test} --dev-n {p.n_dev} "
             f"--numbers 3 --template countdown_plain --seed {SEED} --out {data}"
         )
         stage.note = (
-            f"{p.n_train} train ({p.n_labelled} labelled, the rest prompts only), {p.n_test} test"
+            f"{p.n_train} train ({p.n_labelled} labelled, the rest prompts only), {p.n_dev} dev, "
+            f"{p.n_test} test"
         )
         console.print(stage.note)
 
@@ -222,61 +195,6 @@ def _init(
     )
     console.print(f"{path.name}: {n / 1e6:.2f}M parameters")
     return path
-
-
-def _teacher_cache_key(run: DemoRun) -> str:
-    p = run.preset
-    tokenizer = (run.paths["tokenizers"] / "bpe" / "tokenizer.json").read_bytes()
-    return settings_key(
-        p.teacher,
-        p.steps["teacher"],
-        SEED,
-        run.threads,  # results are exact for a machine and thread count
-        (CONFIG_DIR / "teacher.yaml").read_text(),
-        hashlib.sha256(tokenizer).hexdigest(),
-    )
-
-
-def train_teacher(run: DemoRun) -> None:
-    p = run.preset
-    teacher, teacher_run = run.paths["teacher"], run.paths["teacher_run"]
-    steps = p.steps["teacher"]
-    cached = run.cache_dir / f"teacher-{_teacher_cache_key(run)}-{steps}steps"
-    with run.timed(f"teacher ({steps} steps)") as stage:
-        if use_cached_teacher(cached, teacher, stage):
-            return
-        init = _init(run, "bpe", teacher.parent / "teacher_init", p.teacher, SEED)
-        train_stage(
-            run,
-            "teacher",
-            {
-                "data.train": run.paths["data"] / "train.jsonl",
-                "student.path": init,
-                "train.output_dir": teacher_run,
-                "train.max_steps": steps,
-            },
-        )
-        keep_teacher(run, teacher_run, teacher, cached, stage)
-
-
-def use_cached_teacher(cached: Path, final: Path, stage) -> bool:
-    """Copy a trained teacher from the cache to `final` when the cache holds it."""
-    if not (cached / TEACHER_SUMMARY).exists():
-        return False
-    copy_tree(cached, final)
-    stage.note = f"cached: {cached}"
-    console.print(f"using the cached teacher {cached} (delete it to retrain)")
-    return True
-
-
-def keep_teacher(run: DemoRun, out: Path, final: Path, cached: Path, stage) -> None:
-    """A teacher just trained in `out`: its summary next to its weights, copied to `final` and
-    to the cache."""
-    (out / "final" / TEACHER_SUMMARY).write_text(json.dumps(last_metrics(out)) + "\n")
-    copy_tree(out / "final", final)
-    run.cache_dir.mkdir(parents=True, exist_ok=True)
-    copy_tree(out / "final", cached)
-    stage.note = f"trained; cached as {cached}"
 
 
 def start_students(run: DemoRun) -> None:
@@ -367,7 +285,8 @@ def teacher_writes(run: DemoRun, w: Writes) -> None:
             demo_path(run, "written/prompts.jsonl"),
             demo_path(run, "written/teacher.jsonl"),
         )
-        items = [f"{k}={v}" for k, v in {**moved_paths(run, w.config), **_seed(run)}.items()]
+        values = {**moved_paths(run, _config(w.config)), **_seed(run)}
+        items = [f"{k}={v}" for k, v in values.items()]
         path = CONFIG_DIR / f"{w.config}.yaml"
         command = f"distil generate {path} {' '.join(items)} --out {out} --batch-size {WRITE_BATCH}"
         run.commands.append(command)
@@ -406,13 +325,13 @@ def _run_overrides(run: DemoRun, r: Run) -> dict[str, Any]:
     }
     if p.eval_every is not None:
         out["train.eval_every"] = p.eval_every
-    return {**out, **_seed(run), **r.overrides}
+    return {**out, **_seed(run), **r.overrides, **moved_paths(run, r.overrides)}
 
 
 def _seed(run: DemoRun) -> dict[str, Any]:
     """train.seed (data order, sampling, the lambda draws) of a seed of several; nothing for a
     single-seed demo (the configs' own seed, 0)."""
-    return {"train.seed": run.seed} if run.n_seeds > 1 else {}
+    return {"train.seed": run.seed} if run.several else {}
 
 
 # ----------------------------------------------------------------------------- report

@@ -1,7 +1,8 @@
 """The demo's statistics over seeds: mean and standard deviation per row, the paired
 difference of a distilled student to a control of the same seed with its 95% confidence
-interval (Student's t, N-1 degrees of freedom), and the student compute at which a distilled
-student's curve first reaches an accuracy (compute to match). Pure functions, no scipy."""
+interval and two-sided p-value (Student's t, N-1 degrees of freedom), Holm's correction of
+several such p-values, and the student compute at which a distilled student's curve first
+reaches an accuracy (compute to match). Pure functions, no scipy."""
 
 from __future__ import annotations
 
@@ -65,6 +66,15 @@ class Paired:
         return self.low > 0 or self.high < 0
 
     @property
+    def p_value(self) -> float | None:
+        """Two-sided p of the paired t test of mean 0 (None for one seed)."""
+        if self.sd is None:
+            return None
+        if self.sd == 0:
+            return 1.0 if self.mean == 0 else 0.0
+        return t_two_sided_p(self.mean / (self.sd / math.sqrt(self.n)), self.n - 1)
+
+    @property
     def verdict(self) -> str:
         if self.significant is None:
             return "one seed: no interval"
@@ -106,3 +116,62 @@ def match_ratio(control_compute: float, distilled_compute: float | None) -> floa
     if distilled_compute <= 0:
         return math.inf
     return control_compute / distilled_compute
+
+
+def t_two_sided_p(t: float, dof: int) -> float:
+    """P(|T| >= |t|) for Student's t with `dof` degrees of freedom: the regularized incomplete
+    beta I_x(dof/2, 1/2) at x = dof / (dof + t^2)."""
+    if dof < 1:
+        raise ValueError(f"a t test needs at least 1 degree of freedom, got {dof}")
+    return incomplete_beta(dof / (dof + t * t), dof / 2, 0.5)
+
+
+def incomplete_beta(x: float, a: float, b: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (modified
+    Lentz), on the side of x where it converges fast (I_x(a, b) = 1 - I_{1-x}(b, a))."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"incomplete_beta needs 0 <= x <= 1, got {x}")
+    if x in (0.0, 1.0):
+        return x
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+        + a * math.log(x) + b * math.log1p(-x)
+    )  # fmt: skip
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - incomplete_beta(1.0 - x, b, a)
+    return math.exp(log_front) * _beta_fraction(x, a, b) / a
+
+
+def _beta_fraction(x: float, a: float, b: float, eps: float = 1e-15) -> float:
+    # 1 / (1 + d1 / (1 + d2 / (1 + ...))), d_{2m+1} = -(a+m)(a+b+m) x / ((a+2m)(a+2m+1)),
+    # d_{2m} = m (b-m) x / ((a+2m-1)(a+2m))
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= c * d
+        if abs(c * d - 1.0) < eps:
+            break
+    return h
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error rate): sorted ascending, the i-th
+    smallest (from 0) times (m - i), made monotone, capped at 1; returned in the input order."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted

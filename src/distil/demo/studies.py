@@ -1,5 +1,6 @@
-"""`distil demo --study NAME`: the two CPU studies (several teachers; self-distillation), on the demo's machinery (its
-data, tokenizers, students' starts and `distil train` stages), outside the default demo.
+"""`distil demo --study NAME`: the CPU studies (several teachers; self-distillation; a task's
+reward with the teacher), on the demo's machinery (its data, tokenizers, students' starts and
+`distil train` stages), outside the default demo.
 
 - `multi-teacher` (configs/study_multi_teacher.yaml): Countdown in two slices, three-number and
   four-number problems; one teacher trained on each slice; the bpe student's supervised start
@@ -11,6 +12,12 @@ data, tokenizers, students' starts and `distil train` stages), outside the defau
   teacher (`teacher.from_student: initial`, its frozen starting weights) given the row's
   reference answer (privileged context) or worked examples as a system prompt (context distillation), against its start
   and continued SFT on the same labelled problems at equal student compute.
+- `reward` (configs/study_reward.yaml): GRPO alone, on-policy distillation alone and both in
+  one update, for the bpe student (same tokenizer as the teacher) and the char student (across
+  tokenizers), every arm at the distillation arm's student compute; on the demo's
+  three-number problems with the demo's teacher, and on four-number problems with a
+  four-number teacher (the multi-teacher study's recipe: a weak teacher). The students start
+  from labelled problems of both slices (`reward_data`).
 
 Each study is a manifest in demo.yaml's format (students, runs, presets: `smoke` for tests,
 `full` for numbers); its runs are ordinary configs in configs/ whose `runs/demo/` paths, also
@@ -20,19 +27,22 @@ study_report.py (imports point one way: studies -> study_report).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
-from distil.demo import stages
-from distil.demo.presets import CONFIG_DIR, DEMO_ROOT, Manifest, Run, manifest
-from distil.demo.run import DemoRun, settings_key
+from distil.demo import stages, teachers
+from distil.demo.presets import CONFIG_DIR, Manifest, manifest
+from distil.demo.run import DemoRun, code_version, content_hash, settings_key
 from distil.demo.study_report import SLICE_COLUMN, SLICES, report
 from distil.errors import ConfigError
 from distil.progress import console
 
-STUDIES = {"multi-teacher": "study_multi_teacher", "self-distill": "study_self_distill"}
+STUDIES = {
+    "multi-teacher": "study_multi_teacher",
+    "self-distill": "study_self_distill",
+    "reward": "study_reward",
+}
 
 
 def study_manifest(name: str) -> Manifest:
@@ -49,10 +59,18 @@ def run_study(
     threads: int = 2,
     cache_dir: str | Path | None = None,
     command: str = "",
+    seeds: int = 1,
+    lanes: int = 1,
+    resume: bool = False,
+    tune: bool = False,
 ) -> dict[str, Any]:
-    """Run one study end to end; returns its results (also out/results.{md,json})."""
+    """Run one study end to end on seeds 0..seeds-1 (the teachers trained once, the students'
+    starts and runs per seed, in `lanes` worker processes); returns its results (also
+    out/results.{md,json}). `tune`: instead, every run at each lr of the manifest's
+    analysis.lr_grid on its tuning seed, scored on each run's dev split (tune.py)."""
     import torch
 
+    from distil.demo import lanes as lanes_
     from distil.demo.run import default_cache_dir
 
     m = study_manifest(name)
@@ -63,20 +81,34 @@ def run_study(
         )
     torch.set_num_threads(threads)
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    run = DemoRun(Path(out), preset, m.presets[preset], m, threads, cache, command=command)
+    run = DemoRun(Path(out), preset, m.presets[preset], m, threads, cache, command=command,
+                  n_seeds=seeds, lanes=lanes, resume=resume)  # fmt: skip
     run.out.mkdir(parents=True, exist_ok=True)
     if name == "multi-teacher":
         make_slices(run)
         stages.make_tokenizers(run)
         for slice_name in SLICES:
             train_slice_teacher(run, slice_name)
+        train_general_teacher(run)
+    elif name == "reward":
+        reward_data(run)
+        stages.make_tokenizers(run)
+        teachers.train_teacher(run)  # three numbers: the demo's teacher (its cache)
+        train_slice_teacher(run, "four")  # four numbers: as the multi-teacher study's
     else:
         stages.make_data(run)
         stages.make_tokenizers(run)
+        teachers.train_teacher(run)  # the positive control's: the demo's teacher
         context_start_data(run)
-    stages.start_students(run)
-    run_all(run)
-    return report(name, run)
+    if tune:
+        from distil.demo.tune import run_tuning
+
+        if m.analysis is None:
+            raise ConfigError(f"--tune: the {name} study states no analysis.lr_grid to tune over")
+        return run_tuning(run, prepared=True)
+    seeded = [run.for_seed(k) for k in range(seeds)]
+    lanes_.run_seeds(seeded)
+    return report(name, seeded)
 
 
 # ----------------------------------------------------------------------------- data
@@ -91,42 +123,77 @@ def _interleave(*parts: list[dict]) -> list[dict]:
 
 
 def make_slices(run: DemoRun) -> None:
-    """Per slice its train and test split (data/<slice>/); for the student, the two slices'
+    """Per slice its train, dev and test split (data/<slice>/); for the student, the two slices'
     rows interleaved and tagged with `slice`: labelled.jsonl (n_labelled, half from each,
-    with answers), prompts.jsonl (the other train rows, prompts only), test.jsonl (both test
-    splits); train.jsonl (both train splits) is the tokenizers' corpus."""
+    with answers), prompts.jsonl (the other train rows, prompts only), dev.jsonl and test.jsonl
+    (both slices' dev and test splits); train.jsonl (both train splits) is the tokenizers'
+    corpus and the generalist teacher's data."""
     from distil.tasks.countdown import generate_dataset, read_rows
 
     p, data = run.preset, run.paths["data"]
     with run.timed("Countdown data: one slice per number count") as stage:
-        wanted = {"n": p.n_train, "test_n": p.n_test, "n_labelled": p.n_labelled,
-                  "slices": SLICES, "seed": stages.SEED}  # fmt: skip
+        wanted = {"n": p.n_train, "test_n": p.n_test, "dev_n": p.n_dev,
+                  "n_labelled": p.n_labelled, "slices": SLICES, "seed": stages.SEED}  # fmt: skip
         meta = data / "study.json"
         if not (meta.exists() and json.loads(meta.read_text()) == wanted):
             parts: dict[str, dict[str, list[dict]]] = {}
             half = p.n_labelled // len(SLICES)
             for name, k in SLICES.items():
                 seed = stages.SEED + k
-                generate_dataset(data / name, n=p.n_train, test_n=p.n_test, numbers=(k,),
-                                 seed=seed, template="countdown_plain")  # fmt: skip
-                rows = [{**r, SLICE_COLUMN: name} for r in read_rows(data / name / "train.jsonl")]
-                test = [{**r, SLICE_COLUMN: name} for r in read_rows(data / name / "test.jsonl")]
+                generate_dataset(data / name, n=p.n_train, test_n=p.n_test, dev_n=p.n_dev,
+                                 numbers=(k,), seed=seed, template="countdown_plain")  # fmt: skip
+                split = {s: [{**r, SLICE_COLUMN: name} for r in read_rows(data / name / f"{s}.jsonl")]
+                         for s in ("train", "dev", "test")}  # fmt: skip
+                rows = split["train"]
                 keep = ("nums", "target", "prompt", SLICE_COLUMN)
                 prompts = [{c: r[c] for c in keep} for r in rows[half:]]
-                parts[name] = {"train": rows, "labelled": rows[:half], "prompts": prompts,
-                               "test": test}  # fmt: skip
+                parts[name] = {**split, "labelled": rows[:half], "prompts": prompts}
                 run.commands.append(
-                    f"distil countdown generate --n {p.n_train} --test-n {p.n_test} --numbers "
-                    f"{k} --template countdown_plain --seed {seed} --out {data / name}"
+                    f"distil countdown generate --n {p.n_train} --test-n {p.n_test} --dev-n "
+                    f"{p.n_dev} --numbers {k} --template countdown_plain --seed {seed} --out "
+                    f"{data / name}"
                 )
-            for split in ("train", "labelled", "prompts", "test"):
+            for split in ("train", "labelled", "prompts", "dev", "test"):
                 rows = _interleave(*(parts[n][split] for n in SLICES))
                 stages._write_jsonl(data / f"{split}.jsonl", rows)
             meta.write_text(json.dumps(wanted))
         stage.note = (
             f"{' and '.join(f'{k}-number' for k in SLICES.values())} problems: {p.n_train} "
-            f"train and {p.n_test} test each; {p.n_labelled} labelled ({SLICE_COLUMN} column)"
+            f"train, {p.n_dev} dev and {p.n_test} test each; {p.n_labelled} labelled "
+            f"({SLICE_COLUMN} column)"
         )
+        console.print(stage.note)
+
+
+def reward_data(run: DemoRun) -> None:
+    """The reward study's data: the demo's three-number problems (stages.make_data, which the
+    demo's teacher reads), four-number problems under data/four/ (train: its teacher's; the
+    rows after the labelled ones as prompts.jsonl; dev; test) and labelled_mix.jsonl, the
+    students' start: n_labelled labelled problems, half from each slice, interleaved."""
+    from distil.tasks.countdown import generate_dataset, read_rows
+
+    stages.make_data(run)
+    p, data = run.preset, run.paths["data"]
+    four, n, half, seed = data / "four", p.n_slice or p.n_train, p.n_labelled // 2, stages.SEED + 4
+    with run.timed("four-number problems; the students' labelled mix of both slices") as stage:
+        wanted = {"n": n, "test_n": p.n_test, "dev_n": p.n_dev, "n_labelled": p.n_labelled,
+                  "seed": seed, "three": content_hash(data / "labelled.jsonl")}  # fmt: skip
+        meta = four / "study.json"
+        if not (meta.exists() and json.loads(meta.read_text()) == wanted):
+            generate_dataset(four, n=n, test_n=p.n_test, dev_n=p.n_dev, numbers=(4,),
+                             seed=seed, template="countdown_plain")  # fmt: skip
+            rows = read_rows(four / "train.jsonl")
+            prompts = [{k: r[k] for k in ("nums", "target", "prompt")} for r in rows[half:]]
+            stages._write_jsonl(four / "prompts.jsonl", prompts)
+            three = read_rows(data / "labelled.jsonl")[:half]
+            stages._write_jsonl(data / "labelled_mix.jsonl", _interleave(three, rows[:half]))
+            meta.write_text(json.dumps(wanted))
+        run.commands.append(
+            f"distil countdown generate --n {n} --test-n {p.n_test} --dev-n {p.n_dev} --numbers "
+            f"4 --template countdown_plain --seed {seed} --out {four}"
+        )
+        stage.note = (f"{n} four-number problems ({n - half} prompts), {p.n_dev} dev, {p.n_test} "
+                      f"test; {2 * half} labelled (half of each slice)")  # fmt: skip
         console.print(stage.note)
 
 
@@ -161,58 +228,36 @@ def context_start_data(run: DemoRun) -> None:
 def train_slice_teacher(run: DemoRun, name: str) -> None:
     """One slice's teacher: the demo's teacher config on that slice's problems only, cached by
     its settings as the demo's teacher is."""
+    data = run.paths["data"] / name
+    _study_teacher(run, f"teacher_{name}", f"the {name}-number slice", data / "train.jsonl",
+                   data / "dev.jsonl", run.preset.steps["teacher"], stages.SEED + SLICES[name])  # fmt: skip
+
+
+def train_general_teacher(run: DemoRun) -> None:
+    """The generalist: the demo's teacher config on both slices' problems (interleaved), with
+    the specialists' total budget (steps.general), the alternative to routing."""
+    data = run.paths["data"]
+    _study_teacher(run, "teacher_general", "both slices (generalist)", data / "train.jsonl",
+                   data / "dev.jsonl", run.preset.steps["general"], stages.SEED)  # fmt: skip
+
+
+def _study_teacher(run: DemoRun, name: str, what: str, train: Path, dev: Path, steps: int,
+                   seed: int) -> None:  # fmt: skip
+    """A study's teacher `name` (models/<name>, shared by the seeds) trained on `train` from a
+    `seed` init, cached by everything that determines it."""
     p = run.preset
-    steps = p.steps["teacher"]
-    final = run.paths["models"] / f"teacher_{name}"
-    tokenizer = (run.paths["tokenizers"] / "bpe" / "tokenizer.json").read_bytes()
-    key = settings_key(p.teacher, steps, stages.SEED, run.threads, p.n_train, SLICES[name],
-                       (CONFIG_DIR / "teacher.yaml").read_text(),
-                       hashlib.sha256(tokenizer).hexdigest())  # fmt: skip
-    cached = run.cache_dir / f"teacher-{name}-{key}-{steps}steps"
-    with run.timed(f"teacher of the {name}-number slice ({steps} steps)") as stage:
-        if stages.use_cached_teacher(cached, final, stage):
+    final = run.out / "models" / name
+    tokenizer = run.paths["tokenizers"] / "bpe" / "tokenizer.json"
+    key = settings_key(p.teacher, steps, seed, run.threads, p.n_train, name,
+                       (CONFIG_DIR / "teacher.yaml").read_text(), content_hash(tokenizer),
+                       content_hash(train), content_hash(dev), code_version())  # fmt: skip
+    cached = run.cache_dir / f"{name}-{key}-{steps}steps"
+    with run.timed(f"teacher of {what} ({steps} steps)") as stage:
+        if teachers.use_cached_teacher(cached, final, stage):
             return
-        init = stages._init(run, "bpe", run.paths["models"] / f"teacher_{name}_init", p.teacher,
-                            stages.SEED + SLICES[name])  # fmt: skip
-        out = run.paths["runs"] / f"teacher_{name}"
-        stages.train_stage(run, "teacher", {
-            "data.train": run.paths["data"] / name / "train.jsonl",
-            "eval.data": run.paths["data"] / name / "test.jsonl",
-            "student.path": init,
-            "train.output_dir": out,
-            "train.max_steps": steps,
-        })  # fmt: skip
-        stages.keep_teacher(run, out, final, cached, stage)
-
-
-# ----------------------------------------------------------------------------- runs
-
-
-def nested_paths(run: DemoRun, raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Every `runs/demo/...` string of a config (nested sections too: teachers.models.x.path)
-    as a dotted override under the run's output directory."""
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(nested_paths(run, value, dotted + "."))
-        elif isinstance(value, str) and value.startswith(DEMO_ROOT + "/"):
-            out[dotted] = stages.moved(run, value)
-    return out
-
-
-def run_all(run: DemoRun) -> None:
-    """The study's runs in order (a control after the run whose compute it matches)."""
-    for r in run.manifest.runs:
-        budget = stages._budget(run, r)
-        with run.timed(f"{r.student} student: {r.label} ({stages._describe(budget)})"):
-            stages.train_stage(run, r.config, run_values(run, r, budget))
-
-
-def run_values(run: DemoRun, r: Run, budget: dict[str, Any]) -> dict[str, Any]:
-    """The overrides of one run: its config's paths moved, the demo's per-run values, its own
-    overrides (paths in them moved too) and its budget."""
-    moved = nested_paths(run, stages._config(r.config))
-    own = stages._run_overrides(run, r)
-    own.update(nested_paths(run, r.overrides))
-    return {**moved, **own, **budget}
+        init = stages._init(run, "bpe", run.out / "models" / f"{name}_init", p.teacher, seed)
+        out = run.out / "runs" / name
+        stages.train_stage(run, "teacher", {"data.train": train, "eval.data": dev,
+                                            "student.path": init, "train.output_dir": out,
+                                            "train.max_steps": steps})  # fmt: skip
+        teachers.keep_teacher(run, out, final, cached, stage)

@@ -1,10 +1,16 @@
 """The tables of `distil demo --study NAME` (studies.py): every model through the Countdown
-checker on each held-out split the study names, with the optimizer steps and the student
-compute of the run that made it; Markdown and JSON under --out.
+checker on each test split the study names, over its seeds (mean ± sd, each seed's), with the
+optimizer steps and the student compute of the run that made it; the study's comparisons as
+paired leads (95% t interval, two-sided p, Holm over all of them); Markdown and JSON under
+--out.
 
 - multi-teacher: accuracy on the three-number test split, the four-number one and their mix
-  (all problems of both; the slices have equally many), teachers first.
-- self-distill: accuracy on the demo's held-out (three-number) problems.
+  (all problems of both; the slices have equally many), teachers first; leads on the mix.
+- self-distill: accuracy on the demo's test problems; the privileged teacher (the frozen start
+  reading the reference solution in its context) scored as the self-distilled arms' teacher
+  sees each problem; the demo's teacher (the positive control's).
+- reward: accuracy on the three-number and the four-number test split, teachers first; each
+  comparison on the test split of the slice its runs trained on; curves.png (study_plot.py).
 """
 
 from __future__ import annotations
@@ -18,14 +24,17 @@ from typing import Any
 from distil.demo.report import COST_NOTE, machine, training_summary
 from distil.demo.report import Row as _ReportRow
 from distil.demo.run import DemoRun
-from distil.demo.summary import run_label, start_label
+from distil.demo.stats import holm, mean_sd, paired
+from distil.demo.summary import leads_table, run_label, start_label
 from distil.progress import console
+from distil.tasks.countdown import Countdown
 
 # the multi-teacher study's slices: name -> numbers per problem (the teacher of each, the
 # `slice` column the student's rows are routed by)
 SLICES = {"three": 3, "four": 4}
 SLICE_COLUMN = "slice"
 MAX_NEW_TOKENS = 40  # a four-number answer in the bpe tokens is under 20
+PRIVILEGED = "teacher: the frozen start, the reference solution in its context"
 
 
 @dataclass(frozen=True)
@@ -33,16 +42,31 @@ class Row:
     label: str
     model: Path
     metrics: Path  # the run that made it (its metrics.jsonl), or a teacher's final dir
+    context: str | None = None  # a teacher's context template its prompts are shown with
 
 
 def rows(name: str, run: DemoRun) -> list[Row]:
-    """Teachers (multi-teacher), then the student's start and each run, in manifest order."""
-    p = run.paths
+    """Teachers (shared by the seeds), then the student's start and each run, in manifest
+    order (the seed's)."""
+    p, shared = run.paths, run.out / "models"
     out = []
     if name == "multi-teacher":
-        for s, k in SLICES.items():
-            out.append(Row(f"teacher ({k}-number slice)", p["models"] / f"teacher_{s}",
-                           p["models"] / f"teacher_{s}"))  # fmt: skip
+        for s, k in [*SLICES.items(), ("general", "both")]:
+            label = f"teacher ({k}-number slice)" if s in SLICES else "teacher (generalist)"
+            out.append(Row(label, shared / f"teacher_{s}", shared / f"teacher_{s}"))
+    elif name == "reward":
+        out.append(Row("teacher (three numbers: the demo's)", p["teacher"], p["teacher"]))
+        four = shared / "teacher_four"
+        out.append(Row("teacher (four numbers)", four, four))
+    else:
+        out.append(Row("teacher (the demo's: the positive control's)", p["teacher"], p["teacher"]))
+        context = next(
+            (t["context"] for r in run.manifest.runs if (t := _teacher(r.config)).get("context")),
+            None,
+        )
+        student = next(iter(run.manifest.students))
+        start = p["models"] / f"student_{student}_start"
+        out.append(Row(PRIVILEGED, start, p["runs"] / f"student_{student}_start", context))
     for student in run.manifest.students:
         out.append(Row(start_label(student), p["models"] / f"student_{student}_start",
                        p["runs"] / f"student_{student}_start"))  # fmt: skip
@@ -53,99 +77,204 @@ def rows(name: str, run: DemoRun) -> list[Row]:
     return out
 
 
+def _teacher(config: str) -> dict[str, Any]:
+    from distil.demo.stages import _config
+
+    return _config(config).get("teacher") or {}
+
+
 def splits(name: str, run: DemoRun) -> dict[str, Path]:
-    """Column name -> the held-out file it is scored on."""
+    """Column name -> the test file it is scored on."""
     data = run.paths["data"]
     if name == "multi-teacher":
         return {f"{k} numbers": data / s / "test.jsonl" for s, k in SLICES.items()}
+    if name == "reward":
+        return {"3 numbers": data / "test.jsonl", "4 numbers": data / "four" / "test.jsonl"}
     return {"Accuracy": data / "test.jsonl"}
 
 
-def evaluate(name: str, run: DemoRun) -> list[dict[str, dict[str, Any]]]:
-    """Per row, per split: the checker's summary (correct, total, accuracy, categories)."""
-    from distil.config import EvalConfig
-    from distil.eval.runner import evaluate_model, load_problems
-    from distil.tasks.countdown import Countdown
+def compared_on(name: str, r) -> str:
+    """The table column a run's comparisons read: the mix (multi-teacher), the slice it trained
+    on (reward: four numbers when its data.train is under data/four/), else the accuracy."""
+    if name == "multi-teacher":
+        return "mix"
+    if name == "reward":
+        train = str(r.overrides.get("data.train", ""))
+        return "4 numbers" if "/four/" in train else "3 numbers"
+    return "Accuracy"
 
-    tasks = {}
-    for col, path in splits(name, run).items():
-        cfg = EvalConfig(data=str(path), n=run.preset.n_test, max_new_tokens=MAX_NEW_TOKENS,
-                         batch_size=128, template="countdown_plain")  # fmt: skip
-        task = Countdown(cfg)
-        tasks[col] = (task, load_problems(task))
+
+def _task(path: Path, n: int, context: str | None):
+    """The Countdown task on `path`; with `context`, each problem shown as a teacher with that
+    privileged context sees it (the template filled from the problem's row)."""
+    from distil.config import EvalConfig
+
+    cfg = EvalConfig(data=str(path), n=n, max_new_tokens=MAX_NEW_TOKENS, batch_size=128,
+                     template="countdown_plain")  # fmt: skip
+    return Countdown(cfg) if context is None else _ContextCountdown(cfg, context)
+
+
+class _ContextCountdown(Countdown):
+    """Countdown whose prompt is the privileged teacher's: `context` filled from each test row
+    (its reference `completion`, the student's `{prompt}`), as training builds it."""
+
+    def __init__(self, cfg, context: str):
+        super().__init__(cfg)
+        self.context = context
+
+    def load(self):
+        from distil.data.context import context_prompt
+        from distil.data.datasets import load_examples
+        from distil.tasks.prompts import countdown_renderer
+
+        problems, info = super().load()
+        render = countdown_renderer(self.cfg.template)
+        examples = load_examples(self.cfg.data, render=render, limit=len(problems))
+        for problem, e in zip(problems, examples, strict=True):
+            problem["shown"] = context_prompt(e, self.context, None)
+        return problems, info
+
+    def messages(self, problem):
+        return problem["shown"]
+
+
+def evaluate(name: str, runs: list[DemoRun]) -> list[list[dict[str, dict[str, Any]]]]:
+    """Per seed, per row, per split: the checker's summary; a model shared by the seeds (a
+    teacher) is scored once."""
+    from distil.eval.runner import evaluate_model, load_problems
+
+    run = runs[0]
+    tasks: dict[tuple[str, str | None], tuple] = {}
+    done: dict[tuple[Path, str | None], dict] = {}
     out = []
-    for row in rows(name, run):
-        scores = {}
-        for col, (task, problems) in tasks.items():
-            r = evaluate_model(str(row.model), task, name=row.label, problems=problems)
-            scores[col] = r.summary
-        console.print(f"{row.label}: " + ", ".join(
-            f"{c} {100 * s['accuracy']:.1f}%" for c, s in scores.items()))  # fmt: skip
-        out.append(scores)
+    for seeded in runs:
+        per_row = []
+        for row in rows(name, seeded):
+            if (row.model, row.context) not in done:
+                scores = {}
+                for col, path in splits(name, run).items():
+                    if (col, row.context) not in tasks:
+                        task = _task(path, run.preset.n_test, row.context)
+                        tasks[(col, row.context)] = (task, load_problems(task))
+                    task, problems = tasks[(col, row.context)]
+                    r = evaluate_model(str(row.model), task, name=row.label, problems=problems)
+                    scores[col] = r.summary
+                done[(row.model, row.context)] = scores
+                console.print(f"{seeded.tag}{row.label}: " + ", ".join(
+                    f"{c} {100 * s['accuracy']:.1f}%" for c, s in scores.items()))  # fmt: skip
+            per_row.append(done[(row.model, row.context)])
+        out.append(per_row)
     return out
 
 
-def _cell(correct: int, total: int) -> str:
-    return f"{100 * correct / max(total, 1):.1f}% ({correct}/{total})"
+def _cell(values: list[float]) -> str:
+    mean, sd = mean_sd(values)
+    each = "" if len(values) == 1 else " (" + " / ".join(f"{100 * v:.1f}" for v in values) + ")"
+    return f"{100 * mean:.1f}" + ("" if sd is None else f" ± {100 * sd:.1f}") + f"%{each}"
 
 
-def table(name: str, run: DemoRun, scores: list[dict[str, dict[str, Any]]]):
-    """The Markdown table and its rows as dicts."""
+def accuracies(name: str, run: DemoRun, scores: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """One model's accuracy per column, and on the mix of the columns when there are several."""
     cols = list(splits(name, run))
-    mix = len(cols) > 1
-    head = ["Model", *cols, *(["mix"] if mix else []), "Steps", "Student Cost (TFLOP)"]
+    out = {c: scores[c]["accuracy"] for c in cols}
+    if name == "multi-teacher":
+        out["mix"] = sum(scores[c]["correct"] for c in cols) / max(
+            sum(scores[c]["total"] for c in cols), 1
+        )
+    return out
+
+
+def table(name: str, runs: list[DemoRun], scores: list[list[dict[str, dict[str, Any]]]]):
+    """The Markdown table over the seeds and its rows as dicts."""
+    run = runs[0]
+    cols = list(accuracies(name, run, scores[0][0]))
+    head = ["Model", *cols, "Steps", "Student Cost (TFLOP)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     out = []
-    for row, s in zip(rows(name, run), scores, strict=True):
-        summary = training_summary(run, _ReportRow(row.label, str(row.model), str(row.metrics)))
-        flops = summary.get("cost/student_flops")
-        cells = [row.label, *(_cell(s[c]["correct"], s[c]["total"]) for c in cols)]
-        correct, total = sum(s[c]["correct"] for c in cols), sum(s[c]["total"] for c in cols)
-        if mix:
-            cells.append(_cell(correct, total))
+    for i, row in enumerate(rows(name, run)):
+        per_seed = [accuracies(name, seeded, s[i]) for seeded, s in zip(runs, scores, strict=True)]
+        trained = [training_summary(seeded, _ReportRow(row.label, str(row.model), str(m.metrics)))
+                   for seeded, m in ((sd, rows(name, sd)[i]) for sd in runs)]  # fmt: skip
+        flops = [t.get("cost/student_flops") for t in trained]
         teacher = row.label.startswith("teacher")
-        cells += [
-            str(summary.get("step", "")),
-            "" if flops is None or teacher else f"{flops / 1e12:.3g}",
-        ]
+        steps = sorted({str(t.get("step", "")) for t in trained})
+        cells = [row.label, *(_cell([a[c] for a in per_seed]) for c in cols), "-".join(steps)]
+        known = [f for f in flops if f is not None]
+        cells.append("" if teacher or not known else f"{sum(known) / len(known) / 1e12:.3g}")
         lines.append("| " + " | ".join(cells) + " |")
-        out.append({"model": row.label, "path": str(row.model.relative_to(run.out)),
-                    "accuracy": {c: s[c]["accuracy"] for c in cols}, "correct": correct,
-                    "total": total, "mix_accuracy": correct / max(total, 1),
-                    "steps": summary.get("step"), "student_flops": flops})  # fmt: skip
+        out.append({"model": row.label, "accuracy": per_seed, "steps": steps,
+                    "student_flops": flops})  # fmt: skip
     return "\n".join(lines), out
 
 
-def report(name: str, run: DemoRun) -> dict[str, Any]:
-    """Evaluate every row, write results.md and results.json under --out, print the table."""
+def comparisons(name: str, runs: list[DemoRun], table_rows: list[dict]) -> list[dict[str, Any]]:
+    """The manifest's comparisons on the mix (multi-teacher) or the accuracy, paired by seed,
+    with Holm's adjustment over all of them."""
+    run = runs[0]
+    by_key = {r.key: r for r in run.manifest.runs}
+    acc = {x["model"]: x["accuracy"] for x in table_rows}
+    out = []
+    for a, b in run.manifest.comparisons:
+        metric = compared_on(name, by_key[a])
+        xs = [s[metric] for s in acc[run_label(by_key[a])]]
+        ys = [s[metric] for s in acc[run_label(by_key[b])]]
+        d = paired(xs, ys)
+        out.append({"distilled": run_label(by_key[a]), "control": run_label(by_key[b]),
+                    "on": metric, "mean": d.mean, "sd": d.sd, "n": d.n,
+                    "differences": [x - y for x, y in zip(xs, ys, strict=True)],
+                    "ci95": None if d.half_width is None else [d.low, d.high], "p": d.p_value,
+                    "verdict": d.verdict})  # fmt: skip
+    ps = [x["p"] for x in out]
+    if out and None not in ps:
+        for x, adjusted in zip(out, holm(ps), strict=True):
+            x["p_holm"] = adjusted
+            ahead = "ahead" if x["mean"] > 0 else "behind"
+            x["verdict"] = (f"significant after Holm, {ahead}" if adjusted < 0.05
+                            else "not significant after Holm")  # fmt: skip
+    return out
+
+
+def report(name: str, runs: list[DemoRun]) -> dict[str, Any]:
+    """Evaluate every row of every seed, write results.md and results.json under --out,
+    print the tables."""
+    run = runs[0]
     with run.timed("evaluation of every model") as stage:
-        scores = evaluate(name, run)
-        stage.note = f"{len(scores)} models x {len(splits(name, run))} test splits"
-    md, table_rows = table(name, run, scores)
+        scores = evaluate(name, runs)
+        stage.note = f"{len(scores[0])} rows x {len(runs)} seeds x {len(splits(name, run))} splits"
+    md, table_rows = table(name, runs, scores)
+    leads = comparisons(name, runs, table_rows)
+    if name == "reward":  # the arms' curves against student compute
+        from functools import partial
+
+        from distil.demo.study_plot import plot_arms, start_points
+
+        with run.timed("the starts on the dev splits (the curves' first points)"):
+            starts = start_points(runs)
+        curves = plot_arms(runs, starts, partial(compared_on, name))
+        md += f"\n\nCurves (dev accuracy and each arm's mean reward against student compute): {curves}"
+    seeds = "" if len(runs) == 1 else f"; {len(runs)} seeds, mean ± sd (each seed's)"
     head = (
         f"`{run.command or f'distil demo --study {name}'}` (study {name}, preset "
         f"{run.preset_name}), {date.today().isoformat()}, {machine()}, {run.threads} threads; "
-        f"{run.preset.n_test} held-out problems per split, greedy decoding, strict checker; "
+        f"{run.preset.n_test} test problems per split, greedy decoding, strict checker{seeds}; "
         f"{COST_NOTE}\n"
     )
-    (run.out / "results.md").write_text(f"{head}\n{md}\n")
-    payload = {
-        "study": name,
-        "preset": run.preset_name,
-        "command": run.command,
-        "date": date.today().isoformat(),
-        "machine": machine(),
-        "threads": run.threads,
-        "rows": table_rows,
-        "stages": [s.__dict__ for s in run.stages],
-        "commands": run.commands,
-    }
+    what = {"multi-teacher": "the mix", "reward": "the test split of each run's slice"}.get(
+        name, "the test problems"
+    )
+    text = (f"{md}\n\nPaired leads on {what} (same seed; 95% interval and two-sided p: t with "
+            f"N-1 dof; p (Holm) over these comparisons):\n\n{leads_table(leads)}")  # fmt: skip
+    (run.out / "results.md").write_text(f"{head}\n{text}\n")
+    payload = {"study": name, "preset": run.preset_name, "command": run.command,
+               "date": date.today().isoformat(), "machine": machine(), "threads": run.threads,
+               "seeds": len(runs), "rows": table_rows, "paired_leads": leads,
+               "stages": [s.__dict__ for s in run.stages], "commands": run.commands}  # fmt: skip
     (run.out / "results.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    print(f"\n{head}\n{md}\n", flush=True)
+    print(f"\n{head}\n{text}\n", flush=True)
     total = sum(s.seconds for s in run.stages)
     lines = ["where the time went:"]
     lines += [f"  {s.seconds / 60:6.2f} min  {s.name}" for s in run.stages]
-    lines.append(f"  {total / 60:6.2f} min  total")
+    lines.append(f"  {total / 60:6.2f} min  all stages")
     lines.append(f"\nresults: {run.out / 'results.md'}, {run.out / 'results.json'}")
     print("\n".join(lines), flush=True)
     return payload

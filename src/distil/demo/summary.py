@@ -10,7 +10,7 @@ from typing import Any
 
 from distil.demo.presets import Run
 from distil.demo.run import DemoRun
-from distil.demo.stats import compute_to_match, match_ratio, mean_sd, paired
+from distil.demo.stats import compute_to_match, holm, match_ratio, mean_sd, paired
 
 MATCH_NOTE = (
     "compute to match: the continued-SFT control's student compute / the distilled student's "
@@ -151,7 +151,9 @@ def seeds_table(rows: list[dict[str, Any]]) -> str:
 
 
 def paired_leads(run: DemoRun, per_seed: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Each distilled student's accuracy minus each of its controls', paired by seed."""
+    """Each distilled student's accuracy minus each of its controls', paired by seed, with the
+    two-sided p of the paired t test and, over every comparison, Holm's adjusted p; the verdict
+    is the pre-stated analysis' (configs/demo.yaml `analysis`) when it has one."""
     out = []
     for r in distilled_runs(run):
         mine = _accuracies(per_seed, run_label(r))
@@ -167,10 +169,43 @@ def paired_leads(run: DemoRun, per_seed: list[list[dict[str, Any]]]) -> list[dic
                     "sd": d.sd,
                     "n": d.n,
                     "ci95": None if d.half_width is None else [d.low, d.high],
+                    "p": d.p_value,
                     "verdict": d.verdict,
                 }
             )
+    ps = [x["p"] for x in out]
+    if out and None not in ps:
+        alpha = run.manifest.analysis.alpha if run.manifest.analysis else 0.05
+        for x, adjusted in zip(out, holm(ps), strict=True):
+            x["p_holm"] = adjusted
+            x["verdict"] = _verdict(x["mean"], adjusted, alpha)
     return out
+
+
+def _verdict(mean: float, p_holm: float, alpha: float) -> str:
+    if p_holm >= alpha:
+        return "not significant after Holm"
+    return "significant after Holm, ahead" if mean > 0 else "significant after Holm, behind"
+
+
+def analysis_note(run: DemoRun) -> str:
+    """What the leads table tests, and whether this run is the pre-stated analysis."""
+    a = run.manifest.analysis
+    if a is None:
+        return ""
+    stated = (
+        f"the pre-stated analysis (configs/demo.yaml): {a.seeds} seeds, every distilled "
+        f"student against each of its equal-compute controls, paired t, two-sided, "
+        f"{a.correction.capitalize()}-adjusted over the {len(distilled_pairs(run))} "
+        f"comparisons, a win at adjusted p < {a.alpha:g} with a positive lead"
+    )
+    if run.n_seeds != a.seeds:
+        return f"{stated}; THIS RUN HAS {run.n_seeds} SEED(S): exploratory, not that analysis"
+    return stated
+
+
+def distilled_pairs(run: DemoRun) -> list[tuple[Run, Run]]:
+    return [(r, c) for r in distilled_runs(run) for c in controls_of(run, r)]
 
 
 def _accuracies(per_seed: list[list[dict[str, Any]]], label: str) -> list[float]:
@@ -178,12 +213,20 @@ def _accuracies(per_seed: list[list[dict[str, Any]]], label: str) -> list[float]
 
 
 def leads_table(leads: list[dict[str, Any]]) -> str:
-    """The paired leads as Markdown (accuracy points)."""
-    head = ["Distilled", "Control", "Lead (points)", "95% CI", "Verdict"]
+    """The paired leads as Markdown (accuracy points), each seed's lead, the uncorrected and
+    Holm-adjusted p-values."""
+    head = ["Distilled", "Control", "Lead per seed", "Lead (points)", "95% CI", "p", "p (Holm)"]
+    head.append("Verdict")
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for x in leads:
         sd = "" if x["sd"] is None else f" ± {100 * x['sd']:.1f} sd"
         ci = "" if x["ci95"] is None else f"[{100 * x['ci95'][0]:+.1f}, {100 * x['ci95'][1]:+.1f}]"
-        cells = [x["distilled"], x["control"], f"{100 * x['mean']:+.1f}{sd}", ci, x["verdict"]]
+        each = " / ".join(f"{100 * d:+.1f}" for d in x["differences"])
+        cells = [x["distilled"], x["control"], each, f"{100 * x['mean']:+.1f}{sd}", ci]
+        cells += [_p(x.get("p")), _p(x.get("p_holm")), x["verdict"]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _p(p: float | None) -> str:
+    return "" if p is None else f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"

@@ -207,7 +207,7 @@ def generate_for_model(
     from distil.generation.base import SamplingParams
     from distil.generation.hf import HFGenerator
     from distil.models.load import load_model, load_tokenizer, read_model_meta
-    from distil.models.tokenizers import PromptFormat, encode_prompts, stop_token_ids
+    from distil.models.tokenizers import PromptFormat, encode_prompts, id_rows, stop_token_ids
     from distil.progress import progress_bar
 
     tok = tokenizer or load_tokenizer(model_path, key="eval model")
@@ -220,12 +220,15 @@ def generate_for_model(
         template_kwargs = read_model_meta(model_path).get("chat_template_kwargs") or {}
     fmt = PromptFormat(kwargs=dict(template_kwargs))
     gen = generator or HFGenerator(
-        model, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, model)
+        model,
+        pad_id=tok.pad_token_id,
+        stop_ids=stop_token_ids(tok, model),
+        vocab_limit=id_rows(tok),
     )
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, 0, cfg.samples)
     out = []
     with progress_bar(
-        f"eval {Path(model_path).name}", total=len(problems), enabled=progress
+        f"eval {Path(model_path).name}", total=len(problems), enabled=progress, unit="problems"
     ) as bar:
         for s in range(0, len(problems), cfg.batch_size):
             batch = problems[s : s + cfg.batch_size]
@@ -236,6 +239,23 @@ def generate_for_model(
                 out.append({**p, "completions": texts[j * cfg.samples : (j + 1) * cfg.samples]})
             bar.advance(len(batch))
     return out
+
+
+def choose_for_model(
+    model_path: str, problems: list[dict[str, Any]], task: Task, model=None, tokenizer=None
+) -> list[dict[str, Any]]:
+    """Each problem's answer by log-likelihood of its choices (`loglik.choose`), with `model`
+    and `tokenizer`, or those loaded from `model_path`."""
+    import torch
+
+    from distil.eval.loglik import choose
+    from distil.models.load import load_model, load_tokenizer
+
+    tok = tokenizer or load_tokenizer(model_path, key="eval model")
+    if model is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = load_model(model_path, key="eval model", device=device)
+    return choose(model, tok, task, problems, batch_size=task.cfg.batch_size)
 
 
 def evaluate_model(
@@ -250,20 +270,23 @@ def evaluate_model(
     generator=None,
     template_kwargs: dict[str, Any] | None = None,
 ) -> EvalResult:
-    """Generate and score (`generate_for_model`); the summary records the generation
-    seconds."""
+    """Generate and score (`generate_for_model`), or pick each answer by log-likelihood
+    (`choose_for_model`) for a task scored so; the summary records the seconds taken."""
     problems = problems if problems is not None else load_problems(task)
     start = time.perf_counter()
-    with_completions = generate_for_model(
-        model_path,
-        problems,
-        task,
-        progress=progress,
-        model=model,
-        tokenizer=tokenizer,
-        generator=generator,
-        template_kwargs=template_kwargs,
-    )
+    if task.scoring == "loglik":  # no generation: the most likely choice (eval/loglik.py)
+        with_completions = choose_for_model(model_path, problems, task, model, tokenizer)
+    else:
+        with_completions = generate_for_model(
+            model_path,
+            problems,
+            task,
+            progress=progress,
+            model=model,
+            tokenizer=tokenizer,
+            generator=generator,
+            template_kwargs=template_kwargs,
+        )
     result = score(name or Path(model_path).name, with_completions, task=task)
     result.summary["seconds"] = round(time.perf_counter() - start, 2)
     result.path = os.path.abspath(model_path) if os.path.exists(model_path) else model_path

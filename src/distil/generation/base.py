@@ -3,7 +3,8 @@
 Backends (chosen by `generation.backend` in `select.py`): `hf.HFGenerator` (transformers
 `generate`, CPU and GPU), `static.StaticCacheGenerator` (fixed-shape KV cache, compiled decode
 step) and `vllm.VLLMGenerator` (imported lazily; GPUs). All return a `Rollout` and share the EOS
-masking rule below.
+masking rule below. Every backend takes a `vocab_limit` (the tokenizer's largest id + 1,
+`models.tokenizers.id_rows`) and never samples an id at or past it (`mask_past_vocab`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,28 @@ class Generator(Protocol):
         """A context whose calls (an evaluation) leave no memory allocated afterwards that the
         sampler would otherwise keep between calls (hf_static's KV caches)."""
         ...
+
+
+def mask_past_vocab(scores_B_V: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:
+    """`scores_B_V` with -inf at every id >= `vocab_limit` (the tokenizer's id rows), so that no
+    sampler, greedy or not, draws an id the tokenizer cannot decode: a model's vocabulary is
+    often padded past its tokenizer (Qwen3: 151,936 rows for 151,669 tokens), and those rows'
+    logits, small in a trained checkpoint, are not -inf. A new tensor; `scores_B_V` as is when
+    nothing lies past the limit (None: no limit)."""
+    if vocab_limit is None or scores_B_V.shape[-1] <= vocab_limit:
+        return scores_B_V
+    out = scores_B_V.clone()
+    out[..., vocab_limit:] = float("-inf")
+    return out
+
+
+def past_vocab_bias(model: torch.nn.Module, vocab_limit: int | None) -> dict[int, float]:
+    """{id: -inf} for every row of the model's vocabulary at or past `vocab_limit`: the
+    same mask as a logit bias, for an engine that takes one per request (vLLM)."""
+    rows = model.get_output_embeddings().weight.shape[0]
+    if vocab_limit is None or rows <= vocab_limit:
+        return {}
+    return dict.fromkeys(range(vocab_limit, rows), float("-inf"))
 
 
 def mask_after_eos(ids_B_C: torch.Tensor, stop_ids: Sequence[int]) -> torch.Tensor:

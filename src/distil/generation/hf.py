@@ -9,12 +9,13 @@ one (B, V) slice in memory instead of every step's scores.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Sequence
 
 import torch
 
-from distil.generation.base import SamplingParams, mask_after_eos
-from distil.generation.seeded import seeded_processors
+from distil.generation.base import SamplingParams, mask_after_eos, mask_past_vocab
+from distil.generation.seeded import part_params, seeded_processors
 from distil.models.inuse import module_lock
 from distil.models.tokenizers import left_pad
 from distil.types import Rollout
@@ -38,6 +39,18 @@ class _ChosenLogprobs:
             token = input_ids[:, -1:]
             self.chosen.append(self.last_logprobs_B_V.gather(1, token).squeeze(1))
             self.last_logprobs_B_V = None
+
+
+class PastVocabMasked:
+    """Logits processor: -inf at the ids past the tokenizer (`mask_past_vocab`). It runs first,
+    before the warpers and the log-prob recorder, so the recorded log-prob is that of the
+    distribution the token is drawn from."""
+
+    def __init__(self, vocab_limit: int):
+        self.vocab_limit = vocab_limit
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return mask_past_vocab(scores, self.vocab_limit)
 
 
 def sampling_warpers(params: SamplingParams) -> list:
@@ -64,21 +77,35 @@ class HFGenerator:
     """Generator over a transformers causal LM (unwrapped from DDP/FSDP by the caller)."""
 
     @classmethod
-    def from_config(cls, cfg, model, *, pad_id: int, stop_ids: Sequence[int]) -> HFGenerator:
+    def from_config(
+        cls, cfg, model, *, pad_id: int, stop_ids: Sequence[int], vocab_limit: int | None = None
+    ) -> HFGenerator:
         """The `generation.backend=hf` generator (the config has no knob for it)."""
-        return cls(model, pad_id=pad_id, stop_ids=stop_ids)
+        return cls(model, pad_id=pad_id, stop_ids=stop_ids, vocab_limit=vocab_limit)
 
     def __init__(
-        self, model, *, pad_id: int, stop_ids: Sequence[int], max_batch: int | None = None
+        self,
+        model,
+        *,
+        pad_id: int,
+        stop_ids: Sequence[int],
+        max_batch: int | None = None,
+        vocab_limit: int | None = None,
     ):
         self.model = model
         self.pad_id = pad_id
         self.stop_ids = list(stop_ids)
         self.max_batch = max_batch  # split very large windows into several calls
+        # ids >= vocab_limit (the tokenizer's largest id + 1) are never sampled: a padded vocabulary
+        self.vocab_limit = vocab_limit
         self.calls = 0  # number of generate calls made (tests assert one per window)
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model
+
+    def worker_copy(self) -> HFGenerator:
+        """A copy to sample on a worker thread (generation.async), its state its own."""
+        return copy.copy(self)
 
     def scratch_caches(self) -> contextlib.AbstractContextManager[None]:
         """Calls inside keep nothing afterwards: generate keeps nothing between calls."""
@@ -86,17 +113,20 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollout:
-        with module_lock(self.model):  # not while scoring swaps its head (models/inuse.py)
+        with module_lock(self.model):  # not while a training step swaps its head (inuse.py)
             return self._generate(prompt_ids, params)
 
     def _generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollout:
         rows = [list(p) for p in prompt_ids for _ in range(params.n)]
         index = [i for i in range(len(prompt_ids)) for _ in range(params.n)]
         step = self.max_batch or len(rows)
-        parts = [self._generate_rows(rows[s : s + step], params) for s in range(0, len(rows), step)]
+        parts = [
+            self._generate_rows(rows[s : s + step], part_params(params, s))
+            for s in range(0, len(rows), step)
+        ]
         width = max(p[0].shape[1] for p in parts)
-        ids = torch.cat([_pad_right(p[0], width, self.pad_id) for p in parts])
-        logprobs = torch.cat([_pad_right(p[1], width, 0.0) for p in parts])
+        ids = torch.cat([pad_columns(p[0], width, self.pad_id) for p in parts])
+        logprobs = torch.cat([pad_columns(p[1], width, 0.0) for p in parts])
         mask = mask_after_eos(ids, self.stop_ids)
         stopped = (torch.isin(ids, torch.tensor(self.stop_ids)) & mask).any(dim=1)
         ids = ids.masked_fill(~mask, self.pad_id)
@@ -125,7 +155,7 @@ class HFGenerator:
                 max_new_tokens=params.max_new_tokens,
                 do_sample=not params.greedy and not seeded,
                 **({} if seeded else sampling),
-                logits_processor=LogitsProcessorList([*warpers, recorder, *seeded]),
+                logits_processor=LogitsProcessorList([*self._masks(), *warpers, recorder, *seeded]),
                 eos_token_id=self.stop_ids,
                 pad_token_id=self.pad_id,
                 use_cache=True,
@@ -143,8 +173,13 @@ class HFGenerator:
             chosen = torch.zeros(completion.shape, dtype=torch.float32)
         return completion, chosen[:, : completion.shape[1]]
 
+    def _masks(self) -> list:
+        """The processors that run before the warpers: the padded vocabulary's mask."""
+        return [] if self.vocab_limit is None else [PastVocabMasked(self.vocab_limit)]
 
-def _pad_right(t: torch.Tensor, width: int, value: float) -> torch.Tensor:
+
+def pad_columns(t: torch.Tensor, width: int, value: float) -> torch.Tensor:
+    """(B, C) -> (B, width): `value` in the new columns on the right."""
     if t.shape[1] == width:
         return t
     pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)

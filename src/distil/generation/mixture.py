@@ -9,8 +9,11 @@ log-softmaxes are mixed in fp32, and the sampling warpers (temperature, top-k, t
 act on one model's logits. No model's own generation_config (repetition penalties, suppressed
 tokens) touches the mixture. Rows that stopped are fed the pad id, as transformers' generate
 does. Every teacher shares one tokenizer; their output rows are cut to the smallest (rows past
-a tokenizer's vocabulary are padding) and log M is -inf past it. One teacher of weight 1 is
-an HFGenerator over it.
+a tokenizer's vocabulary are padding) and log M is -inf past it and past the tokenizer's
+ids (`vocab_limit`: a padded vocabulary's rows are never drawn). A call decodes at most
+`max_batch` rows at once (MAX_BATCH by default), each teacher's KV cache held for those rows
+only: a window of 512 rows of 900 tokens would otherwise hold ~67 GB of cache per Qwen3-4B.
+One teacher of weight 1 is an HFGenerator over it.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from collections.abc import Sequence
 import torch
 
 from distil.generation.base import SamplingParams, mask_after_eos
-from distil.generation.hf import HFGenerator, sampling_warpers
-from distil.generation.seeded import seeded_processors
+from distil.generation.hf import HFGenerator, pad_columns, sampling_warpers
+from distil.generation.seeded import part_params, seeded_processors
 from distil.generation.static import _forward_arguments, cache_argument
 from distil.models.inuse import module_lock
 from distil.models.tokenizers import left_pad
 from distil.types import Rollout
+
+MAX_BATCH = 64  # rows decoded at once (each teacher's DynamicCache covers these rows)
 
 
 def _positions(attn_B_L: torch.Tensor) -> torch.Tensor:
@@ -41,10 +46,14 @@ class MixtureGenerator:
     """Generator over several teachers' mixture (`models`, `log_w`: their log weights)."""
 
     def __init__(self, models: Sequence, log_w: Sequence[float], *, pad_id: int,
-                 stop_ids: Sequence[int]):  # fmt: skip
+                 stop_ids: Sequence[int], vocab_limit: int | None = None,
+                 max_batch: int | None = MAX_BATCH):  # fmt: skip
         self.models, self.log_w = list(models), list(log_w)
         self.pad_id, self.stop_ids = pad_id, list(stop_ids)
         self.keep = min(m.get_output_embeddings().weight.shape[0] for m in self.models)
+        if vocab_limit is not None:  # ids the shared tokenizer cannot decode: never drawn
+            self.keep = min(self.keep, vocab_limit)
+        self.max_batch = max_batch  # rows per decode (None: a call's rows at once)
         self.calls = 0
 
     def sync_weights(self, model) -> None:  # the teachers do not follow the student
@@ -76,27 +85,39 @@ class MixtureGenerator:
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollout:
         rows = [list(p) for p in prompt_ids for _ in range(params.n)]
         index = [i for i in range(len(prompt_ids)) for _ in range(params.n)]
-        device = next(self.models[0].parameters()).device
-        ids, attn = (t.to(device) for t in left_pad(rows, self.pad_id))
+        step = self.max_batch or len(rows)
         modes = [m.training for m in self.models]
-        with contextlib.ExitStack() as held:  # not while scoring swaps a head (models/inuse.py)
+        with contextlib.ExitStack() as held:  # not while a step swaps a head (models/inuse.py)
             for m in self.models:
                 held.enter_context(module_lock(m))
                 m.eval()
             try:
-                tokens, chosen = self._decode(ids, attn, params, device)
+                parts = [
+                    self._decode_rows(rows[s : s + step], part_params(params, s))
+                    for s in range(0, len(rows), step)
+                ]
             finally:
                 for m, was in zip(self.models, modes, strict=True):
                     m.train(was)
         self.calls += 1
-        B = len(rows)
-        out = torch.stack(tokens, 1).cpu() if tokens else torch.empty((B, 0), dtype=torch.long)
-        lps = torch.stack(chosen, 1).cpu() if chosen else torch.zeros(out.shape)
+        width = max(p[0].shape[1] for p in parts)
+        out = torch.cat([pad_columns(p[0], width, self.pad_id) for p in parts])
+        lps = torch.cat([pad_columns(p[1], width, 0.0) for p in parts])
         mask = mask_after_eos(out, self.stop_ids)
         stopped = (torch.isin(out, torch.tensor(self.stop_ids)) & mask).any(dim=1)
         return Rollout(
             index, out.masked_fill(~mask, self.pad_id), mask, lps.masked_fill(~mask, 0.0), stopped
         )
+
+    def _decode_rows(self, rows: list[list[int]], params: SamplingParams):
+        """(ids (B, C), log-probs (B, C)) on the CPU for one part of a call."""
+        device = next(self.models[0].parameters()).device
+        ids, attn = (t.to(device) for t in left_pad(rows, self.pad_id))
+        tokens, chosen = self._decode(ids, attn, params, device)
+        B = len(rows)
+        out = torch.stack(tokens, 1).cpu() if tokens else torch.empty((B, 0), dtype=torch.long)
+        lps = torch.stack(chosen, 1).cpu() if chosen else torch.zeros(out.shape)
+        return out, lps
 
     def _decode(self, ids, attn, params: SamplingParams, device):
         warpers = sampling_warpers(params)
@@ -132,7 +153,8 @@ class MixtureGenerator:
 
 
 def mixture_generator(models: Sequence, weights: Sequence[float], *, pad_id: int,
-                      stop_ids: Sequence[int]):  # fmt: skip
+                      stop_ids: Sequence[int], vocab_limit: int | None = None,
+                      max_batch: int | None = MAX_BATCH):  # fmt: skip
     """The generator of the teachers' mixture (weights normalised; a teacher of weight 0 is
     not run): a MixtureGenerator, or an HFGenerator over the one teacher with a weight."""
     if len(models) != len(weights) or min(weights, default=0) < 0 or not sum(weights) > 0:
@@ -140,6 +162,7 @@ def mixture_generator(models: Sequence, weights: Sequence[float], *, pad_id: int
     total = float(sum(weights))
     used = [(m, math.log(w / total)) for m, w in zip(models, weights, strict=True) if w > 0]
     if len(used) == 1:
-        return HFGenerator(used[0][0], pad_id=pad_id, stop_ids=stop_ids)
+        return HFGenerator(used[0][0], pad_id=pad_id, stop_ids=stop_ids, vocab_limit=vocab_limit)
     return MixtureGenerator([m for m, _ in used], [lw for _, lw in used], pad_id=pad_id,
-                            stop_ids=stop_ids)  # fmt: skip
+                            stop_ids=stop_ids, vocab_limit=vocab_limit,
+                            max_batch=max_batch)  # fmt: skip

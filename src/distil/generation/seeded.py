@@ -15,6 +15,7 @@ are those of the distribution the token is drawn from, as in the unseeded path.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 import torch
 
@@ -40,6 +41,15 @@ def seeded_processors(params: SamplingParams, device: torch.device | str) -> lis
     if params.seed is None or params.greedy:
         return []
     return [GumbelMaxSampler(params.seed, device)]
+
+
+def part_params(params: SamplingParams, start: int) -> SamplingParams:
+    """`params` for the part of a call that starts at row `start`, when a backend splits a call
+    into several (a row cap): the first part keeps the call's seed, each later one draws from
+    a seed of its own, so no two parts replay the same noise."""
+    if params.seed is None or start == 0:
+        return params
+    return replace(params, seed=sampling_seed(params.seed, "rows", start))
 
 
 def sampling_seed(*parts: object) -> int:

@@ -1,7 +1,8 @@
 """`generation.backend` -> a Generator: the one place that maps the backend name to its class.
 
 Each backend class is named by its import path and imported on first use (vllm only when
-chosen), and builds itself from the config with `from_config(cfg, model, *, pad_id, stop_ids)`.
+chosen), and builds itself from the config with
+`from_config(cfg, model, *, pad_id, stop_ids, vocab_limit)`.
 """
 
 from __future__ import annotations
@@ -37,12 +38,16 @@ def build_generator(
     *,
     pad_id: int,
     stop_ids: Sequence[int],
+    vocab_limit: int | None,
     backend: str | None = None,
 ) -> Generator:
     """The `generation.backend` generator (or `backend`'s) over `model`, unwrapped from
-    DDP/FSDP by the caller."""
+    DDP/FSDP by the caller. `vocab_limit`: the id rows (largest id + 1) of the tokenizer that
+    decodes what it writes; no id at or past it is sampled (a vocabulary padded past the tokenizer)."""
     cls = generator_class(backend or cfg.generation.backend)
-    return cls.from_config(cfg, model, pad_id=pad_id, stop_ids=list(stop_ids))
+    return cls.from_config(
+        cfg, model, pad_id=pad_id, stop_ids=list(stop_ids), vocab_limit=vocab_limit
+    )
 
 
 def teacher_backend(cfg: DistilConfig) -> str:

@@ -20,29 +20,38 @@ derive it from the cache's contents, a data-dependent scalar that splits the com
 several graphs with a host sync per token. transformers 5.17+ have no such argument (their
 static cache counts its length in a device tensor), and it is not passed there.
 
-Memory: the caches of the last KEPT_CACHES bucket shapes stay allocated between calls (the
-training's shape, replayed every step); the calls made inside `scratch_caches()` (an
-evaluation) keep none of theirs afterwards.
+On another thread than the first to use CUDA graphs (generation.async's sampler: `worker_copy`),
+torch < 2.12 asserts inside cudagraph trees (pytorch#123177: their thread-local state exists
+only in the thread that first imported them; fixed by pytorch PR #184357, in 2.12), so there
+the compiled step runs without CUDA graphs (inductor's default mode): still one fused graph per
+bucket, one kernel launch per op instead of a replay.
+
+Memory: one cache per bucket shape the training calls use stays allocated for the run (at most
+one per width bucket up to `data.max_prompt_tokens` per batch bucket; the plan counts them): a
+CUDA graph is recorded against its cache's addresses (transformers marks them static), so a
+cache dropped and made again re-records the graph, and older inductors stop using CUDA graphs
+for a function after enough re-records. The calls made inside `scratch_caches()` (an
+evaluation) use the training caches where shapes match and keep none of their own afterwards:
+each evaluation records its own shapes' graphs once, and training's stay as they were.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import copy
 import inspect
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from distil.generation.base import SamplingParams, mask_after_eos
+from distil.generation.base import SamplingParams, mask_after_eos, mask_past_vocab
 from distil.generation.hf import HFGenerator, sampling_warpers
 from distil.models.tokenizers import left_pad
 
 DEFAULT_BATCH_BUCKETS = (8, 16, 32, 64, 128, 256)
 DEFAULT_LENGTH_BUCKETS = (64, 128, 256, 512, 1024)
-KEPT_CACHES = 2  # KV caches of recent bucket shapes kept allocated between calls
 CHECK_EVERY_CUDA = 8  # decode steps between "has every row stopped?" host syncs on CUDA
 
 
@@ -69,23 +78,30 @@ class StaticCacheGenerator(HFGenerator):
         length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
         compile_backend: str = "inductor",
         compile_mode: str | None = None,
+        vocab_limit: int | None = None,
     ):
         # calls larger than the largest batch bucket are split by HFGenerator.generate
-        super().__init__(model, pad_id=pad_id, stop_ids=stop_ids, max_batch=max(batch_buckets))
+        super().__init__(
+            model,
+            pad_id=pad_id,
+            stop_ids=stop_ids,
+            max_batch=max(batch_buckets),
+            vocab_limit=vocab_limit,
+        )
         self.batch_buckets = sorted(batch_buckets)
         self.length_buckets = sorted(length_buckets)
         self.compile = compile
         self.compile_backend = compile_backend
         self.compile_mode = compile_mode
-        self._caches: OrderedDict[tuple, Any] = OrderedDict()
-        self._held: dict[tuple, Any] = {}  # caches from before scratch_caches(): never evicted
+        self._caches: dict[tuple, Any] = {}  # one per (batch, length) shape, kept for the run
+        self._scratch: dict[tuple, Any] | None = None  # inside scratch_caches(): dropped after
         self._step_fn = None
         self._cache_position = takes_cache_position(model)
         self._cache_arg = cache_argument(model)
 
     @classmethod
     def from_config(
-        cls, cfg, model, *, pad_id: int, stop_ids: Sequence[int]
+        cls, cfg, model, *, pad_id: int, stop_ids: Sequence[int], vocab_limit: int | None = None
     ) -> StaticCacheGenerator:
         """The `generation.backend=hf_static` generator; `generation.compile=auto` compiles
         on CUDA only (on CPU the first call of each shape waits minutes for the C++ build)."""
@@ -99,12 +115,22 @@ class StaticCacheGenerator(HFGenerator):
             compile=compile_,
             batch_buckets=g.static_batch_buckets,
             length_buckets=g.static_length_buckets,
+            vocab_limit=vocab_limit,
         )
+
+    def worker_copy(self) -> StaticCacheGenerator:
+        """A copy to sample on a worker thread: on torch < 2.12 its compiled step runs without
+        CUDA graphs (see the module docstring), else as this one's."""
+        out = copy.copy(self)
+        out._caches, out._scratch = {}, None  # its own caches: it runs beside this one
+        if self.compile and self.compile_mode is None and not cudagraphs_on_any_thread():
+            out.compile_mode = "default"  # inductor without CUDA graphs
+            out._step_fn = None
+        return out
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         if model is not self.model:  # another module: its caches and compiled step are not ours
-            self._caches.clear()
-            self._held = {}
+            self._caches = {}
             self._step_fn = None
             self._cache_position = takes_cache_position(model)
         self._cache_arg = cache_argument(model)
@@ -113,16 +139,14 @@ class StaticCacheGenerator(HFGenerator):
     @contextlib.contextmanager
     def scratch_caches(self) -> Iterator[None]:
         """The calls inside (an evaluation) keep no KV cache afterwards: the caches they
-        allocate are dropped at the end, while the caches from before (the training's bucket)
-        stay allocated and are reused, so its compiled step keeps its cache addresses (no CUDA
+        allocate are dropped at the end, while the training's stay allocated and are reused
+        where shapes match, so training's compiled steps keep their cache addresses (no CUDA
         graph re-recorded after an evaluation)."""
-        saved, model = self._caches, self.model
-        self._held, self._caches = dict(saved), OrderedDict()
+        self._scratch = {}
         try:
             yield
         finally:
-            self._held = {}
-            self._caches = saved if self.model is model else OrderedDict()
+            self._scratch = None
 
     # ------------------------------------------------------------------ one call
 
@@ -162,7 +186,8 @@ class StaticCacheGenerator(HFGenerator):
             rng = None
             if params.seed is not None and not params.greedy:
                 rng = torch.Generator(device=device).manual_seed(params.seed)
-            token, logprob = _choose(logits, warpers, params.greedy, _noise(rng, logits))
+            noise = _noise(rng, logits)
+            token, logprob = _choose(logits, warpers, params.greedy, noise, self.vocab_limit)
             done = torch.arange(batch, device=device) >= n_rows  # filler rows count as stopped
             slot_1 = None if slot_P is None else slot_P[-1:] + 1
             state = (token, logprob, pos_B_P[:, -1:] + 1, slot_1, mask_B_L, cache, done)
@@ -233,31 +258,36 @@ class StaticCacheGenerator(HFGenerator):
             use_cache=True,
             **({} if slot_1 is None else {"cache_position": slot_1}),
         ).logits[:, -1]
-        return _choose(logits, warpers, greedy, noise_B_V)
+        return _choose(logits, warpers, greedy, noise_B_V, self.vocab_limit)
 
     def _cache(self, batch: int, length: int):
-        """The StaticCache for (batch, length), emptied; the last KEPT_CACHES stay allocated
-        (and those held from before `scratch_caches`)."""
+        """The StaticCache for (batch, length), emptied: the kept one of that shape, else a new
+        one, kept for the run (or, inside `scratch_caches`, until its end)."""
         from transformers import StaticCache
 
         key = (batch, length)
-        cache = self._held.get(key)
-        if cache is None:
-            cache = self._caches.pop(key, None)
-        if cache is None:
-            cache = StaticCache(config=self.model.config, max_cache_len=length)
-        else:
+        cache = self._caches.get(key)
+        if cache is None and self._scratch is not None:
+            cache = self._scratch.get(key)
+        if cache is not None:
             cache.reset()
-        if key not in self._held:
-            self._caches[key] = cache
-            while len(self._caches) > KEPT_CACHES:
-                self._caches.popitem(last=False)
+            return cache
+        cache = StaticCache(config=self.model.config, max_cache_len=length)
+        (self._caches if self._scratch is None else self._scratch)[key] = cache
         return cache
 
     def kept_cache_bytes(self) -> int:
         """Bytes of the KV caches kept allocated between calls."""
-        caches = {id(c): c for c in [*self._caches.values(), *self._held.values()]}
+        caches = {id(c): c for c in [*self._caches.values(), *(self._scratch or {}).values()]}
         return sum(_cache_bytes(c) for c in caches.values())
+
+
+def cudagraphs_on_any_thread(version: str | None = None) -> bool:
+    """Whether this torch runs cudagraph trees on any thread (2.12+, pytorch PR #184357);
+    a pre-release of 2.12 counts as older."""
+    from torch.torch_version import TorchVersion
+
+    return TorchVersion(version or torch.__version__) >= "2.12"
 
 
 def takes_cache_position(model) -> bool:
@@ -301,17 +331,20 @@ def _noise(rng, like: torch.Tensor, vocab: int | None = None) -> torch.Tensor | 
     return torch.empty(shape, device=like.device).exponential_(generator=rng)
 
 
-def _choose(logits_B_V: torch.Tensor, warpers: list, greedy: bool, noise_B_V=None):
+def _choose(
+    logits_B_V: torch.Tensor, warpers: list, greedy: bool, noise_B_V=None, vocab_limit=None
+):
     """(token_B, log-prob_B) from the last position's logits.
 
-    Like generate: fp32 scores, warpers in order, argmax when greedy, else a draw from
+    Like generate: fp32 scores, -inf past `vocab_limit` (ids the tokenizer cannot decode, as
+    HFGenerator's `PastVocabMasked`), warpers in order, argmax when greedy, else a draw from
     softmax(scores) (as argmax of p / Exp(1) noise: the same distribution as multinomial, and
     no host sync or data-dependent shapes inside a CUDA graph); the noise is `noise_B_V` when
     given (drawn from a call's seed outside the compiled step), else drawn here. The log-prob
     is read from the warped distribution the token is drawn from (log-softmax of the raw
     logits when greedy).
     """
-    scores = logits_B_V.float()
+    scores = mask_past_vocab(logits_B_V.float(), vocab_limit)
     for w in warpers:
         scores = w(None, scores)
     logp_B_V = torch.log_softmax(scores, dim=-1)

@@ -9,6 +9,10 @@ generations the engine sleeps (`generation.vllm.sleep_level`) so that training g
 memory back. The engine runs in-process (`distributed_executor_backend="external_launcher"`,
 as TRL's colocate mode does), one engine per rank, tensor parallel size 1.
 
+Ids past the tokenizer (`vocab_limit`: Qwen3 pads 151,669 tokens to 151,936 rows) are never
+sampled: each request carries a logit bias of -inf on them (vLLM checks bias ids against the
+model's rows; only its OpenAI server clamps bias values; `allowed_token_ids` sends 151k ids).
+
 Log-probs: the engine is built with `logprobs_mode="processed_logprobs"`, so the log-prob
 returned for each sampled token is taken after temperature, top-k and top-p, i.e. under the
 distribution the token was drawn from: the `Rollout` contract of `HFGenerator` (greedy: the
@@ -39,7 +43,7 @@ from functools import partial
 import torch
 
 from distil.errors import ConfigError
-from distil.generation.base import SamplingParams, mask_after_eos
+from distil.generation.base import SamplingParams, mask_after_eos, past_vocab_bias
 from distil.generation.weights import is_peft_model, named_weights, weights_fingerprint
 from distil.types import Rollout
 
@@ -171,9 +175,12 @@ class VLLMGenerator:
         sleep_level: int = 2,
         seed: int | None = None,
         workdir=None,
+        vocab_limit: int | None = None,
     ):
         self.llm = llm
         self.model = model
+        # -inf on the ids past the tokenizer, shared by every request (None: nothing to mask)
+        self.logit_bias = past_vocab_bias(model, vocab_limit)
         self.pad_id = pad_id
         self.stop_ids = list(stop_ids)
         self.sleep_level = sleep_level
@@ -187,7 +194,9 @@ class VLLMGenerator:
         self._sleep()
 
     @classmethod
-    def from_config(cls, cfg, model, *, pad_id: int, stop_ids: list[int]) -> VLLMGenerator:
+    def from_config(
+        cls, cfg, model, *, pad_id: int, stop_ids: list[int], vocab_limit: int | None = None
+    ) -> VLLMGenerator:
         """The engine for `model` (the unwrapped student) with `generation.vllm`'s settings."""
         base = model.get_base_model() if is_peft_model(model) else model
         if problems := backend_problems(cfg, base.config):
@@ -230,6 +239,7 @@ class VLLMGenerator:
             sleep_level=v.sleep_level,
             seed=seed,
             workdir=workdir,
+            vocab_limit=vocab_limit,
         )
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -271,6 +281,7 @@ class VLLMGenerator:
             "stop_token_ids": self.stop_ids,
             "logprobs": 0,  # the sampled token's log-prob only
             "detokenize": False,
+            **({"logit_bias": self.logit_bias} if self.logit_bias else {}),
         }
         # a call's own seed (when the caller gives one) or generation.vllm.seeded's: one seed
         # per request, so the samples do not depend on the engine's batching

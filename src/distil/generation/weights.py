@@ -22,7 +22,8 @@ _WRAPPER_PARTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig
 
 def weights_fingerprint(model: torch.nn.Module) -> tuple[tuple[int, int], ...]:
     """Changes whenever a parameter is modified in place (optimizer steps bump each tensor's
-    version counter) or replaced; cheap (no data read)."""
+    version counter; torch's fused AdamW does not, and distil's optimizer bumps them after it:
+    train/optim.py `bump_versions`) or replaced; cheap (no data read)."""
     return tuple((id(p), p._version) for p in model.parameters())
 
 

@@ -28,29 +28,36 @@ adds them over the window and divides by the window's token count once. A name e
   tokens_count         N, the number of loss tokens in this micro-batch
 
 Registered: forward_kl, reverse_kl, jsd (dense or top-k + rest), sampled_reverse_kl, sft
-(cross-entropy, no teacher), and the cross-tokenizer losses uld, gold, aligned_kl and
-sampled_chunk_reverse_kl (they read the batch's AlignmentGroups).
+(cross-entropy, no teacher), grpo (a task's reward, group-relative policy gradient, no teacher;
+`with_reward` adds it to any on-policy loss), and the cross-tokenizer losses uld, gold,
+aligned_kl and sampled_chunk_reverse_kl (they read the batch's AlignmentGroups).
 """
 
 from __future__ import annotations
 
-from distil.losses import aligned, chunk_sampled, divergences, gold, sampled, sft, uld  # noqa: F401
+# each module registers its losses on import
+from distil.losses import aligned, chunk_sampled, divergences, gold, reward, sampled, sft, uld  # noqa: F401
 from distil.losses.chunked import Rows, RowsFn, StudentHidden, run_rowwise, select_rows
 from distil.losses.reduce import count_loss_tokens, token_sum_over
 from distil.losses.registry import (
     CROSS_TOKENIZER_LOSSES,
     LOSSES,
+    TEACHERLESS_LOSSES,
     LossFn,
     describe,
     get_loss,
     is_cross_tokenizer,
     list_losses,
+    needs_teacher,
     register,
+    teacher_runs,
 )
+from distil.losses.reward import group_advantages, with_reward
 
 __all__ = [
     "CROSS_TOKENIZER_LOSSES",
     "LOSSES",
+    "TEACHERLESS_LOSSES",
     "LossFn",
     "Rows",
     "RowsFn",
@@ -58,10 +65,14 @@ __all__ = [
     "count_loss_tokens",
     "describe",
     "get_loss",
+    "group_advantages",
     "is_cross_tokenizer",
     "list_losses",
+    "needs_teacher",
     "register",
     "run_rowwise",
     "select_rows",
+    "teacher_runs",
     "token_sum_over",
+    "with_reward",
 ]

@@ -38,12 +38,17 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from distil.align.project import PaddedProjection, group_logprob, pad_projection, project_rows
 from distil.errors import ConfigError
-from distil.losses.chunked import StudentHidden, check_temperatures, student_parts, upcast
+from distil.losses.chunked import (
+    StudentHidden,
+    check_temperatures,
+    chunk_head,
+    student_parts,
+    upcast,
+)
 from distil.losses.divergences import divergence_rows, entropy_rows, gather_rows, log1mexp
 from distil.losses.reduce import token_sum_over
 from distil.losses.registry import register
@@ -127,12 +132,12 @@ def keep_groups(alignment: AlignmentGroups, mask_B_T: torch.Tensor) -> Kept:
 
 
 def _select(student, row_N: torch.Tensor, pos_N: torch.Tensor, mask_B_T: torch.Tensor):
-    hidden, weight, bias = student_parts(student, mask_B_T)
-    return hidden[row_N, pos_N], weight, bias
+    hidden, weight, bias, after = student_parts(student, mask_B_T)
+    return hidden[row_N, pos_N], weight, bias, after
 
 
-def _chunk_forward(fn, temperature, ce_weight, x_n, weight, bias, labels_n, *extras):
-    logits_n_V = upcast(x_n if weight is None else F.linear(x_n, weight, bias))
+def _chunk_forward(fn, temperature, ce_weight, head, x_n, labels_n, *extras):
+    logits_n_V = upcast(head(x_n))
     s_n_V = torch.log_softmax(logits_n_V / temperature if temperature != 1.0 else logits_n_V, -1)
     values_n, metrics = fn(s_n_V, *extras)
     metrics = {**metrics, "student_entropy": entropy_rows(s_n_V.detach())}
@@ -167,15 +172,17 @@ def run_positions(
     """
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of rows or None, got {chunk_size}")
-    x_N, weight, bias = _select(student, row_N, pos_N, mask_B_T)
+    x_N, weight, bias, after = _select(student, row_N, pos_N, mask_B_T)
     n = x_N.shape[0]
     step = max(n if chunk_size is None else min(chunk_size, n), 1)
-    forward = partial(_chunk_forward, fn, temperature, ce_weight)
+    forward = partial(
+        _chunk_forward, fn, temperature, ce_weight, chunk_head(weight, bias, x_N, step, after)
+    )
     parts = []
     for start in range(0, max(n, 1), step):
         sl = slice(start, start + step)
         labels_n = None if labels_N is None else labels_N[sl]
-        args = (x_N[sl], weight, bias, labels_n, *(e[sl] for e in extras))
+        args = (x_N[sl], labels_n, *(e[sl] for e in extras))
         if step < n:  # several chunks: recompute each in backward instead of storing (n, V)
             parts.append(checkpoint(forward, *args, use_reentrant=False))
         else:

@@ -3,7 +3,8 @@
 1. The N loss positions (mask True) are selected from the student and the targets first, so
    prompt and padding cost nothing.
 2. The rows are cut into chunks of `chunk_size`. Each chunk computes its logits (from hidden
-   states through the head when the student is a `StudentHidden`), upcasts them to fp32,
+   states through the head when the student is a `StudentHidden`; a bf16 head under autocast
+   adds its chunks' dW up in one fp32 buffer: `head.ChunkedHead`), upcasts them to fp32,
    divides by the temperature and hands them to the loss's `rows_fn`. With more than one chunk
    each chunk runs under `torch.utils.checkpoint` (non-reentrant), so only per-row values are
    kept between forward and backward: the (N, V) fp32 logits never exist at once, in forward
@@ -19,9 +20,9 @@ from dataclasses import dataclass, fields, replace
 from functools import cache, partial
 
 import torch
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from distil.losses.head import ChunkedHead, low_precision_under_autocast
 from distil.losses.reduce import count_loss_tokens, token_sum_over
 from distil.types import LossOutput, TeacherTargets
 
@@ -30,13 +31,17 @@ from distil.types import LossOutput, TeacherTargets
 class StudentHidden:
     """The student's final hidden states and its output head, for the memory-lean loss path.
 
-    logits_B_T_V = hidden_B_T_H @ weight_V_H.T + bias_V, computed chunk by chunk inside the loss.
-    Like logits, `hidden_B_T_H` is already shifted (position t predicts token t+1).
+    logits_B_T_V = after_head(hidden_B_T_H @ weight_V_H.T + bias_V), computed chunk by chunk
+    inside the loss. Like logits, `hidden_B_T_H` is already shifted (position t predicts token
+    t+1). `after_head`: what the model's forward applies to its logits after the head (Gemma 2's
+    soft-cap, Cohere's and Granite's scales: `models.logits.LogitsRule.after_head`), in the
+    head's dtype; None: nothing.
     """
 
     hidden_B_T_H: torch.Tensor
     weight_V_H: torch.Tensor
     bias_V: torch.Tensor | None = None
+    after_head: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass
@@ -100,31 +105,32 @@ def _rows_at(targets: TeacherTargets, labels_B_T, at_n: torch.Tensor) -> Rows:
 
 
 def student_parts(student, mask_B_T: torch.Tensor):
-    """(x_B_T_X, weight_V_H | None, bias_V | None): logits, or hidden states and the head.
+    """(x_B_T_X, weight_V_H | None, bias_V | None, after_head | None): logits, or hidden states,
+    the head and what follows it.
 
     Checks that mask_B_T has the (B, T) shape of the student tensor (both already shifted).
     """
     if isinstance(student, StudentHidden):
         hidden = student.hidden_B_T_H
-        weight, bias = student.weight_V_H, student.bias_V
+        weight, bias, after = student.weight_V_H, student.bias_V, student.after_head
     else:
-        hidden, weight, bias = student, None, None
+        hidden, weight, bias, after = student, None, None, None
     if hidden.dim() != 3 or tuple(mask_B_T.shape) != tuple(hidden.shape[:2]):
         raise ValueError(
             f"mask_B_T has shape {tuple(mask_B_T.shape)} but the student has shape "
             f"{tuple(hidden.shape)}; expected (B, T) == the first two dims of the (B, T, V|H) "
             "student tensor (both already shifted)"
         )
-    return hidden, weight, bias
+    return hidden, weight, bias, after
 
 
 def _student_rows(student, mask_B_T: torch.Tensor, at_N: torch.Tensor):
-    """(x_N_X, weight_V_H | None, bias_V | None): the student's rows at the flat loss positions
-    `at_N` (b * T + t) and its head, if any. Indexing with the positions already found costs
-    no second nonzero (a host sync) as a boolean mask would."""
-    hidden, weight, bias = student_parts(student, mask_B_T)
+    """(x_N_X, weight_V_H | None, bias_V | None, after_head | None): the student's rows at the
+    flat loss positions `at_N` (b * T + t) and its head, if any. Indexing with the positions
+    already found costs no second nonzero (a host sync) as a boolean mask would."""
+    hidden, weight, bias, after = student_parts(student, mask_B_T)
     t = hidden.shape[1]
-    return hidden[at_N // t, at_N % t], weight, bias
+    return hidden[at_N // t, at_N % t], weight, bias, after
 
 
 def upcast(x: torch.Tensor) -> torch.Tensor:
@@ -141,8 +147,8 @@ def check_temperatures(*temperatures: float) -> None:
 
 @cache
 def compiled_chunk(backend: str):
-    """`_chunk_forward` compiled once per process and backend (shapes static: one chunk size)."""
-    return torch.compile(_chunk_forward, backend=backend, dynamic=False)
+    """`_rows_forward` compiled once per process and backend (shapes static: one chunk size)."""
+    return torch.compile(_rows_forward, backend=backend, dynamic=False)
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -150,20 +156,22 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([x, x[-1:].expand(rows - x.shape[0], *x.shape[1:])])
 
 
-def fp32_head(weight, bias, device_type: str):
-    """A low-precision head under autocast as an fp32 view: autocast still runs each chunk's
-    matmul in bf16, but the chunks' dW add up in fp32 (one rounding to the parameter's dtype
-    at the end of backward, not one per chunk), as Liger's fused linear losses accumulate it."""
-    low = (torch.bfloat16, torch.float16)
-    if weight is None or weight.dtype not in low or not torch.is_autocast_enabled(device_type):
-        return weight, bias
-    return weight.float(), None if bias is None else bias.float()
+def chunk_head(weight, bias, x_N: torch.Tensor, step: int, after=None) -> ChunkedHead:
+    """The head the chunks apply, then `after` (the forward's post-head transform): with
+    several chunks of a low-precision head under autocast, its dW added up in fp32
+    (`head.ChunkedHead`)."""
+    several = step < x_N.shape[0]
+    fp32_grad = several and low_precision_under_autocast(weight, x_N.device.type)
+    return ChunkedHead(weight, bias, fp32_grad=fp32_grad, after=after)
 
 
-def _chunk_forward(
-    rows_fn: RowsFn, temperature: float, ce_weight: float, x_n, rows: Rows, weight, bias
-):
-    logits_n_V = x_n if weight is None else F.linear(x_n, weight, bias)
+def _chunk_forward(rows_forward, head: ChunkedHead, x_n, rows: Rows):
+    """One chunk: the head (eager: its backward adds dW into the fp32 buffer), then the rows'
+    loss (`rows_forward`, compiled or not)."""
+    return rows_forward(head(x_n), rows)
+
+
+def _rows_forward(rows_fn: RowsFn, temperature: float, ce_weight: float, logits_n_V, rows: Rows):
     logits_n_V = upcast(logits_n_V)  # one chunk at a time
     if temperature != 1.0:
         logits_n_V = logits_n_V / temperature
@@ -198,8 +206,8 @@ def run_rowwise(
     loss is an exact 0 that still back-propagates (zero gradients). `ce_weight` > 0 adds that
     weight times the cross-entropy of the labels (data tokens; the loop passes it for off-policy
     and seq-KD slices only) and reports it as `ce_sum`. `compile_backend` (e.g. "inductor"):
-    with several chunks, each chunk's head, upcast, `rows_fn` and cross-entropy run as one
-    `torch.compile`d graph of a fixed chunk shape (the last chunk padded with copies of its last
+    with several chunks, each chunk's upcast, `rows_fn` and cross-entropy run as one
+    `torch.compile`d graph (after the head's matmul, run eagerly) of a fixed chunk shape (the last chunk padded with copies of its last
     row, whose values are dropped), so the ~40 full-width elementwise passes per chunk fuse into
     a few kernels; the values equal the eager ones up to float rounding.
     """
@@ -212,22 +220,21 @@ def run_rowwise(
     # the targets' rows are gathered chunk by chunk (from flat positions), so a full (N, V)
     # copy of the teacher's log-probs never exists next to the (B, T, V) original
     at_N = mask_B_T.reshape(-1).nonzero().squeeze(1)
-    x_N, weight, bias = _student_rows(student, mask_B_T, at_N)
+    x_N, weight, bias, after = _student_rows(student, mask_B_T, at_N)
     n = x_N.shape[0]
     step = n if chunk_size is None else min(chunk_size, n)
     step = max(step, 1)  # n == 0 still runs one (empty) chunk so the graph stays connected
-    if step < n:
-        weight, bias = fp32_head(weight, bias, x_N.device.type)
     compiled = compile_backend is not None and step < n
-    forward = partial(compiled_chunk(compile_backend) if compiled else _chunk_forward, rows_fn)
-    forward = partial(forward, temperature, ce_weight)
+    rows_forward = compiled_chunk(compile_backend) if compiled else _rows_forward
+    rows_forward = partial(rows_forward, rows_fn, temperature, ce_weight)
+    forward = partial(_chunk_forward, rows_forward, chunk_head(weight, bias, x_N, step, after))
     parts = []
     for start in range(0, max(n, 1), step):
         at_n, x_n = at_N[start : start + step], x_N[start : start + step]
         real = x_n.shape[0]
         if compiled and real < step:  # one chunk shape for the compiled graph: pad the last
             at_n, x_n = _pad_rows(at_n, step), _pad_rows(x_n, step)
-        chunk = (x_n, _rows_at(targets, labels_B_T, at_n), weight, bias)
+        chunk = (x_n, _rows_at(targets, labels_B_T, at_n))
         if step < n:  # several chunks: recompute each in backward instead of storing (n, V)
             loss_n, m = checkpoint(forward, *chunk, use_reentrant=False)
         else:

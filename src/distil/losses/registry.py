@@ -21,8 +21,24 @@ LOSSES: dict[str, LossFn] = {}
 CROSS_TOKENIZER_LOSSES = frozenset({"uld", "gold", "aligned_kl", "sampled_chunk_reverse_kl"})
 
 
+# Losses that read no teacher targets: `sft` (the data's tokens) and `grpo` (a task's reward).
+# A run with one of them loads a teacher only to write seq-KD completions.
+TEACHERLESS_LOSSES = frozenset({"sft", "grpo"})
+
+
 def is_cross_tokenizer(name: str) -> bool:
     return name in CROSS_TOKENIZER_LOSSES
+
+
+def needs_teacher(name: str) -> bool:
+    """Whether the loss `name` reads teacher targets (every loss but `sft` and `grpo`)."""
+    return name not in TEACHERLESS_LOSSES
+
+
+def teacher_runs(name: str, seq_kd: bool) -> bool:
+    """Whether a run with loss `name` runs its teacher: to score (the loss reads targets) or to
+    write seq-KD completions (train.seq_kd)."""
+    return needs_teacher(name) or seq_kd
 
 
 def register(name: str) -> Callable[[LossFn], LossFn]:

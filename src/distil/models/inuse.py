@@ -1,14 +1,15 @@
 """One re-entrant lock per model module, held by whatever changes the module for a while or
 must not see it changed.
 
-A teacher that writes seq-KD completions is also the one that scores: with
-`generation.async` the buffer writes the next window on a background thread while the training
-thread scores the current one, and scoring swaps the output head for an identity while it runs
-(`data.packing.head_bypassed`). A generate call in between would read hidden states as logits.
-Both hold `module_lock(model)`: scoring for the swap and its forward, a generator for its call,
-so one waits for the other. Uncontended (every synchronous run) the lock costs nothing that
-shows; the student's own sampler in an async run reads a snapshot, another module, and never
-waits for it.
+The student's training step swaps its output head for an identity, and turns off what its
+forward applies after the head (`models.logits.after_head_off`), while its forward runs
+(`data.packing.head_bypassed`: the forward goes through the DDP-wrapped module, and the chunked
+loss applies the head); a generate call on that module in between would read hidden states as
+logits. Both hold `module_lock(model)`: the step for the swap and its forward, a generator for
+its call, so one waits for the other. Teachers never swap: they score through their decoder
+(`model_forward(hidden=True)`), so a teacher that also writes seq-KD completions in the
+background (`generation.async`) scores without waiting for its writer. Uncontended (every
+synchronous run) the lock costs nothing that shows (1.2 us a round trip, bench/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -161,6 +161,55 @@ def load_model(
     return model
 
 
+def place_model(model, dtype: str, device: str | torch.device | None = None, *, key="student"):
+    """An already-loaded causal LM as `load_model` returns one: cast to `dtype` (a DTYPES name;
+    auto keeps its own) and moved to `device`; TF32 matmuls for an fp32 model on CUDA."""
+    head = getattr(model, "get_output_embeddings", None)
+    if head is None or head() is None:
+        raise ConfigError(
+            f"{key}: got a {type(model).__name__}, not a causal language model with an output "
+            "head. Fix: pass a model loaded with AutoModelForCausalLM.from_pretrained (or its "
+            "path or hub id)"
+        )
+    if dtype in DTYPES:
+        model.to(DTYPES[dtype])
+    if dtype == "float32":
+        enable_tf32(device)
+    if device is not None:
+        model.to(device)
+    return model
+
+
+def as_loaded(model, attn_implementation: str, *, key: str = "student"):
+    """An already-loaded model made as `load_model` would load it: in eval mode (from_pretrained
+    returns one; a model left in train mode would train with dropout) and with the config's
+    attention implementation (`key`.attn_implementation), set where the model can switch."""
+    model.eval()
+    current = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if current is None or current == attn_implementation:
+        return model
+    setter = getattr(model, "set_attn_implementation", None)
+    try:
+        if setter is not None:
+            setter(attn_implementation)
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(
+            f"{key}.attn_implementation = {attn_implementation!r}: the loaded {key} cannot "
+            f"switch to it ({_one_line(exc)}). Fix: {key}.attn_implementation={current!r} (the "
+            "model's own), or load the model with attn_implementation= yourself"
+        ) from exc
+    if model.config._attn_implementation != attn_implementation:
+        import sys
+
+        print(
+            f"distil: warning: {key}.attn_implementation = {attn_implementation!r}, but the "
+            f"loaded {key} ({type(model).__name__}) cannot switch from {current!r}: it runs "
+            f"with {current!r}. Fix: load it with attn_implementation={attn_implementation!r}",
+            file=sys.stderr,
+        )
+    return model
+
+
 def quiet_transformers() -> None:
     """distil shows its own progress; transformers' per-file bars only add noise."""
     from transformers.utils import logging as hf_logging

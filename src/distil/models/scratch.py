@@ -71,6 +71,7 @@ def init_model(
     """A random-init causal LM sized to the tokenizer, saved with it to `out`; returns the
     number of parameters."""
     from distil.models.load import load_tokenizer, quiet_transformers
+    from distil.models.tokenizers import id_rows
 
     if arch not in ("llama", "qwen2"):
         raise ConfigError(f"--arch {arch!r} is not one of llama, qwen2")
@@ -80,7 +81,7 @@ def init_model(
     tok = load_tokenizer(str(tokenizer_dir), key="--tokenizer")
     model = tiny_model(
         arch,
-        len(tok),
+        id_rows(tok),  # every id the tokenizer has, gaps included
         hidden_size=hidden_size,
         num_layers=num_layers,
         num_heads=num_heads,

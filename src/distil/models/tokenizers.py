@@ -206,6 +206,18 @@ def turn_end_id(tok) -> int | None:
     return next((int(i) for i in ids if i in specials), None)
 
 
+def id_rows(tok) -> int:
+    """The rows of a logits or embedding table that the tokenizer's ids index: its largest id
+    (vocabulary, added and special tokens) + 1. `len(tok)` counts tokens, which is fewer when
+    the ids have gaps (a WordLevel vocabulary of 4 tokens with `<eos>` at id 10 has len 4 and
+    11 rows): a limit of len(tok) would mask its EOS. Ids in a gap are rows of the model that
+    decode to no text; they are not masked (a limit is one slice of the logits)."""
+    ids = list(tok.get_vocab().values())
+    ids += [int(i) for i in getattr(tok, "added_tokens_decoder", None) or {}]
+    ids += [int(i) for i in getattr(tok, "all_special_ids", None) or [] if i is not None]
+    return max(ids, default=-1) + 1
+
+
 def completion_rows(
     tok, examples, max_tokens: int, fmt: PromptFormat = PLAIN
 ) -> list[list[int] | None]:

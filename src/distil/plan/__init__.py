@@ -5,6 +5,11 @@ it fits, which change makes it fit, and how long a step takes at a device's peak
     plan = plan_config(cfg, make_target("h100", gpus=1))
     print(render(plan))        # or as_dict(plan) for JSON; headline(plan) for one line
 
+    distil.plan("configs/x.yaml", {"train.max_steps": 10}, gpus=8, fsdp=True)   # the same
+
+The package itself is callable, `distil.plan(...)` being `plan` below (the Python API's name
+for `distil plan`); its modules import as usual.
+
 The models are built on the meta device from their config.json (no weights are read); the
 memory terms are small formulas over their sizes (`memory.py`), assembled per phase
 (`phases.py`); docs/memory.md explains how to read a plan.
@@ -12,7 +17,11 @@ memory terms are small formulas over their sizes (`memory.py`), assembled per ph
 
 from __future__ import annotations
 
+import sys
+import types
+
 from distil.config import DistilConfig
+from distil.config.loading import ConfigLike, Overrides, as_config
 from distil.plan.advice import suggest
 from distil.plan.build import DevicePlan, Plan, make_plan
 from distil.plan.render import as_dict, headline, render
@@ -30,6 +39,36 @@ def plan_config(
     return plan
 
 
+def plan(
+    config: ConfigLike,
+    overrides: Overrides = (),
+    *,
+    device: str = "h100",
+    gpus: int = 1,
+    fsdp: bool = False,
+    gpu_memory: str | None = None,
+    tflops: float | None = None,
+    bandwidth: float | None = None,
+    context_tokens: int | None = None,
+) -> Plan:
+    """`distil plan CONFIG [overrides] --device ... --gpus ... --fsdp` from Python: `config` a
+    YAML file or run directory, a dict or a DistilConfig, `overrides` as for `distil.Distiller`.
+    Returns the `Plan` (`render(plan)` is the command's text, `as_dict(plan)` its --json)."""
+    target = make_target(
+        device, memory=gpu_memory, gpus=gpus, fsdp=fsdp, tflops=tflops, bandwidth=bandwidth
+    )
+    return plan_config(as_config(config, overrides), target, context_tokens=context_tokens)
+
+
+class _CallablePackage(types.ModuleType):
+    """`distil.plan(...)` calls `plan`; everything else is the package as usual."""
+
+    def __call__(self, *args, **kwargs) -> Plan:
+        return plan(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
+
 __all__ = [
     "PRESETS",
     "DevicePlan",
@@ -40,6 +79,7 @@ __all__ = [
     "make_plan",
     "make_target",
     "parse_bytes",
+    "plan",
     "plan_config",
     "render",
 ]

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from distil.config import DistilConfig, apply_overrides, build_config, to_dict
 from distil.errors import DistilError
-from distil.losses import is_cross_tokenizer
+from distil.losses import is_cross_tokenizer, needs_teacher, teacher_runs
 from distil.plan.build import Plan, make_plan
 from distil.plan.target import Target
 
@@ -57,19 +57,20 @@ def candidates(cfg: DistilConfig, target: Target) -> list[list[str]]:
 
 def _teacher(cfg: DistilConfig, target: Target) -> list[list[str]]:
     tc = cfg.teacher
-    live = tc.path and not (tc.cache or tc.url) and (cfg.loss.name != "sft" or cfg.train.seq_kd)
+    runs = teacher_runs(cfg.loss.name, cfg.train.seq_kd)
+    live = tc.path and not (tc.cache or tc.url) and runs
     if not live:
         return []
     out = []
     cross = is_cross_tokenizer(cfg.loss.name)
-    if tc.top_k is None and not cross and cfg.loss.name != "sft":
+    if tc.top_k is None and not cross and needs_teacher(cfg.loss.name):
         out.append(["teacher.top_k=64"])
     if target.cuda and not tc.device:
         out.append(["teacher.device=cuda:1"])
     if not cross or cfg.loss.name == "sampled_chunk_reverse_kl":
         k = [] if tc.top_k else ["teacher.top_k=64"]
         out.append(["teacher.url=http://HOST:8000/v1", *k])
-    if cfg.train.lambda_ == 0 and not cfg.train.seq_kd and cfg.loss.name != "sft":
+    if cfg.train.lambda_ == 0 and not cfg.train.seq_kd and needs_teacher(cfg.loss.name):
         k = [] if tc.top_k else ["teacher.top_k=64"]
         out.append(["teacher.cache=DIR", *k])
     return out

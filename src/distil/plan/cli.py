@@ -34,18 +34,18 @@ def add_plan(sub, positive_int) -> None:
 
 
 def run_plan(args) -> int:
-    from distil.config import load_config
-    from distil.plan import as_dict, make_target, plan_config, render
+    from distil.plan import as_dict, plan, render
 
-    cfg = load_config(args.config, args.overrides)
-    target = make_target(
-        args.device,
-        memory=args.gpu_memory,
+    planned = plan(
+        args.config,
+        args.overrides,
+        device=args.device,
         gpus=args.gpus,
         fsdp=args.fsdp,
+        gpu_memory=args.gpu_memory,
         tflops=args.tflops,
         bandwidth=args.bandwidth,
+        context_tokens=args.context_tokens,
     )
-    plan = plan_config(cfg, target, context_tokens=args.context_tokens)
-    print(json.dumps(as_dict(plan), indent=1) if args.json else render(plan))
+    print(json.dumps(as_dict(planned), indent=1) if args.json else render(planned))
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from distil.config import DistilConfig
-from distil.generation.static import KEPT_CACHES, bucket
+from distil.generation.static import bucket
 from distil.plan import memory as m
 from distil.plan.memory import Term
 from distil.plan.shapes import ModelShape
@@ -59,15 +59,29 @@ def resident(cfg: DistilConfig, z: Sizes, s: ModelShape, target: Target, *, grad
     if grads:
         out.add(*gradients(z, s))
     g = cfg.generation
-    if z.gen_rows and g.backend == "hf_static":
-        rows = min(bucket(z.gen_rows, g.static_batch_buckets), max(g.static_batch_buckets))
-        width = bucket(z.prompt, g.static_length_buckets) + g.max_new_tokens
-        kv = m.kv_cache(s, rows, width, z.student_bytes)
-        out.add("hf_static KV cache (kept)", kv, f"{rows} rows x {width} tokens, up to "
-                f"{KEPT_CACHES} shapes kept")  # fmt: skip
+    if z.gen_rows and g.backend == "hf_static":  # one cache per (row, width) bucket reached
+        rows = static_call_rows(z.gen_rows, g.static_batch_buckets)
+        top = bucket(z.prompt, g.static_length_buckets)
+        widths = sorted({*(b for b in g.static_length_buckets if b < top), top})
+        kv = sum(
+            m.kv_cache(s, r, w + g.max_new_tokens, z.student_bytes) for r in rows for w in widths
+        )
+        out.add("hf_static KV cache (kept)", kv, f"{' + '.join(map(str, rows))} rows x (prompt "
+                f"bucket + {g.max_new_tokens}) tokens for prompt buckets {widths}")  # fmt: skip
     if z.gen_rows and g.backend == "vllm" and g.vllm.sleep_level == 0:
         out.add("vLLM engine (sleep_level 0)", int(g.vllm.gpu_memory_utilization * target.memory))
     return out.terms
+
+
+def static_call_rows(gen_rows: int, buckets: list[int]) -> list[int]:
+    """The row buckets of the hf_static calls sampling `gen_rows` rows: calls past the largest
+    bucket are split at it, and the rest's call is padded to its own bucket, a second set of
+    kept caches when that bucket is another (70 rows over [8, 16, 32, 64]: 64 and 8)."""
+    top = max(buckets)
+    if gen_rows <= top:
+        return [bucket(gen_rows, buckets)]
+    rest = gen_rows % top
+    return sorted({top, bucket(rest, buckets) if rest else top}, reverse=True)
 
 
 def teacher_weights(cfg: DistilConfig, z: Sizes, t: ModelShape) -> int:

@@ -12,8 +12,10 @@ micro-batch:
   takes the worst micro-batch: the teacher with the largest scoring peak holding every row,
   next to the assembled array (an upper bound; the time likewise).
 - mixed (`teachers.weights`): every teacher with a weight runs on every row, one after the
-  other; while the next one scores, the running fp32 mixture log M, the last teacher's
-  log-probs and their fp32 term (log T_i + log w_i) stay alive (MixedTeacher.score).
+  other; the others' log-probs (each in its dtype) stay alive while the last one scores, then
+  the loss positions are mixed in fp32 a chunk of rows at a time (MixedTeacher.score). Its
+  seq-KD writer decodes at most `generation.mixture.MAX_BATCH` rows at once, so each
+  teacher's KV cache holds that many rows.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from distil.config import DistilConfig
+from distil.generation.mixture import MAX_BATCH
 from distil.losses.chunked import auto_chunk_size
 from distil.plan import phases as ph
 from distil.plan.memory import nbytes
@@ -145,10 +148,12 @@ def scoring(cfg: DistilConfig, z: Sizes, s: ModelShape, plans: list[TeacherPlan]
     rows_bt = z.batch * (z.seq - 1)
     if mixed(cfg) and len(running) > 1:
         vocab = max(tp.shape.vocab for tp in running if tp.shape is not None)
-        p.add("mixture log M (fp32)", rows_bt * vocab * 4, f"{rows_bt} x {vocab:,} x 4 B")
-        last = max(_targets_bytes(tp) for tp in running)
-        p.add("last teacher's log-probs + fp32 term", last + rows_bt * vocab * 4,
-              "log T_i and log T_i + log w_i, alive while the next teacher scores")  # fmt: skip
+        others = sum(_targets_bytes(tp) for tp in running) - _targets_bytes(worst)
+        p.add("the other teachers' log-probs", others,
+              "log T_i of each, in its dtype, alive until the last has scored")  # fmt: skip
+        chunk = min(auto_chunk_size(vocab), rows_bt)
+        p.add("mixing chunk (fp32)", chunk * vocab * 4 * 3,
+              f"{chunk} rows x {vocab:,} x 4 B x 3 (term, running log M, its update)")  # fmt: skip
         p.flops = sum(alone[tp.name].flops for tp in running)
     else:
         if len(running) > 1:
@@ -182,9 +187,14 @@ def writing(cfg: DistilConfig, z: Sizes, s: ModelShape, plans: list[TeacherPlan]
         return None
     alone = {}
     for tp in running:
-        q = ph.teacher_generation(tp.cfg, tp.sizes, s, tp.shape, target, student_here=False)
+        rows = tp.sizes.seq_kd_rows  # a mixture decodes MAX_BATCH rows at a time
+        at_once = min(rows, MAX_BATCH) if mixed(cfg) else rows
+        sizes = replace(tp.sizes, seq_kd_rows=at_once)
+        q = ph.teacher_generation(tp.cfg, sizes, s, tp.shape, target, student_here=False)
         assert q is not None
         q.terms = [t for t in q.terms if t.name != "teacher weights"]
+        q.flops *= rows / at_once  # every row is written, in -(-rows // at_once) calls
+        q.bytes_moved *= -(-rows // at_once)
         alone[tp.name] = q
     base = ph.resident(cfg, z, s, target, grads=False) if student_here else []
     p = ph.Phase("teacher generation (seq-KD)", base)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distil.config import DistilConfig
-from distil.losses import is_cross_tokenizer
+from distil.losses import is_cross_tokenizer, teacher_runs
 from distil.losses.chunked import auto_chunk_size
 from distil.plan.memory import nbytes
 from distil.plan.shapes import ModelShape
@@ -62,7 +62,7 @@ def load_dtype(cfg: DistilConfig, shape: ModelShape, target: Target) -> str:
 
 
 def teacher_kind(cfg: DistilConfig) -> str:
-    if cfg.loss.name == "sft" and not cfg.train.seq_kd:
+    if not teacher_runs(cfg.loss.name, cfg.train.seq_kd):
         return "none"
     if cfg.teacher.cache:
         return "cache"

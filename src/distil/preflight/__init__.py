@@ -77,10 +77,10 @@ def validation(cfg: DistilConfig) -> Validation:
     if examples and (routes is not None or not cfg.teachers.column):
         _context_fields(cfg, examples, routes, found)
     toks = side_tokenizers(cfg, examples, found, notes)
-    from distil.losses import is_cross_tokenizer
+    from distil.losses import is_cross_tokenizer, needs_teacher
     from distil.models.load import vocab_mismatch
 
-    same_tokenizer = cfg.loss.name != "sft" and not is_cross_tokenizer(cfg.loss.name)
+    same_tokenizer = needs_teacher(cfg.loss.name) and not is_cross_tokenizer(cfg.loss.name)
     if same_tokenizer and len(toks) == 2 and not found:
         found += filter(None, [vocab_mismatch(cfg.loss.name, toks["student"], toks["teacher"])])
     if cfg.teachers.models:
@@ -169,10 +169,19 @@ def command_problems(cfg: DistilConfig, command: str) -> list[str]:
 
 
 def _names(cfg: DistilConfig) -> list[str]:
-    """The names a training run resolves: eval.task, and a loss a remote teacher can feed."""
+    """The names a training run resolves: eval.task, a loss a remote teacher can feed, and the
+    reward's task (with reward.values) or function."""
+    from distil.config.rules_reward import scores_rewards
     from distil.losses import is_cross_tokenizer
 
     found = _task_named(cfg)
+    if scores_rewards(cfg):
+        from distil.tasks.reward import reward_scorer
+
+        try:
+            reward_scorer(cfg)
+        except DistilError as exc:
+            found += getattr(exc, "problems", None) or [str(exc)]
     name = cfg.loss.name
     if cfg.teacher.url and is_cross_tokenizer(name) and name != "sampled_chunk_reverse_kl":
         found.append(
@@ -192,10 +201,13 @@ def _task_named(cfg: DistilConfig) -> list[str]:
 
 
 def _teacher_needed(cfg: DistilConfig) -> str | None:
+    from distil.losses import needs_teacher, teacher_runs
+
     t = cfg.teacher
-    needs = (cfg.loss.name != "sft" or cfg.train.seq_kd) and not t.cache and not cfg.teachers.models
+    needs = teacher_runs(cfg.loss.name, cfg.train.seq_kd) and not t.cache
+    needs = needs and not cfg.teachers.models
     needs = needs and not t.from_student
-    why = "train.seq_kd=true" if cfg.loss.name == "sft" else f"loss.name = {cfg.loss.name!r}"
+    why = f"loss.name = {cfg.loss.name!r}" if needs_teacher(cfg.loss.name) else "train.seq_kd=true"
     if needs and t.url and not t.tokenizer:  # resolve() copies teacher.path into it
         return (
             f"teacher.url = {t.url!r} with teacher.path and teacher.tokenizer null: distil "
@@ -234,10 +246,12 @@ def source_problems(cfg: DistilConfig) -> tuple[list[str], list[str]]:
     """(problems, notes) about the config's paths. Local paths must exist with the right kind
     (directory for models, file or dataset directory for data); hub ids are not checked over
     the network and get a note instead."""
+    from distil.losses import teacher_runs
+
     problems: list[str] = []
     notes: list[str] = []
     models = [("student", cfg.student)]
-    if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd):
+    if cfg.teacher.path and teacher_runs(cfg.loss.name, cfg.train.seq_kd):
         models.append(("teacher", cfg.teacher))
     models += [(f"teachers.models.{name}", t) for name, t in cfg.teachers.models.items()]
     for name, section in models:

@@ -17,6 +17,7 @@ def side_tokenizers(cfg: DistilConfig, examples, found, notes: list[str]) -> dic
     note what plain text becomes for each side, template arguments a template ignores, which
     token ends a turn and which stop generation."""
     from distil.data.lengths import check_lengths, uses_completions
+    from distil.losses import teacher_runs
     from distil.models.tokenizers import (
         generation_defaults,
         prompt_format,
@@ -27,7 +28,7 @@ def side_tokenizers(cfg: DistilConfig, examples, found, notes: list[str]) -> dic
     )
 
     sides = [("student", cfg.student)]
-    if cfg.teacher.path and (cfg.loss.name != "sft" or cfg.train.seq_kd):
+    if cfg.teacher.path and teacher_runs(cfg.loss.name, cfg.train.seq_kd):
         sides.append(("teacher", cfg.teacher))
     fmt = prompt_format(cfg.data)
     toks = {}

@@ -3,9 +3,11 @@
 Each prompt's entry p (p >= 1) describes the distribution predicting token p: the K most
 likely ids with their log-probs and 1-based ranks, plus the prompt's own token p (as vLLM
 does, so a client always finds the realised token's log-prob). Entry 0 is None. Log-softmax
-is taken in fp32 over the full vocabulary before the top-k, as `LiveTeacher` does: the head is
-bypassed in the forward and applied `losses.chunked.auto_chunk_size(V)` positions at a time, so
-the (B, L, V) logits of a request never exist at once.
+is taken in fp32 over the full vocabulary before the top-k, as `LiveTeacher` does: the forward
+runs the model's decoder (no head), and the head, then what the model's forward applies after
+it (`models.logits`: Gemma 2's soft-cap, Cohere's and Granite's scales; checked once against
+the model's own logits when the scorer is built), is applied `losses.chunked.auto_chunk_size(V)`
+positions at a time, so the (B, L, V) logits of a request never exist at once.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import threading
 from functools import lru_cache
 
 import torch
-import torch.nn.functional as F
 
-from distil.data.packing import head_bypassed, model_forward
+from distil.data.packing import model_forward
 from distil.losses.chunked import auto_chunk_size
+from distil.models.logits import check_decoder_logits, logits_rule
 from distil.models.tokenizers import right_pad
 
 MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps its log-probs the same way
@@ -31,6 +33,8 @@ class PromptScorer:
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.rule = logits_rule(model)
+        check_decoder_logits(model, self.rule, role="served model")
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._lock = threading.Lock()  # bounds memory: concurrent requests take turns
         self._decode = lru_cache(maxsize=1 << 16)(lambda i: tokenizer.decode([i]))
@@ -48,14 +52,14 @@ class PromptScorer:
 
     @torch.inference_mode()
     def _score_batch(self, prompts: list[list[int]], k: int) -> list[list[dict | None]]:
-        """One forward with the head bypassed; head + fp32 log-softmax on the scored positions
-        (every prompt position but the last), `auto_chunk_size(V)` of them at a time."""
+        """One forward of the decoder (the head not run); head + fp32 log-softmax on the scored
+        positions (every prompt position but the last), `auto_chunk_size(V)` of them at a time."""
         ids, attn = right_pad(prompts, self.pad_id)
         with self._lock:
-            with head_bypassed(self.model) as head:
-                hidden_B_L_H = model_forward(
-                    self.model, ids.to(self.device), attn.to(self.device), packing=False
-                )
+            head = self.model.get_output_embeddings()
+            hidden_B_L_H = model_forward(
+                self.model, ids.to(self.device), attn.to(self.device), packing=False, hidden=True
+            )
             nxt_B_L = ids.to(self.device)
             row_N = torch.cat([torch.full((len(r) - 1,), b) for b, r in enumerate(prompts)])
             pos_N = torch.cat([torch.arange(len(r) - 1) for r in prompts])
@@ -64,7 +68,9 @@ class PromptScorer:
             parts = []
             for s in range(0, len(row_N), step):
                 r, p = row_N[s : s + step], pos_N[s : s + step]
-                logits_n_V = F.linear(hidden_B_L_H[r, p], head.weight, getattr(head, "bias", None))
+                logits_n_V = self.rule.logits(
+                    hidden_B_L_H[r, p], head.weight, getattr(head, "bias", None)
+                )
                 lp_n_V = torch.log_softmax(logits_n_V.float(), dim=-1)
                 parts.append(_top_and_realised(lp_n_V, nxt_B_L[r, p + 1], k))
         vals, top, tok_lp, rank = ([x for part in parts for x in part[i]] for i in range(4))

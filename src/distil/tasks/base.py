@@ -82,6 +82,17 @@ class Task:
         """A group name for per-group accuracy in the report (None: no groups)."""
         return None
 
+    @property
+    def scoring(self) -> str:
+        """How answers are found: "generate" (the model writes one, `check` reads it) or
+        "loglik" (the choice of highest log-likelihood; tasks that define `choice_prompt`)."""
+        return "generate"
+
+    def choice_prompt(self, problem: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
+        """Log-likelihood scoring: (the prompt as plain text, [(continuation scored after it,
+        the answer text `check` then judges)] per choice)."""
+        raise NotImplementedError
+
     # --- shared machinery ----------------------------------------------------------------------
 
     @classmethod

@@ -8,7 +8,10 @@ ending "Answer:". The shots come from eval.fewshot_data (a file or hub id; null:
 dataset as eval.data, split eval.fewshot_split); a local eval.data needs eval.fewshot_data or
 eval.num_fewshot=0.
 
-The chosen letter is read from the generation: "Answer: B", "answer is (B)", "(B)", "B." or a
+With eval.mmlu_scoring=loglik the letter is not generated: each choice's " A", " B", ... is
+scored after the prompt as plain text (no chat template), and the most likely one is the answer,
+as lm-evaluation-harness scores MMLU (eval/loglik.py), so the accuracy is comparable with its.
+Otherwise the chosen letter is read from the generation: "Answer: B", "answer is (B)", "(B)", "B." or a
 lone "B" at the start; the first of these patterns that matches wins (see `extract`). Outcomes:
 correct, no_choice (no letter among the choices found), wrong_choice. The report adds the
 accuracy per subject.
@@ -124,6 +127,15 @@ class MMLU(Task):
             parts.append(f"{format_question(shot)} {LETTERS[shot['answer']]}")
         parts.append(format_question(problem))
         return [{"role": "user", "content": "\n\n".join(parts)}]
+
+    @property
+    def scoring(self) -> str:
+        return self.cfg.mmlu_scoring
+
+    def choice_prompt(self, problem: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
+        """lm-eval's MMLU request: the k-shot prompt as text, continuations " A", " B", ..."""
+        letters = LETTERS[: len(problem["choices"])]
+        return self.messages(problem)[0]["content"], [(f" {x}", x) for x in letters]
 
     def check(self, completion: str, problem: dict[str, Any]) -> Verdict:
         letter = extract(completion, len(problem["choices"]))

@@ -136,12 +136,14 @@ def _offloaded(r, names: list[str], scorers: list) -> list:
     return out
 
 
-def _describe(t, t_tok) -> dict[str, Any]:
+def _describe(t, t_tok, model) -> dict[str, Any]:
+    """The teacher in the manifest; `dtype`: the one its weights were loaded in (`auto` is
+    resolved: bf16 on CUDA, fp32 on a CPU), which the scores depend on."""
     return {
         "teacher_path": str(t.path),
         "teacher_weights_sha256": fmt.weights_sha256(t.path),
         "teacher_tokenizer_sha256": fmt.tokenizer_sha256(t_tok),
-        "dtype": t.dtype,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
     }
 
 
@@ -169,8 +171,10 @@ def _single(cfg: DistilConfig, tok, k: int, s_rows: int | None) -> Source:
     t_rows = model.get_output_embeddings().weight.shape[0]
     keep = min(t_rows, s_rows) if s_rows and s_rows != t_rows else None
     if cross is not None:  # logits past the teacher's tokenizer are padded embedding rows
-        keep = len(t_tok) if t_rows > len(t_tok) else None
-    header = _describe(t, t_tok)
+        from distil.models.tokenizers import id_rows
+
+        keep = id_rows(t_tok) if t_rows > id_rows(t_tok) else None
+    header = _describe(t, t_tok, model)
     if cross is not None:  # keys only cross caches have: same-tokenizer manifests are unchanged
         header["cross_tokenizer"] = True
         header["teacher_template_sha256"] = fmt.template_sha256(t_tok)
@@ -203,12 +207,12 @@ def _several(cfg: DistilConfig, tok, examples, k: int, s_rows: int | None) -> So
                 "the student's tokenizer"
             )
         loaded.append((model, t_tok))
-        described[name] = {**_describe(t, t_tok), "top_k": t.top_k}
+        described[name] = {**_describe(t, t_tok, model), "top_k": t.top_k}
     rows = [m.get_output_embeddings().weight.shape[0] for m, _ in loaded]
     vs = s_rows or rows[0]
     keep = min(vs, *rows) if any(n != vs for n in rows) else None
     header = {
-        **_describe(r.models[names[0]], loaded[0][1]),
+        **_describe(r.models[names[0]], loaded[0][1], loaded[0][0]),
         "teacher_path": None,  # several: each is under `teachers`
         "teacher_weights_sha256": None,
         "teachers": described,

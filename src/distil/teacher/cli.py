@@ -89,14 +89,16 @@ def add_generate(sub, positive_int) -> None:
 
 
 def _generate(args) -> int:
-    from distil.config import load_config
-    from distil.preflight import check
-    from distil.teacher.generate import generate_completions
+    from distil.api.generate import generate
 
-    cfg = load_config(args.config, args.overrides)
-    check(cfg, "generate")
-    c = generate_completions(
-        cfg, args.out, model_path=args.model, n=args.n, keep=args.keep, batch_size=args.batch_size
+    c = generate(
+        args.config,
+        args.overrides,
+        out=args.out,
+        model=args.model,
+        n=args.n,
+        keep=args.keep,
+        batch_size=args.batch_size,
     )
     print(
         f"{c['kept']} of {c['completions']} completions kept ({c['prompts']} prompts): {args.out}"

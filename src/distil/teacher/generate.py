@@ -33,14 +33,18 @@ def generate_completions(
     out: str | Path,
     *,
     model_path: str | None = None,
+    model=None,
+    tokenizer=None,
     n: int | None = None,
     keep: str = "all",
     batch_size: int = 16,
 ) -> dict[str, int]:
-    """Write the completions; returns counts {"prompts", "completions", "kept"}."""
+    """Write the completions; returns counts {"prompts", "completions", "kept"}. `model`: the
+    model already loaded (the Python API), its config.json at `model_path`. `tokenizer`: an
+    object or a path (default: `model_path`'s, else teacher.tokenizer)."""
     from distil.generation.select import build_generator, teacher_backend
-    from distil.models.load import load_model, load_tokenizer
-    from distil.models.tokenizers import encode_prompts, prompt_format, stop_token_ids
+    from distil.models.load import load_model, load_tokenizer, place_model, resolve_dtype
+    from distil.models.tokenizers import encode_prompts, id_rows, prompt_format, stop_token_ids
 
     path = model_path or cfg.teacher.path
     if not path:
@@ -55,10 +59,17 @@ def generate_completions(
     examples = config_examples(cfg.data)
     task, problems = _judged(cfg, examples) if keep == "correct" else (None, None)
     key = "--model" if model_path else "teacher.path"
-    tok = load_tokenizer(path, key=key)
+    if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+        where = str(tokenizer or (model_path or cfg.teacher.tokenizer or path))
+        tok = load_tokenizer(where, key="tokenizer" if tokenizer else key)
+    else:
+        tok = tokenizer
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = "bfloat16" if device == "cuda" else cfg.teacher.dtype
-    model = load_model(path, key=key, dtype=dtype, device=device).eval()
+    if model is not None:
+        model = place_model(model, resolve_dtype(dtype, path, device), device, key=key).eval()
+    else:
+        model = load_model(path, key=key, dtype=dtype, device=device).eval()
     prompts = encode_prompts(
         tok,
         [e.prompt for e in examples],
@@ -75,6 +86,7 @@ def generate_completions(
         model,
         pad_id=tok.pad_token_id,
         stop_ids=stop_token_ids(tok, model),
+        vocab_limit=id_rows(tok),
         backend=teacher_backend(cfg),
     )
     torch.manual_seed(cfg.train.seed)
@@ -121,7 +133,7 @@ def _write(fh, examples, prompts, gen, params, tok, judge, batch_size, counts, c
     """Generate batch by batch and write the kept rows (judge: (task, problems) or (None, _),
     keeping every row) to `fh`."""
     task, problems = judge
-    with progress_bar("generate", len(examples), enabled=cfg.logging.progress) as bar:
+    with progress_bar("generate", len(examples), enabled=cfg.logging.progress, unit="rows") as bar:
         for lo in range(0, len(examples), batch_size):
             chunk = examples[lo : lo + batch_size]
             rollout = gen.generate(prompts[lo : lo + len(chunk)], params)

@@ -1,9 +1,15 @@
 """A live teacher: one forward pass over prompt + completion, in its own dtype and device.
 
-The forward runs with the output head bypassed (its output is the final hidden state, as the
-student's in `train/step.py`), under `torch.inference_mode` (`torch.no_grad` for an FSDP-sharded
-teacher: FSDP2's unshard fails on inference tensors in torch < 2.12). Head and log-softmax are
-then applied only to the positions a loss reads (`scored_positions`: the loss mask, or the
+The forward runs the model's decoder (`get_decoder()`: the body and its final norm; its output
+is the final hidden state) and leaves the module untouched: no head swapped, so no lock that a
+background seq-KD writer would hold for a whole generate call, and no wrapper a training
+framework put on the module's forward (accelerate's fp32-output wrapper on a student scoring as
+its own teacher would hand fp32 states to a bf16 head). It runs under `torch.inference_mode`
+(`torch.no_grad` for an FSDP-sharded teacher: FSDP2's unshard fails on inference tensors in
+torch < 2.12). Head, what the model's forward applies after it (`models.logits`: Gemma 2's
+soft-cap, Cohere's and Granite's scales; checked once against the model's own logits when the
+teacher is built, an unknown transform refused) and log-softmax are then applied only to the
+positions a loss reads (`scored_positions`: the loss mask, or the
 teacher positions of a cross-tokenizer alignment), `chunk_rows` positions at a time
 (`losses.chunked.auto_chunk_size`, the rule of `loss.chunk_size: auto`), each chunk written into
 the output: the (B, T, V) log-probs in the teacher's dtype, or top-k + rest. Log-softmax (at the
@@ -17,11 +23,11 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
-from distil.data.packing import head_bypassed, model_forward
+from distil.data.packing import model_forward
 from distil.errors import DistilError
 from distil.losses.chunked import auto_chunk_size
+from distil.models.logits import check_decoder_logits, logits_rule
 from distil.teacher.base import sparse_topk
 from distil.types import Batch, TeacherTargets
 
@@ -52,6 +58,11 @@ class LiveTeacher:
         self.temperature = temperature
         self.top_k = top_k
         self.vocab_size = vocab_size  # keep only the first V logits (padded embedding rows)
+        # what the forward does around the head (read once: a student that follows swaps it
+        # off during its own forwards), checked against the model's logits once
+        self.rule = logits_rule(model)
+        if not _is_fsdp(model) and hasattr(model, "get_decoder"):
+            check_decoder_logits(model, self.rule)
         if not follows_student:
             for p in self.model.parameters():
                 p.requires_grad_(False)
@@ -62,8 +73,8 @@ class LiveTeacher:
 
     def forward(self, batch: Batch):
         """(x_B_T_X, head): the shifted final hidden states (B, T, H) and the output head, or
-        the shifted logits (B, T, V) and None when the head cannot be bypassed (an FSDP-sharded
-        teacher, whose head weight is a shard outside its forward).
+        the shifted logits (B, T, V) and None when the head cannot be applied apart (an
+        FSDP-sharded teacher, whose head weight is a shard outside its forward).
 
         Cross-tokenizer batches carry the teacher's own inputs (its chat template, its tokens);
         the targets are then in teacher positions and the alignment maps them to the student.
@@ -75,14 +86,12 @@ class LiveTeacher:
             ids, attn = batch.context_input_ids_B_L, batch.context_attention_mask_B_L
         kw = dict(packing=self.packing, pack_length=self.pack_length)
         sharded = _is_fsdp(self.model)
+        ids, attn = ids.to(self.device), attn.to(self.device)
         with torch.no_grad() if sharded else torch.inference_mode():
-            if sharded or not hasattr(self.model, "set_output_embeddings"):
-                return model_forward(self.model, ids.to(self.device), attn.to(self.device), **kw)[
-                    :, :-1
-                ], None
-            with head_bypassed(self.model) as head:
-                x = model_forward(self.model, ids.to(self.device), attn.to(self.device), **kw)
-            return x[:, :-1], head
+            if sharded or not hasattr(self.model, "get_decoder"):
+                return model_forward(self.model, ids, attn, **kw)[:, :-1], None
+            x = model_forward(self.model, ids, attn, hidden=True, **kw)
+            return x[:, :-1], self.model.get_output_embeddings()
 
     @torch.no_grad()
     def idle(self) -> None:
@@ -121,17 +130,20 @@ class LiveTeacher:
         at_N = pos_N
         if batch.context_shift_B is not None:
             at_N = pos_N + batch.context_shift_B.to(pos_N.device)[row_N]
+        bad = []  # per chunk, which rows are not finite: read once after the loop (one sync)
         for s in range(0, len(row_N), step):
             r, p = row_N[s : s + step], pos_N[s : s + step]
             x_n = x_B_T_X[r, at_N[s : s + step]]  # gathers n rows only, from any layout
-            logits_n_V = x_n[:, :V] if weight is None else F.linear(x_n, weight, bias)
+            # the head in its dtype, whatever a wrapper made of the hidden states; or logits
+            logits_n_V = x_n[:, :V] if weight is None else self.rule.logits(x_n, weight, bias)
             logits_n_V = logits_n_V.float()
             if self.temperature != 1.0:
                 logits_n_V = logits_n_V / self.temperature
             lp_n_V = torch.log_softmax(logits_n_V, dim=-1)
             del logits_n_V
-            _check_finite(lp_n_V, r, p, len(row_N))
+            bad.append(~torch.isfinite(lp_n_V.amax(dim=-1)))
             out.write(r, p, lp_n_V, None if labels_N is None else labels_N[s : s + step])
+        _check_finite(bad, row_N, pos_N)
         return out.targets(labels_N is not None).to(batch.input_ids_B_L.device)
 
 
@@ -205,18 +217,20 @@ class TeacherOutputError(DistilError):
     """The teacher produced NaN or infinite logits on real (non-padding) tokens."""
 
 
-def _check_finite(lp_n_V: torch.Tensor, row_n, pos_n, scored: int) -> None:
+def _check_finite(bad: list[torch.Tensor], row_N, pos_N) -> None:
     """Stop before the loss when a scored teacher row is NaN/inf: a KL against it is NaN, and
-    a skipped step would only hide a broken teacher. max over the vocabulary propagates NaN,
-    and is -inf or NaN when the logits held +inf or only -inf; positions no loss reads (prompt,
-    padding: some attention kernels return NaN on fully masked rows) are not scored."""
-    bad_n = ~torch.isfinite(lp_n_V.amax(dim=-1))
-    if bool(bad_n.any()):
-        first = int(bad_n.nonzero()[0, 0])
+    a skipped step would only hide a broken teacher. `bad`: per chunk, whether each row's max
+    log-prob is not finite (max propagates NaN, and is -inf or NaN when the logits held +inf or
+    only -inf); positions no loss reads (prompt, padding: some attention kernels return NaN on
+    fully masked rows) are not scored. One host read for the micro-batch, after every chunk
+    is queued, not one per chunk (which would keep the host from running ahead)."""
+    bad_N = torch.cat(bad) if bad else torch.zeros(0, dtype=torch.bool)
+    if bool(bad_N.any()):
+        first = int(bad_N.nonzero()[0, 0])
         raise TeacherOutputError(
-            f"the teacher's logits are NaN or infinite at {int(bad_n.sum())} or more of the "
-            f"{scored} token positions the loss reads in this micro-batch (first: row "
-            f"{int(row_n[first])}, position {int(pos_n[first])}), so every loss against them "
+            f"the teacher's logits are NaN or infinite at {int(bad_N.sum())} of the "
+            f"{len(bad_N)} token positions the loss reads in this micro-batch (first: row "
+            f"{int(row_N[first])}, position {int(pos_N[first])}), so every loss against them "
             "would be NaN. Fix: load the teacher in a wider dtype (teacher.dtype=bfloat16 or "
             "float32; float16 overflows in many models), or check that teacher.path holds "
             "intact weights"

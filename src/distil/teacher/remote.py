@@ -313,7 +313,9 @@ def api_key(env_var: str | None) -> str | None:
 def probe(teacher: RemoteTeacher, tok) -> None:
     """Score ids spread over the tokenizer (its last id included: a smaller served vocabulary
     refuses it) and compare the server's decoded tokens with this tokenizer's."""
-    size = len(tok)
+    from distil.models.tokenizers import id_rows
+
+    size = id_rows(tok)
     ids = sorted({round(i * (size - 1) / (PROBE_TOKENS - 1)) for i in range(PROBE_TOKENS)})
     entries = teacher.client.request(
         "POST",
@@ -326,7 +328,7 @@ def probe(teacher: RemoteTeacher, tok) -> None:
         },
         hint=(
             f"A refusal here usually means the served vocabulary is smaller than teacher."
-            f"tokenizer's ({size} tokens: the probe sends id {size - 1}) or the server allows "
+            f"tokenizer's ({size} ids: the probe sends id {size - 1}) or the server allows "
             f"fewer prompt log-probs than teacher.top_k = {teacher.top_k} (vllm serve "
             "--max-logprobs, distil serve-teacher --max-logprobs)"
         ),
@@ -364,9 +366,10 @@ def remote_setup(cfg, tok, student_model):
     rows = student_model.get_output_embeddings().weight.shape[0]
     if is_cross_tokenizer(cfg.loss.name):
         from distil.data.crosstok import CrossTokenizer
+        from distil.models.tokenizers import id_rows
 
         cross = CrossTokenizer.for_data(tok, teacher_tok, cfg.data)
-        keep = len(tok) if rows > len(tok) else None
+        keep = id_rows(tok) if rows > id_rows(tok) else None
         return connect(cfg, teacher_tok, vocab_limit=None), teacher_tok, cross, keep
     if problem := vocab_mismatch(cfg.loss.name, tok, teacher_tok):
         raise ConfigError(problem)

@@ -21,8 +21,9 @@ from distil.align import matched_vocab
 from distil.config import DistilConfig
 from distil.data.crosstok import CrossTokenizer
 from distil.errors import ConfigError
-from distil.losses import is_cross_tokenizer
+from distil.losses import is_cross_tokenizer, needs_teacher
 from distil.models.load import load_tokenizer
+from distil.models.tokenizers import id_rows
 from distil.teacher.cache import (
     TEACHER_TOKENIZER,
     CacheError,
@@ -52,7 +53,7 @@ def scorer_class(name: str):
 
 
 class NullTeacher:
-    """The `sft` loss needs no teacher targets: scoring is free."""
+    """The `sft` and `grpo` losses need no teacher targets: scoring is free."""
 
     temperature = 1.0
 
@@ -62,10 +63,10 @@ class NullTeacher:
 
 def loads_teacher_model(cfg: DistilConfig) -> bool:
     """Whether the run needs the teacher model itself: to score (unless a cache or a server
-    stands in for it) or, with `sft`, to write seq-KD completions."""
+    stands in for it) or, with `sft`, to write seq-KD completions (`grpo` reads none)."""
     if not cfg.teacher.path:
         return False
-    if cfg.loss.name == "sft":
+    if not needs_teacher(cfg.loss.name):
         return cfg.train.seq_kd
     return not (cfg.teacher.cache or cfg.teacher.url)
 
@@ -80,7 +81,7 @@ def build_scorer(
     which a cache is checked against. The logits to keep are None when every student logit is
     a token of the compared vocabulary.
     """
-    if cfg.loss.name == "sft":  # supervised: the teacher (if any) only writes completions
+    if not needs_teacher(cfg.loss.name):  # sft, grpo: the teacher (if any) only writes
         cross = None
         if teacher_tok is not None and teacher_tok.get_vocab() != tok.get_vocab():
             cross = CrossTokenizer.for_data(tok, teacher_tok, cfg.data)
@@ -131,9 +132,9 @@ def shared_vocab_size(cfg: DistilConfig, s_tok, t_tok, s_model, t_model) -> int 
     vt = t_model.get_output_embeddings().weight.shape[0]
     if vs == vt:
         return None
-    if len(s_tok) > min(vs, vt):
+    if id_rows(s_tok) > min(vs, vt):
         raise ConfigError(
-            f"the tokenizer has {len(s_tok)} tokens but a model has only "
+            f"the tokenizer's ids go up to {id_rows(s_tok) - 1} but a model has only "
             f"{min(vs, vt)} output rows; the checkpoints do not match it"
         )
     return min(vs, vt)
@@ -142,7 +143,8 @@ def shared_vocab_size(cfg: DistilConfig, s_tok, t_tok, s_model, t_model) -> int 
 def cross_tokenizer_setup(cfg: DistilConfig, tok, teacher_tok, model, teacher_model):
     """(CrossTokenizer, student logits to keep, teacher logits to keep) for cross losses.
 
-    Logits beyond each tokenizer's length (padded embedding rows) are dropped on both sides.
+    Logits beyond each tokenizer's ids (`id_rows`: padded embedding rows) are dropped on both
+    sides.
     """
     if cfg.teacher.top_k is not None:
         raise ConfigError(
@@ -155,8 +157,9 @@ def cross_tokenizer_setup(cfg: DistilConfig, tok, teacher_tok, model, teacher_mo
         matched_vocab(cross.student_vb, cross.teacher_vb)  # raises when nothing is shared
     vs = model.get_output_embeddings().weight.shape[0]
     vt = teacher_model.get_output_embeddings().weight.shape[0]
-    keep_s = len(tok) if vs > len(tok) else None
-    keep_t = len(teacher_tok) if vt > len(teacher_tok) else None
+    rows_s, rows_t = id_rows(tok), id_rows(teacher_tok)
+    keep_s = rows_s if vs > rows_s else None
+    keep_t = rows_t if vt > rows_t else None
     return cross, keep_s, keep_t
 
 
@@ -182,7 +185,7 @@ def cached_cross_setup(cfg: DistilConfig, tok, model):
         )
     cross = CrossTokenizer.for_data(tok, teacher_tok, cfg.data)
     vs = model.get_output_embeddings().weight.shape[0]
-    return cross, (len(tok) if vs > len(tok) else None)
+    return cross, (id_rows(tok) if vs > id_rows(tok) else None)
 
 
 def _note_unread_teacher(cfg: DistilConfig, named: str, teacher_tok) -> None:

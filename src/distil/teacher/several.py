@@ -10,7 +10,10 @@
 - Mixed (`teachers.weights`): every teacher scores every row and the targets are the mixture
   of their distributions, log M(v) = log sum_i w_i T_i(v) (weights normalized to sum to 1),
   which the configured divergence then compares with the student. A mixture of one teacher
-  with weight 1 is that teacher. It needs full distributions over one vocabulary (the
+  with weight 1 is that teacher. Only the positions a loss reads are mixed (in fp32, a chunk
+  of rows at a time, into the first teacher's output): the rest hold a filler no loss reads,
+  and no fp32 (B, T, V) tensor is made (about 30 GB for two teachers at B=16, T=896 and a
+  151,936-row vocabulary; gpu-review-2 finding 10). It needs full distributions over one vocabulary (the
   student's, or one teacher tokenizer shared by all with a cross-tokenizer loss).
 """
 
@@ -26,6 +29,8 @@ import torch
 from distil.config.contexts import teacher_contexts
 from distil.data.collate import collate
 from distil.errors import DataError
+from distil.losses.chunked import auto_chunk_size
+from distil.teacher.live import scored_positions
 from distil.types import Batch, Example, TeacherTargets
 
 
@@ -123,7 +128,8 @@ class RoutedCollate:
             mask[torch.tensor(picked), : sub.mask_B_T.shape[1]] = sub.mask_B_T
             parts[name] = sub
         fields_ = {f.name: getattr(base, f.name) for f in fields(Batch)}
-        return RoutedBatch(**{**fields_, "mask_B_T": mask}, parts=parts)
+        fields_.update(mask_B_T=mask, completion_mask_B_T=base.mask_B_T)
+        return RoutedBatch(**fields_, parts=parts)
 
 
 @dataclass
@@ -211,14 +217,24 @@ class MixedTeacher:
         self.temperature = self.teachers[0].temperature
 
     def score(self, batch: Batch) -> TeacherTargets:
-        mixed = None
+        lps, log_ws = [], []
         for teacher, log_w in zip(self.teachers, self.log_w, strict=True):
             if log_w == -math.inf:
                 continue  # weight 0: never run
             lp = teacher.score(batch).logprobs_B_T_V
             if lp is None:
                 raise ValueError("a mixture needs every teacher's full distribution (top_k=null)")
-            term = lp.to(torch.promote_types(lp.dtype, torch.float32)) + log_w  # fp32 at least
-            mixed = term if mixed is None else torch.logaddexp(mixed, term)
-        assert mixed is not None
-        return TeacherTargets(logprobs_B_T_V=mixed.to(lp.dtype))
+            lps.append(lp)
+            log_ws.append(log_w)
+        out = lps[0].to(lps[-1].dtype)  # written in place at the scored rows
+        rows_B_T = scored_positions(batch, tuple(out.shape[:2])).to(out.device)
+        row_N, pos_N = rows_B_T.nonzero(as_tuple=True)
+        step = auto_chunk_size(out.shape[-1])
+        for s in range(0, len(row_N), step):
+            r, p = row_N[s : s + step], pos_N[s : s + step]
+            mixed = None  # log sum_i w_i T_i(v), in fp32 at least, a chunk of rows at a time
+            for lp, log_w in zip(lps, log_ws, strict=True):
+                term = lp[r, p].to(torch.promote_types(lp.dtype, torch.float32)) + log_w
+                mixed = term if mixed is None else torch.logaddexp(mixed, term)
+            out[r, p] = mixed.to(out.dtype)
+        return TeacherTargets(logprobs_B_T_V=out)

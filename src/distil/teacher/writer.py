@@ -120,7 +120,9 @@ def cache_teacher(
     if cfg.teacher.context or cfg.teacher.system:
         rows.give_context(cfg.teacher.context, cfg.teacher.system)
     batch_size = batch_size or cfg.train.per_device_batch_size
-    with progress_bar("cache-teacher", len(examples), enabled=cfg.logging.progress) as bar:
+    with progress_bar(
+        "cache-teacher", len(examples), enabled=cfg.logging.progress, unit="rows"
+    ) as bar:
         _write_shards(
             out, manifest, source, rows, row_fps, values, shard_rows, batch_size, bar, after_shard
         )
@@ -163,7 +165,7 @@ def _write_shards(
     n = len(row_fps)
     start = manifest["shards"][-1]["rows"][1] if manifest["shards"] else 0
     rate = _Rate()
-    bar.advance(start)
+    bar.skip(start)
     for lo in range(start, n, shard_rows):
         hi = min(lo + shard_rows, n)
         cols, offsets = [], [0]
@@ -277,13 +279,26 @@ class _Rate:
         self.before += offsets[-1]
 
 
+def _differs(key: str, old: Any, new: Any) -> bool:
+    """A header value the resumed cache was not made with. A manifest written before the
+    resolved dtype was recorded says `auto` (the config's value): it matches what `auto`
+    resolves to now, at the top and per teacher (`teachers`)."""
+    if key == "dtype" and old == "auto":
+        return False
+    if key == "teachers" and isinstance(old, dict) and isinstance(new, dict):
+        if old.keys() != new.keys():
+            return True
+        return any(_differs(k, old[n].get(k), v) for n in new for k, v in new[n].items())
+    return old != new
+
+
 def _start_or_resume(out: Path, header: dict[str, Any]) -> dict[str, Any]:
     """A fresh manifest, or the one of a cache of the same settings cut short (or finished)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a directory for the cache")
     if (out / fmt.MANIFEST).is_file():
         old = fmt.read_manifest(out)
-        diffs = [k for k in header if k != "teacher_path" and old.get(k) != header[k]]
+        diffs = [k for k in header if k != "teacher_path" and _differs(k, old.get(k), header[k])]
         if diffs:
             raise CacheError(
                 f"--out {out} holds a teacher cache made with other settings ("

@@ -13,6 +13,13 @@ from its own seed (`SamplingParams.seed`, distil.generation.seeded), so the samp
 depend on thread timing, and every rank's in-flight window is the one the synchronous buffer
 would give it: the buffer itself runs in the background thread, one window ahead.
 
+A teacher that follows the student writes its seq-KD slices from a snapshot too: with
+`teacher.from_student: current` the teacher is the student, so its writer samples from the
+student's snapshot (never from weights the optimizer is writing, which no lock orders against
+the background stream), one step stale like the on-policy samples. `from_student: ema` with
+seq-KD is refused with generation.async (config/rules_backends.py): its average is lerped in
+place after every step, and a second snapshot would have to be saved with every checkpoint.
+
 Checkpoints: the window in flight is not saved. A checkpoint holds the buffer state before it
 and the snapshot's trainable weights (`sampler.safetensors`); a resumed run samples that window
 again from them, with the same prompts, weights and seed, so it trains on exactly what the
@@ -60,6 +67,13 @@ def weight_snapshot(model: torch.nn.Module) -> torch.nn.Module:
     return snapshot.eval()
 
 
+def _worker_copy(generator):
+    """The generator's copy for the worker thread (`worker_copy`: hf_static on torch < 2.12
+    compiles it without CUDA graphs), or a plain copy."""
+    make = getattr(generator, "worker_copy", None)
+    return make() if make is not None else copy.copy(generator)
+
+
 def trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
@@ -99,8 +113,11 @@ class _Worker:
 
     One thread, not one per window: a compiled generator's CUDA graphs (cudagraph trees) keep
     their state per host thread, so a new thread per window re-warms and re-records every
-    bucket, and a torch without pytorch PR #184357 (the GPU image's 2.11) asserts
-    (pytorch#123177). A daemon thread fed by a queue rather
+    bucket. One thread does not make a torch without pytorch PR #184357 (the GPU image's 2.11)
+    safe: there cudagraph trees assert in any thread but the one that first imported them
+    (pytorch#123177), which a compiled call on the main thread (an evaluation, a notebook)
+    makes the main thread, so the worker's hf_static copy runs without CUDA graphs there
+    (`StaticCacheGenerator.worker_copy`). A daemon thread fed by a queue rather
     than a ThreadPoolExecutor: the executor's threads are joined at interpreter exit, so a stop
     (SIGTERM) would wait for a window being sampled.
     """
@@ -141,7 +158,14 @@ class AsyncWindows:
     window ahead of it. `state` is the buffer state before the window in flight: what a
     checkpoint saves."""
 
-    def __init__(self, buffer: GenerationBuffer, student: torch.nn.Module, *, max_steps: int):
+    def __init__(
+        self,
+        buffer: GenerationBuffer,
+        student: torch.nn.Module,
+        *,
+        max_steps: int,
+        teacher_is_student: bool = False,
+    ):
         self.buffer, self.max_steps = buffer, max_steps
         self.snapshot = weight_snapshot(student)
         # what the optimizer moves, paired once: (names, live parameters, snapshot parameters)
@@ -153,8 +177,13 @@ class AsyncWindows:
         buffer.seeded = True  # each generate call draws from its own seed, not the global RNG
         gen = buffer.student.generator
         if gen is not None:  # a copy of the generator samples from the snapshot
-            buffer.student.generator = copy.copy(gen)
+            buffer.student.generator = _worker_copy(gen)
             buffer.student.generator.sync_weights(self.snapshot)
+        writer = buffer.teacher.generator if buffer.teacher is not None else None
+        if writer is not None:  # the teacher's writer runs on the worker thread too
+            buffer.teacher = replace(buffer.teacher, generator=_worker_copy(writer))
+            if teacher_is_student:  # from_student=current: it samples the snapshot too
+                buffer.teacher.generator.sync_weights(self.snapshot)
         self.state: BufferState = replace(buffer.state)
         self.version = 0  # optimizer steps the snapshot's weights have had
         self._in_flight: _Job | None = None

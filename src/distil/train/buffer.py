@@ -11,6 +11,12 @@ generate call (likewise the teacher's seq-KD slices). With `teacher_windows` = K
 teacher writes the seq-KD slices of K windows (a block: windows bK .. bK + K - 1) in one call,
 sampled from a seed of (seed, rank, block): it does not train, so what it writes ahead is what it
 would write later, and a run resumed inside a block writes that block again, identically.
+Every completion id must be below `vocab_limit` (the student tokenizer's largest id + 1): an id
+past it (a model vocabulary padded past its tokenizer; the generators never sample one) is a
+DataError naming the row, not an index error deep in a loss.
+With `reward` (train/reward.py) the window's on-policy samples are scored right after they
+are sampled (on the sampler's thread with generation.async) and carry their reward and
+group-relative advantage.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from distil.data.collate import collate
-from distil.errors import ConfigError
+from distil.errors import ConfigError, DataError
 from distil.generation.base import Generator, SamplingParams
 from distil.generation.seeded import sampling_seed
 from distil.types import Batch, Example, Sample
@@ -54,6 +60,11 @@ class Window:
     @property
     def num_loss_tokens(self) -> int:
         return sum(b.num_loss_tokens for b in self.micro_batches)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        """The reward term's count: completion tokens, aligned or not (`Batch`)."""
+        return sum(b.num_completion_tokens for b in self.micro_batches)
 
 
 @dataclass
@@ -91,6 +102,8 @@ class GenerationBuffer:
         num_workers: int = 0,
         seeded: bool = False,
         teacher_windows: int = 1,
+        vocab_limit: int | None = None,
+        reward: Callable[[list[Sample]], dict[str, float]] | None = None,
     ):
         self.examples = list(examples)
         self.student, self.teacher = student, teacher
@@ -108,6 +121,8 @@ class GenerationBuffer:
         # window, policy), not from torch's global RNG (generation.async needs this)
         self.seeded = seeded
         self.ahead = teacher_windows
+        self.vocab_limit = vocab_limit  # completion ids must be below it (None: unchecked)
+        self.reward = reward  # scores the on-policy samples: rewards, advantages, metrics
         self._written: dict[int, tuple[list[int], list[Sample | None], dict[str, float]]] = {}
         self.state = BufferState()
         self._orders: dict[int, list[int]] = {}
@@ -201,6 +216,11 @@ class GenerationBuffer:
                 self._generate(side, policy, params, rows, picked, samples, metrics)
         metrics["time/generate"] = time.perf_counter() - start
         self._written.pop(index, None)  # a block's window without teacher-written slices
+        on = [s for s, p in zip(samples, row_policy, strict=True) if p == ON]
+        if self.reward is not None and on:  # whole groups: a prompt's n rows share a slice
+            start = time.perf_counter()
+            metrics.update(self.reward(on))  # type: ignore[arg-type]
+            metrics["time/reward"] = time.perf_counter() - start
         for r, p in enumerate(row_policy):
             if p == OFF:
                 samples[r] = self._reference(rows[r])
@@ -254,6 +274,7 @@ class GenerationBuffer:
                 lps = None  # sampling log-probs are in the other tokenizer's units
             if policy != ON:
                 lps = None
+            self._check_ids(ex, ids, policy)
             samples[r] = Sample(
                 ex,
                 self.student.prompt_ids[ex],
@@ -313,6 +334,7 @@ class GenerationBuffer:
     def _reference(self, ex: int) -> Sample:
         ids = self.completion_ids[ex]
         assert ids is not None
+        self._check_ids(ex, ids, OFF)
         return Sample(
             ex,
             self.student.prompt_ids[ex],
@@ -320,6 +342,27 @@ class GenerationBuffer:
             OFF,
             prompt=self.examples[ex].prompt,
             completion_text=self.examples[ex].completion,
+        )
+
+    def _check_ids(self, ex: int, ids: Sequence[int], policy: str) -> None:
+        """A completion id past the student tokenizer's largest id: a DataError naming the
+        row (its file and line) and where the completion came from."""
+        if self.vocab_limit is None or not ids or max(ids) < self.vocab_limit:
+            return
+        bad = max(ids)
+        source = {ON: "the student's sample", OFF: "the dataset's completion"}.get(
+            policy, "the teacher-written completion (seq-KD)"
+        )
+        path, _, line = self.examples[ex].meta.get("_where", "").rpartition(":")
+        raise DataError(
+            f"data row {ex}: {source} holds token id {bad}, past the student tokenizer's "
+            f"ids (its largest is {self.vocab_limit - 1}; a model vocabulary padded past its "
+            "tokenizer has rows no text decodes to, and every loss that reads tokens would "
+            "index past its tables). "
+            "Fix: check that the student's tokenizer (student.tokenizer) is the one its model "
+            "and the completions were made with",
+            path=path or None,
+            line=int(line) if line.isdigit() else None,
         )
 
 

@@ -384,9 +384,18 @@ def _prune(root: Path, keep_last: int) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
-def save_final_model(accelerator, model, tokenizer, out_dir: str | Path, **meta: Any) -> Path:
-    """Weights, config, generation config, tokenizer (chat template included) and distil's
-    model metadata, in the layout plain `transformers` loads. LoRA adapters are merged."""
+def save_final_model(
+    accelerator,
+    model,
+    tokenizer,
+    out_dir: str | Path,
+    *,
+    files: dict[str, str] | None = None,
+    **meta: Any,
+) -> Path:
+    """Weights, config, generation config, tokenizer (chat template included), distil's model
+    metadata and the text `files` ({name: text}: the model card, the config), in the layout
+    plain `transformers` loads. LoRA adapters are merged."""
     from distil.models.load import quiet_transformers, write_model_meta
 
     quiet_transformers()
@@ -402,6 +411,8 @@ def save_final_model(accelerator, model, tokenizer, out_dir: str | Path, **meta:
         unwrapped.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         write_model_meta(tmp, **meta)
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

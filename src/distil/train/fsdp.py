@@ -18,6 +18,7 @@ plugin's settings). distil adds four things:
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -219,6 +220,13 @@ class GatheringGenerator:
     def generate(self, prompt_ids, params):
         with full_weights(self.model):
             return self.inner.generate(prompt_ids, params)
+
+    def worker_copy(self) -> GatheringGenerator:
+        """The copy another thread samples with (`generation.async`): still gathering, around
+        the inner generator's own worker copy (or a plain copy of it). Defined here, not
+        forwarded, so the copy never loses the gathering."""
+        make = getattr(self.inner, "worker_copy", None)
+        return GatheringGenerator(make() if make is not None else copy.copy(self.inner), self.model)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

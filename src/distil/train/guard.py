@@ -9,10 +9,13 @@ rank's timer) and on SIGINT/SIGTERM (any rank's), which then end the run.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from distil.config import TrainConfig
 from distil.errors import DistilError
@@ -22,8 +25,10 @@ from distil.train.signals import TrainingInterrupted, signal_name
 class Guard:
     """The streak counters, the last good checkpoint and the save clock of one run."""
 
-    def __init__(self, cfg: TrainConfig, state: dict[str, Any], last_good: Path | None):
+    def __init__(self, cfg: TrainConfig, state: dict[str, Any], last_good: Path | None, *,
+                 reward_only: bool = False):  # fmt: skip
         self.cfg = cfg
+        self.reward_only = reward_only  # loss.name=grpo: flat groups have no gradient
         self.skips = state.get("consecutive_skips", 0)  # non-finite steps in a row
         self.zeros = state.get("zero_grad_steps", 0)  # zero-gradient steps in a row
         self.last_good = last_good
@@ -48,10 +53,14 @@ class Guard:
     ) -> bool:
         """Count the step into the streaks, warn about a skipped step, stop a streak past its
         limit (DistilError); True when a checkpoint is due now. `flags`: the rank-wide signal,
-        timer and bad ranks (`loop._rank_flags`); `last`: the run's last step (saved anyway)."""
+        timer, bad ranks and reward signal (`rank_flags`); `last`: the run's last step (saved
+        anyway)."""
         self.skips = 0 if finite else self.skips + 1
         dead = finite and metrics["grad_norm"] == 0.0 and metrics["tokens/loss"] > 0
         dead = dead and self.cfg.max_zero_grad_steps > 0  # 0: the user trains on regardless
+        # a reward alone (grpo) has no gradient when every group's rewards are equal, on every
+        # rank: by design. A distillation loss (a logged or added reward) has one regardless.
+        dead = dead and not (self.reward_only and not flags["reward_signal"])
         self.zeros = self.zeros + 1 if dead else 0
         if not finite:
             self._report_skip(step, flags["bad_ranks"])
@@ -130,3 +139,27 @@ class Guard:
             f"train.resume={self.last_good} (list the keys you change, e.g. "
             "train.resume_changed=[train.lr]), or start over with train.resume=never."
         )
+
+
+def rank_flags(
+    acc, signum: int, time_due: bool, local_ok, window_metrics: dict, stop_asked: bool = False
+) -> dict[str, Any]:
+    """The rank-wide flags of one step, from one small all-reduce, so that every rank takes the
+    same decisions: "signum" (a signal on any rank: stop), "time" (any rank's timer: save),
+    "reward_signal" (some rank's window has a group whose rewards differ:
+    `reward/no_signal_groups` below 1, a per-rank share), "stop" (a callback asked, on the main
+    process) and "bad_ranks" (the ranks that saw a non-finite loss)."""
+    n = acc.num_processes
+    flags = torch.zeros(5 + n, dtype=torch.float32, device=acc.device)
+    flags[0] = float(signum == signal.SIGTERM)
+    flags[1] = float(signum == signal.SIGINT)
+    flags[2] = float(bool(time_due))
+    flags[3] = float(window_metrics.get("reward/no_signal_groups", 1.0) < 1.0)
+    flags[4] = float(bool(stop_asked))
+    flags[5 + acc.process_index] = float(not bool(local_ok))
+    if n > 1:
+        flags = acc.reduce(flags, reduction="sum")
+    f = flags.tolist()
+    sig = signal.SIGTERM if f[0] else signal.SIGINT if f[1] else 0
+    return {"signum": int(sig), "time": bool(f[2]), "reward_signal": bool(f[3]),
+            "stop": bool(f[4]), "bad_ranks": [r for r in range(n) if f[5 + r]]}  # fmt: skip

@@ -1,7 +1,8 @@
 """What a run tells its user: metrics.jsonl, a progress line, trackers, one rendered example.
 
 `metrics.jsonl` gets one JSON object per optimizer step (loss, per-component losses, KL,
-on/off-policy shares, grad norm, lr, tokens, with several teachers each one's loss and tokens
+on/off-policy shares, a task's reward (`reward/mean`, `reward/share/<outcome>`,
+`reward/no_signal_groups`), grad norm, lr, tokens, with several teachers each one's loss and tokens
 (`loss/teacher/<name>`, `tokens/teacher/<name>`), and the seconds spent generating, scoring with
 the teacher and training). On resume, lines past the restored step (and a partial last line left
 by a kill) are dropped so the file reads as one uninterrupted run.
@@ -91,8 +92,8 @@ def memory_metrics(device: torch.device, planned_peak: int | None) -> dict[str, 
 
 class ProgressLine:
     """Progress of a run: a live bar with ETA on a terminal, else a status line every `every`
-    steps (step, loss, KL, each teacher's loss, on-policy share, tokens/s, eval accuracy,
-    elapsed, ETA).
+    steps (step, loss, KL, each teacher's loss, on-policy share, a task's reward and its share
+    of groups with equal rewards, tokens/s, eval accuracy, elapsed, ETA).
 
     With a wall-clock or compute budget the run ends at whichever comes first (steps, minutes,
     student FLOPs) and the ETA follows the binding one. Use as a context manager so the bar is
@@ -166,6 +167,9 @@ class ProgressLine:
             if key.startswith("loss/teacher/"):
                 parts.append(f"loss[{key[len('loss/teacher/') :]}] {significant(value)}")
         parts.append(f"on-policy {100 * metrics.get('policy/on_policy_share', 0):.0f}%")
+        if "reward/mean" in metrics:  # a task's reward: its mean, groups without a signal
+            parts.append(f"reward {significant(metrics['reward/mean'], 3)}")
+            parts.append(f"flat groups {100 * metrics['reward/no_signal_groups']:.0f}%")
         parts.append(f"{rate(metrics.get('throughput/tokens_per_s', 0))} tok/s")
         if "eval/accuracy" in metrics:
             parts.append(f"eval {100 * metrics['eval/accuracy']:.1f}%")

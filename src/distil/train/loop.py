@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,70 +27,78 @@ import torch
 
 from distil.config import DistilConfig, to_yaml
 from distil.config.contexts import has_context
+from distil.config.rules_reward import GRPO
 from distil.eval.runner import run_template
+from distil.train import evaluation
 from distil.train.async_gen import AsyncWindows
+from distil.train.callbacks import Callbacks
+from distil.train.card import CONFIG_FILE, metrics_rows, model_card
 from distil.train.checkpoint import save_checkpoint, save_final_model
 from distil.train.cost import CostMeter
-from distil.train.fsdp import full_weights, is_sharded
-from distil.train.guard import Guard
+from distil.train.guard import Guard, rank_flags
 from distil.train.logging import MetricsLog, ProgressLine, memory_metrics, print_sample
+from distil.train.metrics import add_align_metrics, add_metrics, step_metrics
 from distil.train.optim import final_weights, fold_grads, grad_params, set_lr
 from distil.train.resume import resume
 from distil.train.rundir import RunLock, record_config
 from distil.train.setup import Components, build
 from distil.train.signals import StopRequest
-from distil.train.step import (
-    TEACHER_SUMS,
-    micro_step,
-    score_micro_batch,
-    teacher_metrics,
-    teacher_names,
-)
+from distil.train.step import TEACHER_SUMS, micro_step, score_micro_batch, teacher_names
 from distil.train.timing import PhaseClock
+from distil.train.trackers import log_metrics, start_trackers
 
 
-def train(cfg: DistilConfig) -> dict[str, Any]:
+def train(
+    cfg: DistilConfig,
+    *,
+    models: dict[str, Any] | None = None,
+    callbacks: Iterable = (),
+    prepare: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
     """Run `cfg` to `train.max_steps`, `train.max_minutes` or `train.max_student_flops`
-    (resuming if asked).
+    (resuming if asked), or until a callback asks to stop (`distil.train.callbacks`).
 
-    Returns the last step's metrics. The training clock (`time/train_clock`) counts generation,
-    teacher and student time only: evaluation, checkpoints and the printed example are excluded.
-    The output directory is locked for the run; SIGINT/SIGTERM end it after a checkpoint
-    (`TrainingInterrupted`, exit code 130/143).
+    Returns the last step's metrics. `models`: already-loaded models by side ("student",
+    "teacher") trained or used in place of loading `student.path`/`teacher.path` (which then
+    hold their config.json and tokenizer: `distil.api`). The training clock
+    (`time/train_clock`) counts generation, teacher and student time only: evaluation,
+    checkpoints and the printed example are excluded. The output directory is locked for the
+    run; SIGINT/SIGTERM end it after a checkpoint (`TrainingInterrupted`, exit code 130/143).
+    `prepare`: called on every process under the lock, before anything is built (the Python
+    API writes the files of its objects there).
     """
     with RunLock(cfg.train.output_dir, enabled=int(os.environ.get("RANK", "0")) == 0):
-        c = build(cfg)
+        if prepare is not None:
+            prepare()
+        c = build(cfg, models=models) if models else build(cfg)
         if cfg.generation.async_:
-            c.buffer = AsyncWindows(c.buffer, c.unwrapped, max_steps=cfg.train.max_steps)
+            current = cfg.teacher.from_student == "current"  # it writes from the snapshot too
+            c.buffer = AsyncWindows(
+                c.buffer, c.unwrapped, max_steps=cfg.train.max_steps, teacher_is_student=current
+            )
+        hooks = Callbacks(callbacks, enabled=c.accelerator.is_main_process)
         ok = False
         try:
             with StopRequest() as stop:
-                metrics = _run(c, cfg, stop)
+                metrics = _run(c, cfg, stop, hooks)
             ok = True
             return metrics
         finally:  # on an error or a signal, do not wait for a window being sampled
             c.buffer.close(wait=ok)
 
 
-def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
+def _run(c: Components, cfg: DistilConfig, stop: StopRequest, hooks: Callbacks) -> dict[str, Any]:
     acc, out = c.accelerator, Path(cfg.train.output_dir)
-    step, state, last_good = resume(c, cfg, out)
-    if state and hasattr(c.teacher, "load_checkpoint"):
-        c.teacher.load_checkpoint(last_good)  # an EMA teacher: the average at that step
-    if state and isinstance(c.buffer, AsyncWindows):
-        c.buffer.load_sampler(last_good)  # the window in flight is sampled again
-    if acc.is_main_process:
-        record_config(cfg, out, step if state else None)
+    step, state, last_good = _resume(c, cfg, out)
     clock = state.get("train_seconds", 0.0)
     cost = CostMeter.for_components(c, state.get("cost"))  # tokens and FLOPs spent so far
     log = MetricsLog(out, enabled=acc.is_main_process, resume_step=step if state else None)
     progress = _progress_line(cfg, acc, step, clock, cost)
-    if cfg.logging.trackers:
-        acc.init_trackers(cfg.logging.project, config=_flat_config(cfg))
-    eval_set = _eval_set(cfg) if cfg.train.eval_every else None
-    guard = Guard(cfg.train, state, last_good)  # its save timer starts here
+    eval_set = evaluation.eval_set(cfg) if cfg.train.eval_every else None
+    # grpo learns from the reward alone: a window whose groups are all flat has no gradient
+    guard = Guard(cfg.train, state, last_good, reward_only=cfg.loss.name == GRPO)
     metrics: dict[str, Any] = {}
-    first = step
+    first, saved_at, stopped = step, None, False
 
     def save(step: int) -> Path:
         trainer_state = {**_trainer_state(step, c, guard, clock), "cost": cost.totals}
@@ -100,7 +109,7 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
         )  # fmt: skip
 
     with progress:
-        while not _done(step, clock, cfg, cost):
+        while not (stopped or _done(step, clock, cfg, cost)):
             t_start = time.perf_counter()
             lr = set_lr(c.optimizer, cfg.train, step, clock, cost.student_flops)
             window = c.buffer.next_window()
@@ -116,36 +125,61 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest) -> dict[str, Any]:
             t_train += time.perf_counter() - t0
             t_step = time.perf_counter() - t_start - t_shown
             clock += t_step
-            metrics = _step_metrics(
+            metrics = step_metrics(
                 step, sums, window, grad_norm, lr, finite, t_teacher, t_train, t_step
             )
             metrics["time/train_clock"] = clock
             metrics.update(cost.metrics())
             metrics.update(memory_metrics(acc.device, c.planned_peak))
-            flags = _rank_flags(acc, stop.signum, guard.time_due(), local_ok)
             last = _done(step, clock, cfg, cost)
             if eval_set is not None and (step % cfg.train.eval_every == 0 or last):
-                metrics.update(_evaluate(c, cfg, eval_set))
+                metrics.update(evaluated := evaluation.evaluate(c, cfg, eval_set))
+                hooks.evaluated(step, evaluated)
             _log(acc, cfg, log, progress, metrics, last)
-            if guard.after_step(step, finite, metrics, flags, last):  # stops a bad streak
-                guard.saved(save(step))
-            guard.stop_on_signal(step, flags, last)
-    if guard.healthy:
-        save(step)
-    else:
+            hooks.step(step, metrics)
+            flags = rank_flags(acc, stop.signum, guard.time_due(), local_ok, window.metrics,
+                               hooks.stop)  # fmt: skip
+            stopped = flags["stop"]  # a callback asked: this step is the last
+            if guard.after_step(step, finite, metrics, flags, last or stopped):  # bad streaks
+                guard.saved(path := save(step))
+                saved_at = step
+                hooks.checkpoint(step, path)
+                stopped = stopped or _any_rank(acc, hooks)
+            guard.stop_on_signal(step, flags, last or stopped)  # a stop: saved below
+    if guard.healthy and saved_at != step:
+        hooks.checkpoint(step, save(step))
+    elif not guard.healthy:
         guard.warn_unsaved(step)
     _save_final(c, cfg, step)
     return metrics
 
 
+def _resume(c: Components, cfg: DistilConfig, out: Path):
+    """(step, trainer state, last good checkpoint) of a resumed run, or (0, {}, None); the
+    config recorded and the trackers' runs opened (or reopened) either way."""
+    step, state, last_good = resume(c, cfg, out)
+    if state and hasattr(c.teacher, "load_checkpoint"):
+        c.teacher.load_checkpoint(last_good)  # an EMA teacher: the average at that step
+    if state and isinstance(c.buffer, AsyncWindows):
+        c.buffer.load_sampler(last_good)  # the window in flight is sampled again
+    if c.accelerator.is_main_process:
+        record_config(cfg, out, step if state else None)
+    start_trackers(c.accelerator, cfg, resumed=bool(state))
+    return step, state, last_good
+
+
 def _save_final(c: Components, cfg: DistilConfig, step: int) -> None:
-    """The trained student in Hugging Face format under output_dir/final; trackers closed."""
+    """The trained student in Hugging Face format under output_dir/final, with its model card
+    and resolved config (train/card.py); trackers closed."""
     final_weights(c.optimizer)  # bf16 weights: the fp32 masters, in student.dtype
+    out = Path(cfg.train.output_dir)
+    rows = metrics_rows(out) if c.accelerator.is_main_process else []
     save_final_model(
         c.accelerator,
         c.model,
         c.tokenizer,
-        Path(cfg.train.output_dir) / "final",
+        out / "final",
+        files={"README.md": model_card(cfg, rows), CONFIG_FILE: to_yaml(cfg)},
         template=run_template(cfg),
         chat_template_kwargs=cfg.data.chat_template_kwargs,
         student=cfg.student.path,
@@ -174,8 +208,7 @@ def _log(acc, cfg: DistilConfig, log: MetricsLog, progress, metrics: dict, last:
     """The step's metrics to metrics.jsonl, the trackers and the progress line."""
     log.write(metrics)  # before the checkpoint: a resume drops lines past its step
     if cfg.logging.trackers:
-        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-        acc.log(numbers, step=metrics["step"])
+        log_metrics(acc, metrics)
     progress.update(metrics["step"], metrics, final=last)
 
 
@@ -188,23 +221,9 @@ def _sampler_tensors(c: Components) -> dict | None:
     return tensors or None
 
 
-def _rank_flags(acc, signum: int, time_due: bool, local_ok: torch.Tensor) -> dict[str, Any]:
-    """The rank-wide flags of one step, from one small all-reduce, so that every rank takes the
-    same decisions: "signum" (a signal on any rank: stop), "time" (any rank's timer: save) and
-    "bad_ranks" (the ranks that saw a non-finite loss)."""
-    import signal
-
-    n = acc.num_processes
-    flags = torch.zeros(3 + n, dtype=torch.float32, device=acc.device)
-    flags[0] = float(signum == signal.SIGTERM)
-    flags[1] = float(signum == signal.SIGINT)
-    flags[2] = float(bool(time_due))
-    flags[3 + acc.process_index] = float(not bool(local_ok))
-    if n > 1:
-        flags = acc.reduce(flags, reduction="sum")
-    f = flags.tolist()
-    sig = signal.SIGTERM if f[0] else signal.SIGINT if f[1] else 0
-    return {"signum": int(sig), "time": bool(f[2]), "bad_ranks": [r for r in range(n) if f[3 + r]]}
+def _any_rank(acc, hooks: Callbacks) -> bool:
+    """Whether a callback asked to stop (the main process's answer, on every rank)."""
+    return rank_flags(acc, 0, False, torch.ones(()), {}, hooks.stop)["stop"]
 
 
 def _done(step: int, clock: float, cfg: DistilConfig, cost: CostMeter) -> bool:
@@ -222,19 +241,21 @@ def _accumulate(
     """Teacher targets, loss and backward for every micro-batch of the window; the losses'
     logging-only metrics (kl, entropy) only when `diagnostics` (a step the progress prints)."""
     acc = c.accelerator
-    global_tokens = float(window.num_loss_tokens)
+    # the loss tokens and the reward term's (every completion token: more when an alignment
+    # leaves some out), each over the window on all ranks
+    counts = [float(window.num_loss_tokens), float(window.num_completion_tokens)]
     if acc.num_processes > 1:  # one all-reduce (and host read) per step
-        local = torch.tensor(global_tokens, device=acc.device)
-        global_tokens = acc.reduce(local, reduction="sum").item()
+        local = torch.tensor(counts, device=acc.device)
+        counts = acc.reduce(local, reduction="sum").tolist()
     # DDP averages gradients over ranks; scaling the count keeps sum / global count exact.
-    num_tokens = max(global_tokens, 1.0) / acc.num_processes
+    num_tokens, reward_tokens = (max(n, 1.0) / acc.num_processes for n in counts)
     zero = torch.zeros((), device=acc.device)  # every teacher's keys on every rank (reduce)
     sums = {f"teacher/{n}/{k}": zero for n in teacher_names(c.teacher) for k in TEACHER_SUMS}
     clock = PhaseClock(acc.device)  # CUDA events, read once below: no sync per micro-batch
     for i, micro in enumerate(window.micro_batches):
         micro = micro.to(acc.device)
         t0 = clock.mark()
-        targets, parts, routes = score_micro_batch(c.teacher, micro)
+        targets, parts, routes = score_micro_batch(c.teacher, micro, acc.autocast)
         t1 = clock.mark()
         last = i == len(window.micro_batches) - 1
         with contextlib.nullcontext() if last else acc.no_sync(c.model):
@@ -254,12 +275,13 @@ def _accumulate(
                     loss_opts={
                         **_loss_opts(c, cfg, window.policies[i]),
                         "diagnostics": diagnostics,
+                        "reward_num_tokens": reward_tokens,  # read by a reward term only
                     },
                 )
             acc.backward(result.loss)
         if acc.num_processes == 1:  # bf16 weights: add up in fp32 (DDP: after its all-reduce)
             fold_grads(c.optimizer)
-        _add_metrics(sums, result.metrics, window.policies[i])
+        add_metrics(sums, result.metrics, window.policies[i])
         if micro.alignment is not None:  # cross-tokenizer: groups, bytes, unalignable tokens
             add_align_metrics(sums, micro.alignment.metrics, acc.device)
         clock.add("teacher", t0, t1)
@@ -268,13 +290,6 @@ def _accumulate(
     local_ok = torch.isfinite(sums["loss_sum"]).all() if "loss_sum" in sums else True
     sums = {k: acc.reduce(v.detach().float(), reduction="sum") for k, v in sums.items()}
     return sums, local_ok, clock.seconds("teacher"), clock.seconds("train")
-
-
-def add_align_metrics(sums: dict, metrics: dict, device: torch.device) -> None:
-    """Add a micro-batch's alignment counts to `sums` as tensors on `device` (the rank's
-    device: NCCL all-reduces only device tensors)."""
-    for k, v in metrics.items():
-        sums[f"align/{k}"] = sums.get(f"align/{k}", 0) + torch.tensor(float(v), device=device)
 
 
 def _update(c: Components, cfg: DistilConfig, sums: dict) -> tuple[torch.Tensor, bool]:
@@ -331,119 +346,4 @@ def _trainer_state(step: int, c: Components, guard: Guard, clock: float) -> dict
         "buffer": c.buffer.state.to_dict(),
         **guard.state(),
         "train_seconds": clock,
-    }
-
-
-def _add_metrics(sums: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor], policy: str):
-    for k, v in metrics.items():
-        v = v.detach().float()
-        sums[k] = sums.get(k, 0) + v
-        if k in ("loss_sum", "tokens_count"):
-            key = f"{policy}/{k}"
-            sums[key] = sums.get(key, 0) + v
-
-
-def _step_metrics(step, sums, window, grad_norm, lr, finite, t_teacher, t_train, t_step):
-    if sums:  # one device-to-host copy for every metric of the step
-        sums = dict(zip(sums, torch.stack([v.reshape(()) for v in sums.values()]).tolist()))
-    tokens = float(sums.get("tokens_count", 0.0))
-    m: dict[str, Any] = {"step": step}
-    for k, v in sums.items():
-        if k.endswith("_sum") and "/" not in k:  # per-token means
-            m[k[: -len("_sum")]] = float(v) / max(tokens, 1.0)
-        elif (k.endswith("_count") and "/" not in k and k != "tokens_count") or k.startswith(
-            "align/"
-        ):  # totals over the window (all ranks)
-            m[k.removesuffix("_count")] = float(v)
-    for policy in ("on_policy", "off_policy", "seq_kd"):
-        if f"{policy}/tokens_count" in sums:
-            n = float(sums[f"{policy}/tokens_count"])
-            m[f"loss/{policy}"] = float(sums[f"{policy}/loss_sum"]) / max(n, 1.0)
-    m.update(teacher_metrics(sums))
-    m.update(window.metrics)
-    n_inputs = sum(int(b.attention_mask_B_L.sum()) for b in window.micro_batches)
-    m.update(
-        {
-            "grad_norm": float(grad_norm),
-            "lr": lr,
-            "skipped": int(not finite),
-            "tokens/loss": int(tokens),
-            "tokens/input_local": n_inputs,
-            "time/teacher": t_teacher,
-            "time/train": t_train,
-            "time/step": t_step,
-            "time/other": max(0.0, t_step - t_teacher - t_train - _window_seconds(window)),
-            "throughput/tokens_per_s": n_inputs / max(t_step, 1e-9),
-        }
-    )
-    return m
-
-
-def _window_seconds(window) -> float:
-    """Seconds of the step spent getting the window: sampling and collating it, or (with
-    generation.async, where both run in the background) waiting for it."""
-    t = window.metrics
-    if "time/generate_wait" in t:
-        return t["time/generate_wait"]
-    return t.get("time/generate", 0.0) + t.get("time/collate", 0.0)
-
-
-def _eval_set(cfg: DistilConfig):
-    """(task, problems) of the periodic evaluation, built once per run; the prompts use the
-    training data's template (`run_template`) unless eval.template names one."""
-    from distil.eval.runner import load_problems
-    from distil.tasks import make_task
-
-    template = cfg.eval.template or run_template(cfg)
-    task = make_task(cfg.eval.model_copy(update={"template": template}))
-    return task, load_problems(task)
-
-
-def _evaluate(c: Components, cfg: DistilConfig, eval_set) -> dict[str, Any]:
-    """The eval.task verdicts of the current student (main process; RNG left untouched)."""
-    acc = c.accelerator
-    result: dict[str, Any] = {}
-    with full_weights(c.unwrapped):  # FSDP: every rank gathers, the main process generates
-        if acc.is_main_process:
-            result = _evaluate_main(c, cfg, *eval_set)
-    acc.wait_for_everyone()
-    return result
-
-
-def _evaluate_main(c: Components, cfg: DistilConfig, task, problems) -> dict[str, Any]:
-    from distil.eval.runner import eval_metrics, evaluate_model
-
-    devices = [c.accelerator.device] if c.accelerator.device.type == "cuda" else []
-    if isinstance(c.buffer, AsyncWindows) or is_sharded(c.unwrapped):
-        # async: its generator samples from the weight snapshot; FSDP: the weights are gathered
-        # above. The eval builds its own generator for the live weights (once nothing samples
-        # in the background).
-        if isinstance(c.buffer, AsyncWindows):
-            c.buffer.settle()
-        generator = None
-    else:
-        generator = c.buffer.student.generator  # the run's backend samples the eval
-        generator.sync_weights(c.unwrapped)
-    scratch = generator.scratch_caches() if generator else contextlib.nullcontext()
-    with torch.random.fork_rng(devices=devices), scratch:  # no KV cache kept after the eval
-        r = evaluate_model(
-            cfg.train.output_dir,
-            task,
-            name="student",
-            problems=problems,
-            progress=False,
-            model=c.unwrapped,
-            tokenizer=c.tokenizer,
-            generator=generator,
-            template_kwargs=cfg.data.chat_template_kwargs,
-        )
-    return eval_metrics(r.summary)
-
-
-def _flat_config(cfg: DistilConfig) -> dict[str, Any]:
-    from distil.config import flatten, to_dict
-
-    return {
-        k: (v if isinstance(v, (int, float, str, bool)) else str(v))
-        for k, v in flatten(to_dict(cfg)).items()
     }

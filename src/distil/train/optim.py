@@ -47,8 +47,23 @@ def build_optimizer(
     device = torch.device(device) if device is not None else next(model.parameters()).device
     kwargs = {"lr": cfg.lr, "betas": tuple(cfg.adam_betas), "fused": use_fused(cfg, device)}
     if cfg.bf16_weights:
-        return MasterAdamW(groups, model, device=device, **kwargs)
-    return torch.optim.AdamW(groups, **kwargs)
+        opt = MasterAdamW(groups, model, device=device, **kwargs)
+    else:
+        opt = torch.optim.AdamW(groups, **kwargs)
+    if kwargs["fused"]:
+        opt.register_step_post_hook(bump_versions)
+    return opt
+
+
+def bump_versions(optimizer: torch.optim.Optimizer, *_) -> None:
+    """Mark every parameter the step updated as modified in place: `torch._fused_adamw_`
+    writes them without bumping their version counters (the foreach and for-loop steps bump
+    them), and what tells changed weights apart by those counters (the vLLM generator's
+    weight fingerprint, generation/weights.py) would see the initial weights all run long."""
+    from torch.autograd.graph import increment_version
+
+    with torch.no_grad():
+        increment_version([p for g in optimizer.param_groups for p in g["params"]])
 
 
 def use_fused(cfg: TrainConfig, device: torch.device) -> bool | None:

@@ -6,7 +6,6 @@ teacher scorer is chosen in `distil.teacher.select`.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -14,19 +13,26 @@ from typing import Any
 import torch
 
 from distil.config import DistilConfig
-from distil.config.rules import precision_notices, warmup_notice
 from distil.data.collate import collate
 from distil.data.lengths import check_lengths, uses_completions
 from distil.errors import ConfigError, require
 from distil.generation.base import SamplingParams
 from distil.generation.select import build_generator, teacher_backend
-from distil.losses import get_loss
+from distil.losses import needs_teacher
 from distil.losses.chunked import auto_chunk_size
-from distil.models.load import enable_tf32, load_model, load_tokenizer, resolve_dtype
+from distil.models.load import (
+    as_loaded,
+    enable_tf32,
+    load_model,
+    load_tokenizer,
+    place_model,
+    resolve_dtype,
+)
 from distil.models.tokenizers import (
     EncodedPrompts,
     completion_rows,
     encode_prompts,
+    id_rows,
     prompt_format,
     stop_token_ids,
 )
@@ -43,10 +49,12 @@ from distil.train.fsdp import (
     report_sharding,
     shard_teacher,
 )
+from distil.train.notices import memory_plan, print_notices
 from distil.train.optim import build_optimizer
+from distil.train.reward import build_rewards, reward_loss, sampler_rows
 from distil.train.several import several_teachers, several_write, writers_side
-
-TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+from distil.train.step import check_bypassed_logits
+from distil.train.trackers import log_with
 
 
 @dataclass
@@ -75,8 +83,7 @@ def build_accelerator(cfg: DistilConfig):
     precision = "bf16" if bf16 else "fp16" if cfg.train.fp16 else "no"
     if precision == "fp16" and not torch.cuda.is_available():
         raise ConfigError("train.fp16=true needs a CUDA GPU. Fix: use train.bf16=true on CPU")
-    for name in cfg.logging.trackers:
-        require(TRACKER_MODULES[name], "trackers", f"logging.trackers={name}")
+    trackers = log_with(cfg)  # a missing extra stops here, named
     # accelerate keeps one process-wide state; a second run in the same process (the demo, a
     # notebook) may ask for another precision. The process group (PartialState) is kept.
     from accelerate.state import AcceleratorState, GradientState
@@ -95,7 +102,7 @@ def build_accelerator(cfg: DistilConfig):
     on_gpu = torch.cuda.is_available()
     accelerator = Accelerator(
         mixed_precision=precision,
-        log_with=list(cfg.logging.trackers) or None,
+        log_with=trackers,
         project_dir=cfg.train.output_dir,
         cpu=not on_gpu,
         # FSDP on GPUs: gradients reduced in fp32 (on CPU processes: enable_fsdp_on_cpu)
@@ -106,12 +113,18 @@ def build_accelerator(cfg: DistilConfig):
     return accelerator
 
 
-def _load(section, name: str, device=None, dtype: str | None = None):
+def _load(section, name: str, device=None, dtype: str | None = None, given=None):
     """(model, tokenizer) of the `student` or `teacher` config section; `dtype` overrides the
-    section's (an `auto` already resolved)."""
+    section's (an `auto` already resolved). `given`: the side's model already loaded (the
+    Python API), used in place of loading the weights, cast to the dtype and moved to `device`
+    as a loaded one would be; its section's path holds its config.json and tokenizer."""
     # a tokenizer defaulted from the model path is reported under the key the user set
     key = f"{name}.path" if section.tokenizer == section.path else f"{name}.tokenizer"
     tok = load_tokenizer(section.tokenizer, key=key, trust_remote_code=section.trust_remote_code)
+    if given is not None:
+        given = as_loaded(given, section.attn_implementation, key=name)
+        dtype = resolve_dtype(dtype or section.dtype, section.path, device)
+        return place_model(given, dtype, device, key=name), tok
     model = load_model(
         section.path,
         key=f"{name}.path",
@@ -134,9 +147,9 @@ def student_dtype(cfg: DistilConfig, device) -> str:
     return resolve_dtype(s.dtype, s.path, device)
 
 
-def load_student(cfg: DistilConfig, accelerator):
+def load_student(cfg: DistilConfig, accelerator, given=None):
     s = cfg.student
-    model, tok = _load(s, "student", dtype=student_dtype(cfg, accelerator.device))
+    model, tok = _load(s, "student", dtype=student_dtype(cfg, accelerator.device), given=given)
     model.config.use_cache = False  # packed/training forwards must not build a KV cache
     if s.liger:
         from distil.models.liger import apply_liger
@@ -154,6 +167,8 @@ def load_student(cfg: DistilConfig, accelerator):
             task_type="CAUSAL_LM",
         )
         model = peft.get_peft_model(model, lora)
+    if cfg.loss.chunk_size is not None:  # the chunked loss applies the head and what follows
+        check_bypassed_logits(model)  # before accelerate wraps the forward in autocast
     return model, tok
 
 
@@ -166,20 +181,25 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def load_teacher(cfg: DistilConfig, accelerator):
+def load_teacher(cfg: DistilConfig, accelerator, given=None):
     """The live teacher: whole on `teacher.device` (default: the rank's device), or sharded
-    over the ranks with `teacher.placement=shard` under FSDP."""
+    over the ranks with `teacher.placement=shard` under FSDP; `given`: already loaded."""
     if cfg.teacher.placement == "shard":
         dtype = resolve_dtype(cfg.teacher.dtype, cfg.teacher.path, accelerator.device)
-        model, tok = _load(cfg.teacher, "teacher", dtype=dtype)
+        model, tok = _load(cfg.teacher, "teacher", dtype=dtype, given=given)
         shard_teacher(model, accelerator)
         return model, tok
     device = cfg.teacher.device or accelerator.device
     if cfg.teacher.offload:  # loaded in host memory, in its device's dtype (teacher/offload.py)
-        return _load(
-            cfg.teacher, "teacher", dtype=resolve_dtype(cfg.teacher.dtype, cfg.teacher.path, device)
-        )
-    return _load(cfg.teacher, "teacher", device=device)
+        if given is not None:  # a teachers.models entry is never given; refuse, not ignore
+            raise ConfigError(
+                "teacher.offload=true with a teacher passed loaded: offload applies to the "
+                "teachers of teachers.models, loaded from their paths. Fix: teacher.offload="
+                "false, or name the teachers under teachers.models with their paths"
+            )
+        dtype = resolve_dtype(cfg.teacher.dtype, cfg.teacher.path, device)
+        return _load(cfg.teacher, "teacher", dtype=dtype, given=given)
+    return _load(cfg.teacher, "teacher", device=device, given=given)
 
 
 def _live_models(cfg: DistilConfig, teacher) -> dict | None:
@@ -200,6 +220,19 @@ def _chunk_size(cfg: DistilConfig, vocab_size: int | None, student) -> int | Non
     if cfg.loss.chunk_size != "auto":
         return cfg.loss.chunk_size
     return auto_chunk_size(vocab_size or student.get_output_embeddings().weight.shape[0])
+
+
+def _loss_opts(cfg: DistilConfig, vocab_size: int | None, student, device) -> dict[str, Any]:
+    """The loss function's options of the run (besides ce_weight, set per micro-batch)."""
+    return {
+        "temperature": cfg.loss.temperature,
+        "targets_temperature": cfg.loss.temperature,
+        "beta": cfg.loss.beta,
+        "chunk_size": _chunk_size(cfg, vocab_size, student),
+        "compile_backend": _compile_backend(cfg, device),
+        "matched_weight": cfg.loss.matched_weight,
+        "unmatched_weight": cfg.loss.unmatched_weight,
+    }
 
 
 def _compile_backend(cfg: DistilConfig, device) -> str | None:
@@ -252,6 +285,7 @@ def build_buffer(
             teacher_model,
             pad_id=teacher_tok.pad_token_id,
             stop_ids=stop_token_ids(teacher_tok, teacher_model),
+            vocab_limit=id_rows(teacher_tok),
             backend=teacher_backend(cfg),
         )
         t_gen = gathering(t_gen, teacher_model)  # a sharded teacher: gathered too
@@ -289,6 +323,8 @@ def build_buffer(
         collate_fn=_collate_fn(cfg, examples, rows, tok, cross if align else None),
         num_workers=cfg.data.num_workers,
         teacher_windows=g.teacher_windows,
+        vocab_limit=id_rows(tok),
+        reward=build_rewards(cfg, examples, tok),
     )
 
 
@@ -333,19 +369,9 @@ def _collate_fn(cfg: DistilConfig, examples, rows: Rows, tok, cross):
     return ContextCollate(fn, context_ids=ids)
 
 
-def _print_notices(cfg: DistilConfig, accelerator) -> None:
-    """What the run was asked for but probably did not mean, said once at its start."""
-    from distil.preflight import cpu_precision_note
-
-    for notice in precision_notices(cfg):
-        print(f"distil: warning: {notice}", file=sys.stderr, flush=True)
-    notes = [cpu_precision_note(cfg, cuda=accelerator.device.type == "cuda"), warmup_notice(cfg)]
-    for note in filter(None, notes):
-        print(f"note: {note}", file=sys.stderr)
-
-
-def build(cfg: DistilConfig) -> Components:
-    """Everything the loop needs, prepared with accelerate, before any resume."""
+def build(cfg: DistilConfig, models: dict[str, Any] | None = None) -> Components:
+    """Everything the loop needs, prepared with accelerate, before any resume; `models`:
+    already-loaded "student"/"teacher" models used in place of loading their weights."""
     from accelerate.utils import set_seed
 
     from distil.preflight import check
@@ -356,16 +382,19 @@ def build(cfg: DistilConfig) -> Components:
     planned_peak = memory_plan(cfg, accelerator)  # before any weights load, too
     enable_tf32(accelerator.device)  # the matmuls autocast leaves in fp32 (and fp32 runs)
     if accelerator.is_main_process:
-        _print_notices(cfg, accelerator)
+        print_notices(cfg, accelerator)
     set_seed(cfg.train.seed, device_specific=True)
-    loss_fn = get_loss(cfg.loss.name)
+    loss_fn, reward_opts = reward_loss(cfg)  # loss.name, + the task's reward (reward_weight)
     examples = config_examples(cfg.data)
-    model, tok = load_student(cfg, accelerator)
+    models = models or {}
+    model, tok = load_student(cfg, accelerator, given=models.get("student"))
+    if reward_opts:  # the reward term: log S over the rows the sampler draws from
+        reward_opts.update(sampler_rows(model, tok))
     check_lengths(examples, tok, cfg.data, completions_used=uses_completions(cfg))
     rows = tokenize_examples(cfg, examples, tok)
     teacher_model, teacher_tok = None, None
     if loads_teacher_model(cfg):
-        teacher_model, teacher_tok = load_teacher(cfg, accelerator)
+        teacher_model, teacher_tok = load_teacher(cfg, accelerator, models.get("teacher"))
     elif cfg.teacher.from_student:  # self-distillation: no second load
         teacher_model, teacher_tok = self_teacher(cfg, model), tok
     if cfg.teachers.models:
@@ -384,9 +413,9 @@ def build(cfg: DistilConfig) -> Components:
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
     report_sharding(accelerator, unwrapped, teacher_model, _live_models(cfg, teacher))
-    generator = build_generator(
-        cfg, unwrapped, pad_id=tok.pad_token_id, stop_ids=stop_token_ids(tok, unwrapped)
-    )
+    stops = stop_token_ids(tok, unwrapped)
+    generator = build_generator(cfg, unwrapped, pad_id=tok.pad_token_id, stop_ids=stops,
+                                vocab_limit=id_rows(tok))  # fmt: skip
     buffer = build_buffer(
         cfg,
         examples,
@@ -397,18 +426,10 @@ def build(cfg: DistilConfig) -> Components:
         teacher_tok,
         accelerator,
         cross,
-        align=cfg.loss.name != "sft",
+        align=needs_teacher(cfg.loss.name),
         writers=[t.model for t in teacher.teachers] if several_write(cfg) else None,
     )
-    loss_opts = {
-        "temperature": cfg.loss.temperature,
-        "targets_temperature": cfg.loss.temperature,
-        "beta": cfg.loss.beta,
-        "chunk_size": _chunk_size(cfg, vocab_size, unwrapped),
-        "compile_backend": _compile_backend(cfg, accelerator.device),
-        "matched_weight": cfg.loss.matched_weight,
-        "unmatched_weight": cfg.loss.unmatched_weight,
-    }
+    loss_opts = {**_loss_opts(cfg, vocab_size, unwrapped, accelerator.device), **reward_opts}
     return Components(
         accelerator,
         model,
@@ -424,25 +445,3 @@ def build(cfg: DistilConfig) -> Components:
         cross,
         planned_peak,
     )
-
-
-def memory_plan(cfg: DistilConfig, accelerator) -> int | None:
-    """The peak `distil plan` expects on this device, its headline printed once (expected peak
-    against the device's memory); None, with a one-line note, when the config cannot be
-    planned (a plan is advice: it never stops a run)."""
-    from distil.plan import headline, make_plan
-    from distil.plan.target import for_device
-
-    # on stdout, with the run's other reports ("resumed from", "final model:"): stderr carries
-    # notices and a user's mistake as one paragraph (distil: error: ...)
-    try:
-        target = for_device(accelerator.device, accelerator.num_processes, fsdp_requested())
-        plan = make_plan(cfg, target)
-    except Exception as exc:  # an unknown architecture, remote code, a hub id offline
-        if accelerator.is_main_process:
-            reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            print(f"memory plan: not made ({reason})", flush=True)
-        return None
-    if accelerator.is_main_process:
-        print(headline(plan), flush=True)
-    return plan.devices[0].peak

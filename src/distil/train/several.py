@@ -214,7 +214,7 @@ def writers_side(cfg: DistilConfig, examples, prompt_ids, tok, models, cross) ->
     tokens of the row's prompt, and the text it wrote becomes the student's completion
     (`RoutedToStudent`), as one cross-tokenizer teacher's does."""
     from distil.generation.select import build_generator, teacher_backend
-    from distil.models.tokenizers import stop_token_ids
+    from distil.models.tokenizers import id_rows, stop_token_ids
     from distil.train.buffer import PromptSide
 
     mixed = cfg.teachers.weights is not None
@@ -224,7 +224,12 @@ def writers_side(cfg: DistilConfig, examples, prompt_ids, tok, models, cross) ->
     def build_gen(model, t_tok=tok):
         stops = stop_token_ids(t_tok, model)
         gen = build_generator(
-            cfg, model, pad_id=t_tok.pad_token_id, stop_ids=stops, backend=teacher_backend(cfg)
+            cfg,
+            model,
+            pad_id=t_tok.pad_token_id,
+            stop_ids=stops,
+            vocab_limit=id_rows(t_tok),
+            backend=teacher_backend(cfg),
         )
         return gen  # several teachers are whole on a device (placement=replicate)
 
@@ -243,7 +248,13 @@ def writers_side(cfg: DistilConfig, examples, prompt_ids, tok, models, cross) ->
             {s for m, t, w in zip(models, toks, weights, strict=True) if w > 0
              for s in stop_token_ids(t, m)}
         )  # fmt: skip
-        generator = mixture_generator(models, weights, pad_id=toks[0].pad_token_id, stop_ids=stops)
+        generator = mixture_generator(
+            models,
+            weights,
+            pad_id=toks[0].pad_token_id,
+            stop_ids=stops,
+            vocab_limit=id_rows(toks[0]),
+        )
     return PromptSide(ids, generator, to_student=to_student)
 
 

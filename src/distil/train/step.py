@@ -1,19 +1,22 @@
 """One micro-batch: student forward, loss against the teacher's targets, metrics.
 
 With `loss.chunk_size` set, the student's lm_head is bypassed during the forward (its output is
-the final hidden state) and the loss applies the head chunk by chunk, so the student's (B, T, V)
-fp32 logits never exist. The forward still goes through the (possibly DDP-wrapped) module, so
-gradient synchronisation is untouched.
+the head's input) and the loss applies the head chunk by chunk, then what the model's forward
+applies after it (`models.logits`: Gemma 2's soft-cap, Cohere's and Granite's scales), so the
+student's (B, T, V) fp32 logits never exist. The forward still goes through the (possibly
+DDP-wrapped) module, so gradient synchronisation is untouched.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
 import torch
 
 from distil.data.packing import head_bypassed, model_forward
+from distil.train.reward import reward_inputs
 from distil.types import Batch, LossOutput, TeacherTargets
 
 
@@ -42,14 +45,28 @@ def student_forward(
         logits = model_forward(model, **kwargs)[:, :-1]
         return logits[..., :vocab_size] if vocab_size is not None else logits
     from distil.losses.chunked import StudentHidden
+    from distil.models.logits import logits_rule
 
+    rule = logits_rule(unwrapped)  # read before the bypass turns the after-head steps off
     with head_bypassed(unwrapped) as head:
-        hidden = model_forward(model, **kwargs)[:, :-1]
+        hidden = model_forward(model, **kwargs)[:, :-1]  # the head's input
     weight, bias = head.weight, getattr(head, "bias", None)
     if vocab_size is not None:
         weight = weight[:vocab_size]
         bias = None if bias is None else bias[:vocab_size]
-    return StudentHidden(hidden, weight, bias)
+    return StudentHidden(hidden, weight, bias, rule.after_head if rule.has_after_head else None)
+
+
+def check_bypassed_logits(model) -> None:
+    """`models.logits.check_logits` for a student whose forward runs with its head bypassed
+    (the chunked loss): the forward's output is the head's input."""
+    from distil.models.logits import check_logits, logits_rule
+
+    def head_input(kw):
+        with head_bypassed(model):
+            return model(**kw).logits
+
+    check_logits(model, logits_rule(model), head_input, role="student")
 
 
 def micro_step(
@@ -95,7 +112,10 @@ def micro_step(
             sub = batch
             if len(names) > 1:
                 mine = torch.tensor([r == name for r in routes], device=batch.mask_B_T.device)
-                sub = replace(batch, mask_B_T=batch.mask_B_T & mine[:, None])
+                done = batch.completion_mask_B_T  # a reward term's tokens, when narrowed
+                done = None if done is None else done & mine[:, None]
+                sub = replace(batch, mask_B_T=batch.mask_B_T & mine[:, None],
+                              completion_mask_B_T=done)  # fmt: skip
             pieces.append((name, student, sub, targets))
     total, metrics = None, {}
     for name, s, sub, t in pieces:
@@ -110,6 +130,7 @@ def micro_step(
 
 def _loss(loss_fn, student, batch: Batch, targets, num_tokens: float, loss_opts: dict):
     extra = {} if batch.alignment is None else {"alignment": batch.alignment}
+    extra.update(reward_inputs(batch))  # on-policy rows of a run that scores rewards
     return loss_fn(
         student,
         targets,
@@ -144,13 +165,20 @@ def teacher_names(teacher) -> list[str]:
     return list(getattr(teacher, "names", None) or []) if hasattr(teacher, "last_routes") else []
 
 
-def score_micro_batch(teacher, micro) -> tuple:
+def score_micro_batch(teacher, micro, autocast=None) -> tuple:
     """(targets, parts, routes): a routed teacher scores each teacher's rows on their own
     (`parts`); a teacher that records each row's teacher (`last_routes`) gives them as
-    `routes`; a single teacher only targets."""
+    `routes`; a single teacher only targets.
+
+    A teacher that follows the student (`teacher.from_student: current`) scores under
+    `autocast()` (the run's, `train.bf16`), as the student's own forward runs: its decoder
+    call bypasses accelerate's autocast wrapper, and would otherwise run fp32 matmuls on the
+    fp32 weights, about twice the time on a GPU."""
     if hasattr(teacher, "score_parts"):
         return None, teacher.score_parts(micro), None
-    targets = teacher.score(micro)
+    follows = autocast is not None and getattr(teacher, "follows_student", False)
+    with autocast() if follows else nullcontext():
+        targets = teacher.score(micro)
     routes = getattr(teacher, "last_routes", None)
     return targets, None, (list(routes) if routes else None)
 

@@ -21,6 +21,9 @@ CASES = [
 ]
 CASES.append(("sampled_reverse_kl", "tokens"))
 CASES.append(("sft", "tokens"))
+CASES.append(("grpo", "tokens"))  # a task's reward: per-row advantages (ADVANTAGES)
+# grpo's per-row advantages of ragged_batch's 8 rows (two groups of four)
+ADVANTAGES = torch.tensor([1.5, -0.5, -0.5, -0.5, 0.8, -0.2, 0.3, -0.9])
 
 
 def test_cases_cover_every_registered_loss():
@@ -76,6 +79,7 @@ def accumulated_grad(name, logits, targets, mask, labels, micro, normalize="wind
     for start in range(0, leaf.shape[0], micro):
         sl = slice(start, start + micro)
         num_tokens = window if normalize == "window" else int(mask[sl].sum())
+        reward = {"advantages_B": ADVANTAGES[sl]} if name == "grpo" else {}
         out = get_loss(name)(
             leaf[sl],
             rows(targets, sl),
@@ -83,6 +87,7 @@ def accumulated_grad(name, logits, targets, mask, labels, micro, normalize="wind
             num_tokens=num_tokens,
             labels_B_T=labels[sl],
             beta=0.3,
+            **reward,
         )
         out.loss.backward()
     return leaf.grad

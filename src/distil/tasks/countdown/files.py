@@ -15,7 +15,8 @@ from distil.data.datasets import read_jsonl_rows
 from distil.errors import DataError
 from distil.files import atomic_write
 from distil.paths import path_problem
-from distil.tasks.countdown.solver import Problem, generate_splits, parse_numbers, paused_gc
+from distil.tasks.countdown.generate import parse_numbers, paused_gc, split_set
+from distil.tasks.countdown.solver import Problem
 from distil.tasks.countdown.templates import Template, get_template
 
 
@@ -108,20 +109,25 @@ def generate_dataset(
     max_target: int | None = None,
     seed: int = 0,
     template: str = "countdown_chat",
+    dev_n: int = 0,
 ) -> dict[str, Any]:
-    """Write train.{jsonl,parquet}, test.{jsonl,parquet} and meta.json under out_dir.
+    """Write train.{jsonl,parquet}, test.{jsonl,parquet}, with `dev_n` > 0 dev.{jsonl,parquet}
+    (a second held-out split, `split_set`), and meta.json under out_dir.
 
     Returns the settings, counts and file paths (what meta.json holds, plus the paths).
     """
     numbers = parse_numbers(numbers)
     tmpl = get_template(template)  # fail on a bad name before generating anything
-    train, test = generate_splits(
-        n, test_n, numbers=numbers, max_number=max_number, max_target=max_target, seed=seed
+    splits = split_set(
+        n, test_n, dev_n, numbers=numbers, max_number=max_number, max_target=max_target, seed=seed
     )
+    if not dev_n:
+        del splits["dev"]
     out = Path(out_dir)
+    files: list[Path] = []
     with paused_gc():  # rows are many small dicts and lists; see paused_gc
-        files = write_rows(to_rows(train, tmpl), out, "train")
-        files += write_rows(to_rows(test, tmpl), out, "test")
+        for name, problems in splits.items():
+            files += write_rows(to_rows(problems, tmpl), out, name)
     meta = {
         "task": "countdown",
         "template": tmpl.name,
@@ -130,7 +136,7 @@ def generate_dataset(
         "max_target": max_number if max_target is None else max_target,
         "seed": seed,
         "target_sampling": "reachable targets weighted by number of expression trees",
-        "counts": {"train": len(train), "test": len(test)},
+        "counts": {name: len(problems) for name, problems in splits.items()},
     }
     text = json.dumps(meta, indent=2) + "\n"
     atomic_write(out / "meta.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

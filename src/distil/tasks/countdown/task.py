@@ -15,7 +15,7 @@ from distil.files import file_info
 from distil.tasks.base import Task, Verdict, Where, brief
 from distil.tasks.countdown.checker import OUTCOMES, check
 from distil.tasks.countdown.files import read_rows
-from distil.tasks.countdown.solver import generate_problems, parse_numbers
+from distil.tasks.countdown.generate import generate_problems, parse_numbers
 from distil.tasks.countdown.templates import get_template
 
 COLUMNS = (

@@ -1,0 +1,114 @@
+"""The reward study's manifest and configs (`distil demo --study reward`), read without training:
+each panel's three arms differ only in the loss and the teacher, share start, data, sampling,
+schedule and lr, and are compared on their own slice; --tune scores each run on its slice's
+dev split. The end-to-end smoke run is tests/integration/test_demo_studies.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distil.config import load_config
+from distil.demo.presets import CONFIG_DIR
+from distil.demo.run import DemoRun
+from distil.demo.stages import _config, moved_paths
+from distil.demo.studies import study_manifest
+from distil.demo.study_report import compared_on
+from distil.demo.tune import dev_split, grid_manifest
+
+m = study_manifest("reward")
+runs = {r.key: r for r in m.runs}
+PANELS = [(s, four) for s in ("bpe", "char") for four in ("", "4")]
+
+
+def resolved(run: DemoRun, key: str):
+    """The run's config as the study trains it (paths moved, the manifest's overrides)."""
+    r = runs[key]
+    values = {**moved_paths(run, _config(r.config)), **r.overrides, **moved_paths(run, r.overrides)}
+    return load_config(CONFIG_DIR / f"{r.config}.yaml", [f"{k}={v}" for k, v in values.items()])
+
+
+@pytest.fixture
+def run(tmp_path):
+    return DemoRun(tmp_path, "smoke", m.presets["smoke"], m, 2, tmp_path / "cache")
+
+
+@pytest.mark.parametrize(("student", "four"), PANELS)
+def test_each_panels_arms_differ_only_in_loss_and_teacher(run, student, four):
+    opd, grpo, both = (resolved(run, f"study_rw{four}_{arm}_{student}")
+                       for arm in ("opd", "grpo", "both"))  # fmt: skip
+    assert (grpo.loss.name, both.loss.reward_weight, opd.loss.reward_weight) == ("grpo", 1.0, 0.0)
+    assert opd.loss.name == both.loss.name == ("forward_kl" if student == "bpe" else "aligned_kl")
+    assert opd.reward.log and opd.train.lambda_ == 1.0
+    teacher = run.out / "models" / ("teacher_four" if four else "teacher")
+    assert opd.teacher.path == both.teacher.path == str(teacher) and grpo.teacher.path is None
+    data = run.paths["data"] / ("four/prompts.jsonl" if four else "prompts.jsonl")
+    for cfg in (opd, grpo, both):
+        assert cfg.data.train == str(data) and cfg.generation == opd.generation
+        assert cfg.generation.num_generations == 8 and cfg.generation.temperature == 0.7
+        assert cfg.student.path == opd.student.path and cfg.reward == opd.reward.model_copy(
+            update={"log": cfg.reward.log}
+        )
+        sched = ("lr", "schedule", "warmup_steps", "decay_fraction", "per_device_batch_size")
+        assert all(getattr(cfg.train, k) == getattr(opd.train, k) for k in sched)
+        assert cfg.eval.data == str(run.paths["data"] / ("four" if four else "") / "dev.jsonl")
+    # equal compute: the reward arms get the distillation arm's student FLOPs
+    keys = [f"study_rw{four}_{arm}_{student}" for arm in ("opd", "grpo", "both")]
+    assert runs[keys[0]].steps and [runs[k].cost_of for k in keys[1:]] == [keys[0]] * 2
+
+
+def test_comparisons_and_tuning_read_each_runs_own_slice(run):
+    assert len(m.comparisons) == 12 and m.analysis is not None and m.analysis.seeds >= 3
+    for a, b in m.comparisons:
+        assert compared_on("reward", runs[a]) == compared_on("reward", runs[b])
+    slices = {k: compared_on("reward", r) for k, r in runs.items()}
+    assert sorted(set(slices.values())) == ["3 numbers", "4 numbers"]
+    for key, column in slices.items():
+        want = run.paths["data"] / ("four" if column == "4 numbers" else "") / "dev.jsonl"
+        assert Path(dev_split(run, runs[key])) == want
+    grid = grid_manifest(m)  # every run at each lr; a cost_of at its own lr's distillation arm
+    assert len(grid.runs) == 12 * len(m.analysis.lr_grid)
+    both = next(r for r in grid.runs if r.key == "study_rw4_both_char@lr0.002")
+    assert both.cost_of == "study_rw4_opd_char@lr0.002" and both.overrides["train.lr"] == 2e-3
+    assert Path(dev_split(run, both)) == run.paths["data"] / "four" / "dev.jsonl"
+
+
+def test_each_curve_starts_from_its_start_on_its_own_dev_problems(run, monkeypatch, countdown_dir):
+    """The curves' first points: each run's start evaluated as the run evaluates during training
+    (its recorded eval section: the dev split of its slice), once per start and problems; the
+    test split is never read (the table reads it, once per model)."""
+    import shutil
+
+    from distil.config import to_yaml
+    from distil.demo import study_plot
+    from distil.eval import runner
+
+    dev3, dev4 = run.paths["data"] / "dev.jsonl", run.paths["data"] / "four" / "dev.jsonl"
+    dev4.parent.mkdir(parents=True)
+    shutil.copy(countdown_dir / "test.jsonl", dev3)
+    shutil.copy(countdown_dir / "train.jsonl", dev4)  # (any Countdown rows: a second file)
+    for key in runs:  # each run's config.yaml, as training records it
+        (run.paths["runs"] / key).mkdir(parents=True)
+        (run.paths["runs"] / key / "config.yaml").write_text(to_yaml(resolved(run, key)))
+    calls = []
+
+    def fake_evaluate(model_path, task, *, name, problems, progress):
+        calls.append((Path(model_path).name, Path(task.cfg.data), len(problems)))
+        result = type("R", (), {})()
+        result.summary = {"accuracy": len(calls) / 10}
+        return result
+
+    monkeypatch.setattr(runner, "evaluate_model", fake_evaluate)
+    starts = study_plot.start_points([run])
+    n = {d: min(resolved(run, "study_rw_opd_bpe").eval.n, len(d.read_text().splitlines()))
+         for d in (dev3, dev4)}  # fmt: skip
+    assert sorted(calls) == sorted(
+        (f"student_{s}_start", dev, n[dev]) for s in ("bpe", "char") for dev in (dev3, dev4)
+    )  # one evaluation per start and dev split, never a test split
+    for key, r in runs.items():
+        dev = Path(resolved(run, key).eval.data)
+        i = calls.index((f"student_{r.student}_start", dev, n[dev]))
+        assert starts[(0, key)] == (i + 1) / 10  # the run's start on the run's own dev problems
+    metrics = [{"cost/student_flops": 5e12, "eval/accuracy": 0.5}, {"cost/student_flops": 6e12}]
+    assert study_plot.accuracy_curve(metrics, 0.25) == [(0.0, 0.25), (5e12, 0.5)]
