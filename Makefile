@@ -32,7 +32,7 @@ demo-quick: venv
 # process); tests/suite_parallel.py says how they are shared out, and a test over its time
 # budget fails the run (tests/suite_budget.py).
 TEST_WORKERS ?= $(THREADS)
-PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup \
+PYTEST := OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup \
 	--no-loadscope-reorder
 
 test: venv

@@ -28,7 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        _close_process_group()
+        return code
     except DistilError as exc:
         # backslashreplace: a message may quote a lone surrogate from the input
         text = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")
@@ -37,6 +39,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("distil: interrupted", file=sys.stderr)
         return 130
+
+
+def _close_process_group() -> None:
+    """After a command that ran on several processes ended well: every rank takes its
+    process group down here. Left to the interpreter's exit, gloo's worker threads can outlive
+    it and a rank aborts (SIGABRT) after its work is done. Not after an error: a rank still
+    in a collective would keep the others waiting."""
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -62,6 +62,7 @@ def uninterrupted(tmp_path_factory, countdown_dir, pair_dirs):
     return cfg_file, root / "full"
 
 
+@pytest.mark.budget(100, "a teacher cache killed part way and rerun, per layout")
 @pytest.mark.parametrize("kill_at", ["shard:2", "manifest:2", "manifest:0"])
 def test_sigkill_then_rerun_equals_an_uninterrupted_cache(tmp_path, uninterrupted, kill_at):
     cfg_file, full = uninterrupted

@@ -137,6 +137,9 @@ raise SystemExit(main(["train", sys.argv[2]]))
 """
 
 
+@pytest.mark.budget(
+    130, "two ranks with async generation, killed mid-run, resumed, against the uninterrupted run"
+)
 def test_two_ranks_async_killed_mid_run_resume_exactly(tmp_path, make_train_config):
     raw = make_train_config(
         train={"max_steps": 5, "save_every": 1, "keep_last": 5, "lambda": 1.0},

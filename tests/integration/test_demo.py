@@ -63,6 +63,7 @@ def last_metrics(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
 
 
+@pytest.mark.budget(130, "its session fixture runs the whole smoke demo")
 def test_demo_pipeline_writes_models_metrics_table_and_plot(smoke_demo):
     out, _, run = smoke_demo
     lines = table_lines(run.stdout)
@@ -94,7 +95,8 @@ def test_demo_pipeline_writes_models_metrics_table_and_plot(smoke_demo):
     cfg = yaml.safe_load((out / "runs" / "distill_cross_tokenizer" / "config.yaml").read_text())
     assert cfg["train"]["max_minutes"] is None and cfg["train"]["max_steps"] == 3
     # curves on the dev split; the table on the test split, disjoint from it
-    assert cfg["eval"]["data"] == str(out / "data" / "dev.jsonl")
+    # (the demo ran as `--out demo` in out's parent: its configs name files relative to it)
+    assert cfg["eval"]["data"] == "demo/data/dev.jsonl"
     keys = [{(tuple(sorted(json.loads(x)["nums"])), json.loads(x)["target"])
              for x in (out / "data" / f"{split}.jsonl").read_text().splitlines()}
             for split in ("dev", "test")]  # fmt: skip
@@ -104,8 +106,8 @@ def test_demo_pipeline_writes_models_metrics_table_and_plot(smoke_demo):
     read = {name: yaml.safe_load((out / "runs" / name / "config.yaml").read_text())["data"]["train"]
             for name in ("distill_same_tokenizer", "control_seqkd_bpe")}  # fmt: skip
     assert read == {
-        "distill_same_tokenizer": str(out / "written" / "prompts.jsonl"),
-        "control_seqkd_bpe": str(out / "written" / "teacher.jsonl"),
+        "distill_same_tokenizer": "demo/written/prompts.jsonl",
+        "control_seqkd_bpe": "demo/written/teacher.jsonl",
     }
     # one seed is not the pre-stated analysis (5 seeds): the table says so
     assert "THIS RUN HAS 1 SEED(S): exploratory" in run.stdout
@@ -166,6 +168,7 @@ def _wheel(tmp_path: Path) -> Path:
     return next((tmp_path / "whl").glob("distil-*.whl"))
 
 
+@pytest.mark.budget(210, "builds and installs a wheel, then a whole smoke demo from it")
 def test_demo_runs_from_an_installed_wheel_outside_the_checkout(smoke_demo, tmp_path):
     _, cache, run = smoke_demo
     wheel = _wheel(tmp_path)

@@ -17,6 +17,7 @@ KILLED = "distill_same_tokenizer"  # the stage the "kill" interrupted
 AFTER = "control_sft_bpe"  # a stage that never ran before the kill
 
 
+@pytest.mark.budget(170, "a smoke demo killed part way, then resumed to the end")
 def test_a_killed_demo_resumes_where_it_stopped(smoke_demo, tmp_path):
     done, cache, first = smoke_demo
     out = tmp_path / "demo"

@@ -23,6 +23,7 @@ def seeds2(tmp_path_factory, smoke_demo):
     return out, run
 
 
+@pytest.mark.budget(100, "a two-seed smoke demo")
 def test_two_seeds_share_the_teacher_and_seed_their_students(seeds2):
     out, run = seeds2
     assert (out / "models" / "teacher" / "config.json").exists()

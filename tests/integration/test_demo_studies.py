@@ -59,6 +59,7 @@ def labels(lines):
     return [x.split(" | ")[0].lstrip("| ") for x in lines[2:]]
 
 
+@pytest.mark.budget(100, "the multi-teacher study over two seeds at smoke size")
 def test_multi_teacher_study_table_per_slice_and_mix(tmp_path):
     out, lines, results = run_study("multi-teacher", tmp_path, seeds=2)
     head = "| Model | 3 numbers | 4 numbers | mix | Steps | Student Cost (TFLOP) |"
@@ -89,6 +90,7 @@ def test_multi_teacher_study_table_per_slice_and_mix(tmp_path):
         assert all(a >= b for a, b in zip(rows[label]["student_flops"], routed, strict=True))
 
 
+@pytest.mark.budget(100, "the self-distillation study end to end at smoke size")
 def test_self_distill_study_table(tmp_path):
     out, lines, results = run_study("self-distill", tmp_path)
     assert lines[0] == "| Model | Accuracy | Steps | Student Cost (TFLOP) |"
@@ -125,6 +127,7 @@ def test_self_distill_study_table(tmp_path):
 RW_ARMS = ("opd", "grpo", "both")
 
 
+@pytest.mark.budget(120, "the reward study end to end at smoke size")
 def test_reward_study_arms_share_starts_sampling_and_compute(tmp_path):
     check_reward_study(*run_study("reward", tmp_path))
 

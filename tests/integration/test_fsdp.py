@@ -114,6 +114,9 @@ def ok(result) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.budget(
+    200, "its module fixture launches five two-rank runs (DDP, FSDP, sharded, killed, resumed)"
+)
 def test_fsdp_equals_ddp_on_two_processes(runs):
     root = runs["root"]
     ok(runs["ddp"])

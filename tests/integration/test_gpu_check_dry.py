@@ -139,6 +139,7 @@ def wheels_folder(tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.budget(100, "the GPU check rehearsed twice, the second time without one wheel")
 @pytest.mark.slow
 @no_cuda
 def test_the_dry_rehearsal_passes_and_fails_without_one_wheel(tmp_path):
@@ -167,6 +168,7 @@ def test_the_dry_rehearsal_passes_and_fails_without_one_wheel(tmp_path):
     assert "dill" in run.stdout and "no wheel and not in the image" in run.stdout
 
 
+@pytest.mark.budget(100, "bench/realsize.py end to end")
 @pytest.mark.slow
 def test_realsize_runs_end_to_end_at_tiny_sizes_on_the_cpu(tmp_path):
     out = tmp_path / "hf.json"

@@ -63,6 +63,7 @@ def start(cfg_path, kill_at="none", delay=0.0):
     )
 
 
+@pytest.mark.budget(160, "kills training processes at many moments and resumes each")
 def test_sigkill_at_any_moment_then_resume_equals_the_uninterrupted_run(
     tmp_path, make_train_config
 ):

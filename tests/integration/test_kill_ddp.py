@@ -48,6 +48,7 @@ def torchrun(tmp_path, cfg_path, kill_at_micro=0, port=29531):
     return run_process_group(cmd)
 
 
+@pytest.mark.budget(100, "two ranks killed mid-run and resumed, against the uninterrupted run")
 def test_two_ranks_killed_mid_run_resume_exactly(tmp_path, make_train_config):
     raw = make_train_config(train={"max_steps": 5, "save_every": 1, "keep_last": 5})
     paths = {}

@@ -28,6 +28,9 @@ def test_the_doc_block_trains_the_docs_config():
     assert "distil train docs/configs/multi_teacher.yaml" in block
 
 
+@pytest.mark.budget(
+    180, "runs the page's commands as written: data, tokenizers, two teachers, a routed run"
+)
 @pytest.mark.slow
 def test_try_it_on_a_cpu_runs_as_written(tmp_path):
     shutil.copytree(ROOT / "docs" / "configs", tmp_path / "docs" / "configs")

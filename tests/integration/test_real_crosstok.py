@@ -40,6 +40,9 @@ COMPLETIONS = [
 ]
 
 
+@pytest.mark.budget(
+    140, "the real Gemma 3 and Qwen3 tokenizers (262k and 151k vocabularies) in a training run"
+)
 def test_gemma_student_qwen_teacher_aligns_whitespace_runs(tmp_path, capsys):
     student = build_model_dir(
         tmp_path / "student", tokenizer=load_tokenizer(ROOT / "gemma3"), hidden_size=32, seed=1
@@ -91,6 +94,9 @@ def test_gemma_student_qwen_teacher_aligns_whitespace_runs(tmp_path, capsys):
     assert metrics[0]["align/unalignable_tokens"] == 0
 
 
+@pytest.mark.budget(
+    100, "the real Qwen3 and Llama 3 tokenizers, on-policy at a 151,936-row vocabulary"
+)
 def test_qwen3_student_padded_to_151936_rows_samples_on_policy_with_a_llama_teacher(tmp_path):
     """The issue's crash: Qwen3's model vocabulary is 151,936 rows, its tokenizer 151,669
     tokens; a sampled padding id (151,793 there) reached the aligned loss's 151,669-wide tables.

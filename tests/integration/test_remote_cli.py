@@ -31,6 +31,9 @@ SOAK_RSS_GROWTH_MIB = 64
 FITS = {"max_prompt_tokens": 192}
 
 
+@pytest.mark.budget(
+    120, "a teacher server and a training run, the server killed and its retries waited out"
+)
 def test_server_killed_mid_run_retries_then_exits_2_with_the_message(
     tmp_path, make_train_config, pair_dirs
 ):

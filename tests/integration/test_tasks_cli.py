@@ -47,6 +47,7 @@ def distil(*args, cwd, pythonpath=""):
     )
 
 
+@pytest.mark.budget(100, "evaluation and a training run through the CLI with a user task")
 def test_eval_gsm8k_and_train_with_a_user_task(tmp_path, make_train_config, tiny_model_dir):
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in GSM8K))

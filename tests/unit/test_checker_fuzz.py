@@ -193,6 +193,9 @@ def _completion_matches_reference(data) -> None:
 test_completion_matches_reference, test_completion_matches_reference_slow = twin(
     {"data": st.data()}, _completion_matches_reference
 )
+test_completion_matches_reference_slow = pytest.mark.budget(
+    100, "the checker against its reference on many fuzzed completions"
+)(test_completion_matches_reference_slow)
 
 
 # --- tag search against a reference regex (fine on short inputs; quadratic on long ones) ---------

@@ -361,6 +361,7 @@ def test_any_files_table_gives_problems_never_an_exception(files):
     manifest_bytes
     | st.dictionaries(file_names, file_entries).map(lambda f: json.dumps({"files": f}).encode())
 )
+@pytest.mark.budget(210, "5,000 fuzzed manifests, each verified from disk")
 def test_any_manifest_long_run(data):
     manifests_are_only_reported(data)
 

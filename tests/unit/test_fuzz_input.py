@@ -461,6 +461,7 @@ def test_fuzz_config_structure_long(tmp_path, tree):
     _load_tree(tmp_path, tree)
 
 
+@pytest.mark.budget(100, "thousands of fuzzed configs through config validate")
 @pytest.mark.slow
 @LONG
 @given(pairs=st.lists(st.tuples(st.sampled_from(PATH_KEYS), PATHS), max_size=4))

@@ -11,6 +11,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "train_throughput.py"
 
 
+@pytest.mark.budget(150, "runs every part of the precision benchmark once on a tiny model")
 @pytest.mark.slow
 def test_step_and_generate_parts_run_on_cpu():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

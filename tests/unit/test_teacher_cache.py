@@ -389,6 +389,7 @@ def test_any_manifest_gives_a_cache_error_never_an_exception(tmp_path_factory):
     run()
 
 
+@pytest.mark.budget(100, "thousands of fuzzed cache manifests")
 @pytest.mark.slow
 def test_any_manifest_long_run(tmp_path_factory):
     from hypothesis import HealthCheck, given, settings
