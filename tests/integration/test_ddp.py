@@ -18,6 +18,7 @@ from distil.train import loop
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 
 
+@pytest.mark.budget(100, "a two-rank torchrun launch beside the one-process run")
 def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, make_train_config):
     base = make_train_config(
         train={

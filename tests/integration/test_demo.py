@@ -133,6 +133,7 @@ def test_controls_get_the_distillation_student_compute(smoke_demo):
     assert row[ROWS[2]]["student_flops"] == pytest.approx(spent)
 
 
+@pytest.mark.budget(100, "a second smoke demo from scratch, its stages one after another")
 def test_the_same_command_prints_the_same_table_in_lanes_or_one_after_another(smoke_demo, tmp_path):
     _, _, run = smoke_demo
     # a fresh cache: the teacher is trained again, everything else too; the first run's

@@ -49,6 +49,7 @@ def launch(root: Path, raw: dict, name: str, placement: str):
     return run_process_group([*cmd, "--main_process_port", "29547", str(script), src, str(path)])
 
 
+@pytest.mark.budget(100, "two two-rank FSDP launches with two teachers")
 def test_routed_teachers_sharded_train_as_replicated_ones(
     tmp_path, countdown_dir, pair_dirs, second_teacher
 ):

@@ -33,6 +33,7 @@ def run(tmp_path, raw, name, ranks):
     return [json.loads(x) for x in lines]
 
 
+@pytest.mark.budget(100, "a two-rank torchrun launch beside the one-process run")
 def test_two_ranks_with_bf16_weights_follow_one_process(tmp_path, make_train_config, pair_dirs):
     raw = make_train_config(
         train={"max_steps": 3, "lambda": 0.0, "grad_accum_steps": 2, "bf16_weights": True},

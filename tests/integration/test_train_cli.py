@@ -50,6 +50,7 @@ def distil(*args, cwd):
     )
 
 
+@pytest.mark.budget(100, "a training run, its resume and an evaluation through the CLI")
 def test_train_then_resume_then_eval(
     tmp_path, make_train_config, countdown_dir, capsys, monkeypatch
 ):

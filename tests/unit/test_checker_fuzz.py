@@ -262,3 +262,6 @@ test_any_text_gets_a_verdict, test_any_text_gets_a_verdict_slow = twin(
     },
     _any_text_gets_a_verdict,
 )
+test_any_text_gets_a_verdict_slow = pytest.mark.budget(100, "the checker on many fuzzed texts")(
+    test_any_text_gets_a_verdict_slow
+)

@@ -470,6 +470,7 @@ def test_fuzz_config_validate_paths_long(tmp_path, pairs, monkeypatch, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.budget(120, "thousands of fuzzed command lines through the CLI")
 @pytest.mark.slow
 @LONG
 @given(argv=ARGV)

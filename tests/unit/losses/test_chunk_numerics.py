@@ -74,6 +74,9 @@ def test_compiled_chunks_equal_eager_chunks():
     _compiled_equals_eager("dense", "aot_eager")
 
 
+@pytest.mark.budget(
+    120, "compiles the chunked loss with inductor (a cold compile cache on a fresh machine)"
+)
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "backend"), [("sparse", "aot_eager"), ("dense", "inductor")])
 def test_compiled_chunks_equal_eager_chunks_sparse_and_inductor(kind, backend):
