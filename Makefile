@@ -55,8 +55,8 @@ test-gpu: venv
 # `make gpu-wheels` (where pip reaches an index) fetches, for CPython 3.12 on x86-64 Linux, what
 # the GPU machine's image lacks (pins: bench/gpu/wheels.txt) into $(WHEELS); `make gpu-check`
 # there installs them (--no-index --no-deps --target: the image's torch stays) and runs the
-# steps of one lease in goal order, 480 s in all; `make gpu-check-dry` rehearses it here (and
-# fails when the step budgets exceed the 480 s). Exit 0 all passed, 1 a failure, 2 incomplete.
+# steps of one lease in goal order, 540 s in all; `make gpu-check-dry` rehearses it here (and
+# fails when the step budgets exceed the 540 s). Exit 0 all passed, 1 a failure, 2 incomplete.
 WHEELS ?= .whl
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 GPU_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \

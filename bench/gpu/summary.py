@@ -129,7 +129,7 @@ def write_summary(
     lines += _budget(budget)
     if not_run and not dry:
         lines.append("\nNot run or not passed: " + ", ".join(s.name for s in not_run) + ".")
-    lines += _tests(tally) + _realsize(out) + _bench(steps) + goals_table(out)
+    lines += _tests(tally, out) + _realsize(out) + _bench(steps) + goals_table(out)
     path = out / "SUMMARY.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -143,9 +143,10 @@ def _budget(budget) -> list[str]:
     return [line, *[f"**BUDGET: {p}**" for p in problems]]
 
 
-def _tests(t: PytestTally | None) -> list[str]:
+def _tests(t: PytestTally | None, out: Path | None = None) -> list[str]:
     if t is None:
-        return ["", "## GPU tests", "", "No pytest report (the tests step did not run or crashed)."]
+        head = ["", "## GPU tests", "", "No pytest report (the tests step did not run or crashed)."]
+        return head + _tests_so_far(out / "tests.jsonl") if out else head
     out = ["", "## GPU tests (pytest -m gpu tests/gpu)", ""]
     out.append(
         f"{t.total} collected: {t.passed} passed, {t.failed} failed, {t.errors} errors, "
@@ -225,6 +226,26 @@ def _bench(steps) -> list[str]:
         out += table + ([""] if table and results else []) + results
         if not table and not results:
             out.append(f"(no RESULT line or table; log: {s.log})")
+    return out
+
+
+def _tests_so_far(path: Path) -> list[str]:
+    """What tests/gpu/conftest.py recorded as each test ended (DISTIL_GPU_REPORT): the tests
+    that finished before the step was cut off, each failure with its error lines (pytest's
+    `E` lines, the first four)."""
+    if not path.exists():
+        return []
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    said = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    out = ["", f"Recorded as they ended ({path.name}): {said or 'none'}."]
+    for r in rows:
+        if r["outcome"] == "failed":
+            text = [x for x in r.get("message", "").splitlines() if x.strip()]
+            said = [x[1:].strip() for x in text if x.startswith("E ")][:4] or text[-1:]
+            out.append(f"- FAILED {r['test']} ({r['when']}): {' / '.join(said)[:400]}")
     return out
 
 

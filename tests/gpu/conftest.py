@@ -11,6 +11,7 @@ ones from the junit report of `make gpu-check`).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -54,6 +55,29 @@ def _note(report) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _note(report)
+    _record(report)
+
+
+def _record(report: pytest.TestReport) -> None:
+    """With DISTIL_GPU_REPORT=FILE (`make gpu-check`), each test's outcome is appended to FILE
+    as one JSON line the moment it is known, a failure with its message: a run cut off at its
+    time budget (pytest's own reports are written only at the end) still says what failed and
+    why. Written by the controlling process only (under xdist the workers' reports reach it)."""
+    path = os.environ.get("DISTIL_GPU_REPORT")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if report.when != "call" and report.passed:
+        return  # setup and teardown are recorded only when they fail or skip
+    row = {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
+           "seconds": round(report.duration, 2)}  # fmt: skip
+    if report.failed:
+        row["message"] = report.longreprtext[-4000:]
+    elif report.skipped:
+        row["message"] = (
+            str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        )
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:

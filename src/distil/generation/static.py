@@ -213,14 +213,17 @@ class StaticCacheGenerator(HFGenerator):
         vocab = self.model.get_output_embeddings().weight.shape[0] if rng is not None else 0
         check_every = CHECK_EVERY_CUDA if token.device.type == "cuda" else 1
         steps = new
+        graphs = self.compile and token.device.type == "cuda"
         for t in range(new):
             if t > 0:
-                if self.compile and token.device.type == "cuda":
+                if graphs:
                     torch.compiler.cudagraph_mark_step_begin()
                 noise = _noise(rng, out_lp, vocab) if rng is not None else None
                 token, logprob = step(
                     token, pos_B_1, slot_1, mask_B_L, cache, warpers, params.greedy, noise
                 )
+                if graphs:  # the next replay overwrites its outputs, and `token` is its input
+                    token, logprob = token.clone(), logprob.clone()
                 pos_B_1 = pos_B_1 + 1
                 slot_1 = None if slot_1 is None else slot_1 + 1
             out_ids[:, t] = token  # copies out of the graph's output buffer
