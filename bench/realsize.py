@@ -34,7 +34,9 @@ computes no logits elsewhere); T the step's input tokens, prompts included. The 
 is the same FLOPs over its own student seconds (its forward also runs the head on the prompts):
 the ceiling of this model at this size next to distil's. Step: (6 + 2) N_student T +
 2 N_teacher T (generation counted as 2 N per token; attention not counted). The planned peak
-(`distil plan`, logged as memory/planned_peak_bytes) is reported beside the measured one.
+(`distil plan`, logged as memory/planned_peak_bytes) is reported beside the measured one; the
+run's `data.max_prompt_tokens` is its data's longest prompt, so that the plan's worst case is
+one this run can reach.
 
     python bench/realsize.py --backend hf --json runs/gpu-check/realsize-hf.json      # CUDA
     python bench/realsize.py --backend hf --size tiny --device cpu --steps 2 --new 4  # rehearsal
@@ -115,9 +117,28 @@ def save_random_model(out: Path, config_dir: Path, overrides: dict, tok, device:
     del model
 
 
+def longest_prompt(dirs: dict[str, Path]) -> int:
+    """Tokens of the longest prompt of the run's data as distil renders it for the student: the
+    run's `data.max_prompt_tokens`, so that the plan (worst case: every prompt at that cap,
+    docs/memory.md) is made for lengths this run reaches. At the default cap of 256 it planned
+    16 x 384 tokens a micro-batch for prompts of about 15 tokens: 28.0 GiB against 20.7
+    measured on an H100 (bench/RESULTS.md, 2026-11-28)."""
+    from distil.config import build_config
+    from distil.models.load import load_tokenizer
+    from distil.models.tokenizers import encode_prompts, prompt_format
+    from distil.tasks.prompts import config_examples
+
+    d = build_config({"data": {"train": str(dirs["data"]), "template": "countdown_plain"},
+                      "student": {"path": str(dirs["student"])}}).data  # fmt: skip
+    tok = load_tokenizer(str(dirs["tokenizer"]))
+    ids = encode_prompts(tok, [e.prompt for e in config_examples(d)], fmt=prompt_format(d))
+    return max(len(x) for x in ids)
+
+
 def distil_config(dirs: dict[str, Path], args, out: Path) -> dict[str, Any]:
+    data = {"train": str(dirs["data"]), "template": "countdown_plain"}
     return {
-        "data": {"train": str(dirs["data"]), "template": "countdown_plain"},
+        "data": {**data, "max_prompt_tokens": longest_prompt(dirs)},
         "student": {"path": str(dirs["student"]), "dtype": "float32"},
         "teacher": {"path": str(dirs["teacher"]), "dtype": "bfloat16"},
         "generation": {"max_new_tokens": args.new, "backend": args.backend},
