@@ -7,7 +7,6 @@ and exits with code 2, never as a traceback; anything else is a bug and keeps it
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
@@ -17,6 +16,7 @@ from distil.errors import ConfigError, DistilError
 from distil.eval.cli import add_eval
 from distil.hub import add_push
 from distil.plan.cli import add_plan
+from distil.ranks import is_first_rank
 from distil.serve.cli import add_serve_teacher
 from distil.teacher.cli import add_cache_teacher, add_generate
 
@@ -101,7 +101,7 @@ def _train(args) -> int:
     from distil.api import Distiller
 
     result = Distiller(args.config, args.overrides).train()
-    if int(os.environ.get("RANK", "0")) == 0:  # torchrun / accelerate: once, not per rank
+    if is_first_rank():  # torchrun / accelerate: once, not per rank
         print(f"final model: {result.final_model}")
         if result.hub_url:
             print(f"pushed to: {result.hub_url}")

@@ -24,6 +24,7 @@ from typing import Any
 from distil.api.inputs import ConfigLike, Overrides, make_config
 from distil.api.run_inputs import StagedInputs
 from distil.errors import ConfigError
+from distil.ranks import is_first_rank
 
 
 @dataclass
@@ -110,7 +111,7 @@ class Distiller:
         metrics = train(cfg, models=self.models, callbacks=self.callbacks, prepare=self._publish)
         out = Path(cfg.train.output_dir)
         url = None
-        if cfg.train.push_to_hub and int(os.environ.get("RANK", "0")) == 0:
+        if cfg.train.push_to_hub and is_first_rank():
             url = _push(out, cfg.train.hub_model_id, cfg.train.hub_private)
         return TrainResult(metrics, out / "final", out, url)
 
@@ -120,7 +121,7 @@ class Distiller:
         process waits for them (a run of paths only: nothing to do)."""
         if self._staged.empty:
             return
-        if int(os.environ.get("RANK", "0")) == 0:
+        if is_first_rank():
             self._staged.publish(self.config)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             import torch

@@ -45,6 +45,7 @@ import torch
 from distil.errors import ConfigError
 from distil.generation.base import SamplingParams, mask_after_eos, past_vocab_bias
 from distil.generation.weights import is_peft_model, named_weights, weights_fingerprint
+from distil.ranks import launch_rank
 from distil.types import Rollout
 
 SUPPORTED = "vllm>=0.11,<0.34"  # the versions whose API this module was read against
@@ -203,7 +204,7 @@ class VLLMGenerator:
             raise ConfigError(problems)
         vllm = importlib.import_module("vllm")
         v = cfg.generation.vllm
-        rank = int(os.environ.get("RANK", "0"))
+        rank = launch_rank()
         workdir = tempfile.TemporaryDirectory(prefix="distil-vllm-")
         _write_engine_config(model, workdir.name)
         _set_launcher_env()

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from distil.errors import ConfigError
+from distil.ranks import is_first_rank
 from distil.teacher.base import rest_logprob
 from distil.teacher.remote_client import RemoteClient, RemoteTeacherError, RetryPolicy, excerpt
 from distil.types import Batch, TeacherTargets
@@ -291,7 +292,7 @@ def _only_served(served: list, url: str) -> str:
             "MODEL argument or --served-model-name), not a directory. Fix: set teacher.path to "
             "one of them"
         )
-    if os.environ.get("RANK", "0") == "0":
+    if is_first_rank():
         print(f"note: teacher.path is null: using {served[0]!r}, the model {url} serves")
     return served[0]
 

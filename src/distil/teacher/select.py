@@ -24,6 +24,7 @@ from distil.errors import ConfigError
 from distil.losses import is_cross_tokenizer, needs_teacher
 from distil.models.load import load_tokenizer
 from distil.models.tokenizers import id_rows
+from distil.ranks import is_first_rank
 from distil.teacher.cache import (
     TEACHER_TOKENIZER,
     CacheError,
@@ -201,7 +202,7 @@ def _note_unread_teacher(cfg: DistilConfig, named: str, teacher_tok) -> None:
             other = None
         if other is None or tokenizer_sha256(other) != tokenizer_sha256(teacher_tok):
             differs = " (it is not the tokenizer the cache was written with)"
-    if os.environ.get("RANK", "0") == "0":
+    if is_first_rank():
         print(
             f"note: {key} = {named!r} is not read{differs}: training from teacher.cache = "
             f"{cfg.teacher.cache!r} uses the teacher tokenizer saved in the cache",

@@ -17,7 +17,6 @@ gradient do not depend on grad_accum_steps, per_device_batch_size or the number 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,6 +28,7 @@ from distil.config import DistilConfig, to_yaml
 from distil.config.contexts import has_context
 from distil.config.rules_reward import GRPO
 from distil.eval.runner import run_template
+from distil.ranks import is_first_rank
 from distil.train import evaluation
 from distil.train.async_gen import AsyncWindows
 from distil.train.callbacks import Callbacks
@@ -67,7 +67,7 @@ def train(
     `prepare`: called on every process under the lock, before anything is built (the Python
     API writes the files of its objects there).
     """
-    with RunLock(cfg.train.output_dir, enabled=int(os.environ.get("RANK", "0")) == 0):
+    with RunLock(cfg.train.output_dir, enabled=is_first_rank()):
         if prepare is not None:
             prepare()
         c = build(cfg, models=models) if models else build(cfg)
