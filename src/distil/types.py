@@ -5,15 +5,19 @@ Shape suffixes: B batch rows, T positions, V vocabulary, K top-k entries, C comp
 P prompt tokens, L whole sequence. `T_s`/`T_t`, `V_s`/`V_t` name the student's and the teacher's
 sides where the two meet. Every position-indexed tensor of a loss is already *shifted*: position t
 holds the distribution that predicts token t+1 of the sequence.
+
+torch is imported where a method needs it, not with the module: the data and task modules that
+read these types (`distil countdown generate`, `distil tokenizer train`) start without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 Messages = list[dict[str, str]]
 
@@ -80,6 +84,8 @@ class TeacherTargets:
         return self.topk_ids_B_T_K is not None
 
     def to(self, device: torch.device | str) -> TeacherTargets:
+        import torch
+
         moved = {
             f.name: (v.to(device) if isinstance(v, torch.Tensor) else v)
             for f in fields(self)
@@ -140,6 +146,8 @@ class GroupSpans:
 
 def _pad_side(row_G, first_G, len_G, ids_R_L, idrow_B, shift_B) -> tuple[torch.Tensor, ...]:
     # one side's (G, W) positions and ids with tensor ops (the width: one sync)
+    import torch
+
     width = max(int(len_G.max()), 1) if len(len_G) else 1
     at = torch.arange(width, device=len_G.device)
     valid = at < len_G[:, None]
@@ -236,6 +244,8 @@ class AlignmentGroups:
                 setattr(self, name, value)
 
     def to(self, device: torch.device | str) -> AlignmentGroups:
+        import torch
+
         def move(v):
             if isinstance(v, (torch.Tensor, GroupSpans)):
                 return v.to(device)
@@ -320,6 +330,8 @@ class Batch:
         return int(mask.sum())
 
     def to(self, device: torch.device | str) -> Batch:
+        import torch
+
         moved = {
             f.name: v.to(device)
             for f in fields(self)

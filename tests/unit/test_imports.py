@@ -14,6 +14,9 @@ from a reader). The tests hold:
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -117,6 +120,7 @@ LAYERS = {
     "distil.progress": 0,
     "distil.paths": 0,
     "distil.files": 0,
+    "distil.ranks": 0,
     "distil.config": 1,
     "distil.models": 2,
     "distil.align": 2,
@@ -231,3 +235,22 @@ def test_lazy_imports_are_seen_only_when_asked():
 def test_the_product_never_imports_the_test_helpers():
     users = {name for name, deps in graph().items() if deps & TEST_ONLY and name not in TEST_ONLY}
     assert users == set(), f"product modules importing distil.testing: {sorted(users)}"
+
+
+def test_the_command_line_and_the_data_commands_start_without_torch():
+    """`distil --help`, `distil countdown generate` and `distil tokenizer train` need neither
+    torch nor transformers' model classes (each costs seconds of start-up): the modules they
+    import load both only in the functions that build or run a model."""
+    code = (
+        "import sys\n"
+        "import distil.cli, distil.plan, distil.plan.cli, distil.tasks, distil.data.datasets\n"
+        "import distil.models.scratch, distil.tasks.countdown\n"
+        "from distil.cli import build_parser\n"
+        "build_parser()\n"
+        "heavy = sorted(m for m in ('torch', 'transformers.modeling_utils') if m in sys.modules)\n"
+        "print(heavy)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC.parent)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout

@@ -11,21 +11,15 @@ with `save_pretrained`, so every other command loads them like any hub checkpoin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    PretrainedConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+from typing import TYPE_CHECKING, Any
 
 from distil.errors import ConfigError
 from distil.models import tokenizer_families as families
+
+if TYPE_CHECKING:  # torch and the model classes are imported by the functions that build
+    # models: `distil tokenizer train` starts without them
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 CHAT_TEMPLATES = ("family", "compact")
 
@@ -95,9 +89,10 @@ def init_model(
     return count_parameters(model)
 
 
-_ARCHS: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
-    "llama": (LlamaConfig, LlamaForCausalLM),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM),  # Qwen2 = Llama + biases on q/k/v
+# arch -> transformers' (config class, model class) names
+_ARCHS: dict[str, tuple[str, str]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),  # Qwen2 = Llama + biases on q/k/v
 }
 
 
@@ -123,9 +118,12 @@ def tiny_model(
     given (else None), also in the generation config. `overrides` go to the config. The same
     arguments and seed always give the same weights; the global RNG state is left untouched.
     """
+    import torch
+    import transformers
+
     if arch not in _ARCHS:
         raise ValueError(f"unknown arch {arch!r}; expected one of {sorted(_ARCHS)}")
-    config_cls, model_cls = _ARCHS[arch]
+    config_cls, model_cls = (getattr(transformers, name) for name in _ARCHS[arch])
     special_ids = {
         name: getattr(tokenizer, name, None)
         for name in ("bos_token_id", "eos_token_id", "pad_token_id")

@@ -17,15 +17,40 @@ memory terms are small formulas over their sizes (`memory.py`), assembled per ph
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
+from typing import TYPE_CHECKING
 
-from distil.config import DistilConfig
-from distil.config.loading import ConfigLike, Overrides, as_config
-from distil.plan.advice import suggest
-from distil.plan.build import DevicePlan, Plan, make_plan
-from distil.plan.render import as_dict, headline, render
-from distil.plan.target import PRESETS, Target, make_target, parse_bytes
+if TYPE_CHECKING:
+    from distil.config import DistilConfig
+    from distil.config.loading import ConfigLike, Overrides
+    from distil.plan.build import DevicePlan, Plan, make_plan
+    from distil.plan.report import as_dict, headline, render
+    from distil.plan.target import PRESETS, Target, make_target, parse_bytes
+
+# The names below are imported on first use: `import distil.plan` (and `distil --help`, whose
+# `plan` sub-command lives in distil.plan.cli) does not pay for torch and the model shapes.
+_LAZY = {
+    "DevicePlan": "distil.plan.build",
+    "Plan": "distil.plan.build",
+    "make_plan": "distil.plan.build",
+    "as_dict": "distil.plan.report",
+    "headline": "distil.plan.report",
+    "render": "distil.plan.report",
+    "PRESETS": "distil.plan.target",
+    "Target": "distil.plan.target",
+    "make_target": "distil.plan.target",
+    "parse_bytes": "distil.plan.target",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
 
 
 def plan_config(
@@ -33,6 +58,9 @@ def plan_config(
 ) -> Plan:
     """The plan of `cfg` on `target`, with the changes that make it fit when it does not
     (`context_tokens`: what privileged context adds to a teacher sequence; None: measured)."""
+    from distil.plan.advice import suggest
+    from distil.plan.build import make_plan
+
     plan = make_plan(cfg, target, context_tokens=context_tokens)
     if advise:
         plan.suggestions = suggest(cfg, target, plan)
@@ -54,6 +82,9 @@ def plan(
     """`distil plan CONFIG [overrides] --device ... --gpus ... --fsdp` from Python: `config` a
     YAML file or run directory, a dict or a DistilConfig, `overrides` as for `distil.Distiller`.
     Returns the `Plan` (`render(plan)` is the command's text, `as_dict(plan)` its --json)."""
+    from distil.config.loading import as_config
+    from distil.plan.target import make_target
+
     target = make_target(
         device, memory=gpu_memory, gpus=gpus, fsdp=fsdp, tflops=tflops, bandwidth=bandwidth
     )
