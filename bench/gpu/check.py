@@ -308,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         site = args.site if done[-1].status == "passed" else None
     # each GPU test's outcome as it ends (tests/gpu/conftest.py): kept when the step is cut off
     env = {**child_env(site), "DISTIL_GPU_REPORT": str(args.out / "tests.jsonl")}
+    env.pop("PYTEST_XDIST_WORKER", None)  # the check itself run inside a pytest-xdist worker
     for step in plan:
         if args.dry and step.name == "deps":
             continue  # dry: the wheels step above stands for deps

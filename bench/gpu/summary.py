@@ -235,7 +235,12 @@ def _tests_so_far(path: Path) -> list[str]:
     `E` lines, the first four)."""
     if not path.exists():
         return []
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:  # the last line may be cut off by the step's kill
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1

@@ -371,6 +371,8 @@ def test_each_gpu_test_is_recorded_as_it_ends_so_a_cut_off_run_says_what_failed(
         ("test_a", "passed"), ("test_b", "failed"), ("test_c", "skipped")
     ]  # fmt: skip
     assert "the chunked head differs" in rows[1]["message"] and rows[2]["message"]
+    with report.open("a") as f:
+        f.write('{"test": "test_cut.py::test_d", "outco')  # a line the kill cut short
     lines = summary._tests(None, tmp_path)
     assert "1 failed, 1 passed, 1 skipped" in "\n".join(lines)
     (failed,) = [x for x in lines if x.startswith("- FAILED")]
