@@ -1,6 +1,6 @@
 """`distil demo` end to end with the smoke budgets (seconds): every stage, files and table; the
-same command prints the same table twice, its students trained in two lanes or one after
-another; the equal-cost controls; and the demo from a wheel installed outside the checkout."""
+same command prints the same table twice, its students trained one after another (the smoke
+preset's default) or in two lanes; the equal-cost controls; and the demo from a wheel installed outside the checkout."""
 
 import importlib.util
 import json
@@ -79,7 +79,7 @@ def test_demo_pipeline_writes_models_metrics_table_and_plot(smoke_demo):
     assert [r["model"] for r in results["rows"]] == ROWS
     assert all(r["total"] == 24 for r in results["rows"])  # the smoke test split
     assert results["threads"] == 2 and results["machine"]
-    assert results["lanes"] == 2 and results["wall_seconds"] > 0
+    assert results["lanes"] == 1 and results["wall_seconds"] > 0  # the smoke preset's default
     # the steps column: the smoke preset's budgets (teacher 4, starts 3, distillation 3)
     steps = {r["model"]: r["steps"] for r in results["rows"]}
     assert steps[ROWS[0]] == 4 and steps[ROWS[1]] == 3 and steps[ROWS[2]] == 3
@@ -133,17 +133,17 @@ def test_controls_get_the_distillation_student_compute(smoke_demo):
     assert row[ROWS[2]]["student_flops"] == pytest.approx(spent)
 
 
-@pytest.mark.budget(100, "a second smoke demo from scratch, its stages one after another")
+@pytest.mark.budget(100, "a second smoke demo from scratch, its stages in two lanes")
 def test_the_same_command_prints_the_same_table_in_lanes_or_one_after_another(smoke_demo, tmp_path):
     _, _, run = smoke_demo
     # a fresh cache: the teacher is trained again, everything else too; the first run's
-    # students trained in two one-thread lanes (the default at --threads 2), these one after
-    # another in this process at two threads
-    again = run_demo(tmp_path / "demo", tmp_path / "cache", tmp_path, "--lanes", "1")
+    # students trained one after another in its process at two threads (the smoke preset's
+    # default), these in two one-thread lanes (the default of the other presets at 2 threads)
+    again = run_demo(tmp_path / "demo", tmp_path / "cache", tmp_path, "--lanes", "2")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "using the cached teacher" not in again.stderr
-    assert "2 lanes of 1 thread" in run.stderr and "lanes of" not in again.stderr
-    assert (smoke_demo[0] / "logs" / "run_distill_cross_tokenizer.log").read_text().strip()
+    assert "lanes of" not in run.stderr and "2 lanes of 1 thread" in again.stderr
+    assert (tmp_path / "demo" / "logs" / "run_distill_cross_tokenizer.log").read_text().strip()
     assert table_lines(again.stdout) == table_lines(run.stdout)
     assert len(table_lines(run.stdout)) == len(ROWS) + 2 + 6  # the table, the 4 paired leads
     # the smoke models score 0%: the training trajectories are the sharper check

@@ -72,8 +72,8 @@ def add_demo(sub, positive_int) -> None:
         metavar="N",
         help="run the students' stages in N processes side by side, the threads split among "
         "them (default 2 when --threads is 2 or more: on 2 cores two one-thread lanes train "
-        "~1.4x faster than one two-thread process; 1: one after another). The table is the "
-        "same either way",
+        "~1.4x faster than one two-thread process; 1: one after another, the smoke preset's "
+        "default, whose stages take seconds). The table is the same either way",
     )
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
@@ -97,10 +97,16 @@ def _positive_float(text: str) -> float:
 
 def run(args) -> int:
     from distil.demo import run_demo
-    from distil.demo.presets import manifest
+    from distil.demo.presets import default_lanes, manifest
 
     preset = args.preset or ("quick" if args.quick else "full")
-    lanes = args.lanes or min(2, args.threads)
+    if args.study:
+        from distil.demo.studies import study_manifest
+
+        presets = study_manifest(args.study).presets
+    else:
+        presets = manifest().presets
+    lanes = args.lanes or default_lanes(presets.get(preset), args.threads)
     if lanes > args.threads:
         raise ConfigError(
             f"--lanes {lanes} with --threads {args.threads}: each lane needs a thread. Fix: "
@@ -118,7 +124,6 @@ def run(args) -> int:
                   cache_dir=args.cache_dir, command=command, seeds=args.seeds, lanes=lanes,
                   resume=args.resume, tune=args.tune)  # fmt: skip
         return 0
-    presets = manifest().presets
     if preset not in presets:
         raise ConfigError(
             f"--preset {preset!r} is not a demo preset. Fix: use one of {', '.join(presets)} "

@@ -37,6 +37,9 @@ class Preset:
     # minutes measured on the reference machine (2 cores, 2 threads, 2 lanes): the teacher's
     # training and one seed's students' stages, for the estimate printed before a run
     minutes: dict[str, Any] | None = None  # teacher, seed (floats), machine (text)
+    # the default --lanes (None: 2 where --threads is 2 or more). A preset whose stages take
+    # seconds sets 1: each lane is a process that imports torch and transformers first
+    lanes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,12 @@ def _cross_check(students, runs, presets, problems: list[str]) -> None:
         for pname, p in presets.items():
             if r.steps is not None and r.steps not in p.steps:
                 problems.append(f"preset {pname} has no steps.{r.steps} (runs[{i}] uses it)")
+
+
+def default_lanes(preset: Preset | None, threads: int) -> int:
+    """The lanes a run gets without --lanes: the preset's, else 2 (at most one a thread)."""
+    wanted = preset.lanes if preset is not None and preset.lanes else 2
+    return max(1, min(wanted, threads))
 
 
 def budget_steps(preset: Preset, run: Run, scale: float) -> int:
