@@ -117,7 +117,7 @@ def save_random_model(out: Path, config_dir: Path, overrides: dict, tok, device:
     del model
 
 
-def longest_prompt(dirs: dict[str, Path]) -> int:
+def longest_prompt(data: dict[str, Any], student: Path) -> int:
     """Tokens of the longest prompt of the run's data as distil renders it for the student: the
     run's `data.max_prompt_tokens`, so that the plan (worst case: every prompt at that cap,
     docs/memory.md) is made for lengths this run reaches. At the default cap of 256 it planned
@@ -128,9 +128,8 @@ def longest_prompt(dirs: dict[str, Path]) -> int:
     from distil.models.tokenizers import encode_prompts, prompt_format
     from distil.tasks.prompts import config_examples
 
-    d = build_config({"data": {"train": str(dirs["data"]), "template": "countdown_plain"},
-                      "student": {"path": str(dirs["student"])}}).data  # fmt: skip
-    tok = load_tokenizer(str(dirs["tokenizer"]))
+    d = build_config({"data": data, "student": {"path": str(student)}}).data
+    tok = load_tokenizer(str(student))
     ids = encode_prompts(tok, [e.prompt for e in config_examples(d)], fmt=prompt_format(d))
     return max(len(x) for x in ids)
 
@@ -138,7 +137,7 @@ def longest_prompt(dirs: dict[str, Path]) -> int:
 def distil_config(dirs: dict[str, Path], args, out: Path) -> dict[str, Any]:
     data = {"train": str(dirs["data"]), "template": "countdown_plain"}
     return {
-        "data": {**data, "max_prompt_tokens": longest_prompt(dirs)},
+        "data": {**data, "max_prompt_tokens": longest_prompt(data, dirs["student"])},
         "student": {"path": str(dirs["student"]), "dtype": "float32"},
         "teacher": {"path": str(dirs["teacher"]), "dtype": "bfloat16"},
         "generation": {"max_new_tokens": args.new, "backend": args.backend},

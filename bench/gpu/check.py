@@ -110,7 +110,8 @@ def extra_steps(out: Path) -> list[Step]:
     bench = [
         ("vs_trl", "distil vs TRL GOLDTrainer, on-policy",
          ["bench/vs_trl.py", "--device", "cuda", "--threads", "4", "--modes", "on", "--rounds",
-          "1", "--steps", "6", "--warmup", "2", "--trl", "gold", "--json", str(out / "vs_trl.json")], 90),
+          "1", "--steps", "6", "--warmup", "2", "--trl", "gold",
+          "--json", str(out / "vs_trl.json")], 90),
         ("async", "step vs bare calls, async off/on (gpu preset)",
          ["bench/step_breakdown.py", "--preset", "gpu", "--bf16", "--async", "--steps", "6",
           "--warmup", "2", "--threads", "4"], 90),

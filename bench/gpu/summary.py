@@ -146,7 +146,7 @@ def _budget(budget) -> list[str]:
 def _tests(t: PytestTally | None, out: Path | None = None) -> list[str]:
     if t is None:
         head = ["", "## GPU tests", "", "No pytest report (the tests step did not run or crashed)."]
-        return head + _tests_so_far(out / "tests.jsonl") if out else head
+        return head + (_tests_so_far(out / "tests.jsonl") if out else [])
     out = ["", "## GPU tests (pytest -m gpu tests/gpu)", ""]
     out.append(
         f"{t.total} collected: {t.passed} passed, {t.failed} failed, {t.errors} errors, "
@@ -241,16 +241,14 @@ def _tests_so_far(path: Path) -> list[str]:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-    said = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-    out = ["", f"Recorded as they ended ({path.name}): {said or 'none'}."]
+    counts = Counter(r["outcome"] for r in rows)
+    tally = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    out = ["", f"Recorded as they ended ({path.name}): {tally or 'none'}."]
     for r in rows:
         if r["outcome"] == "failed":
             text = [x for x in r.get("message", "").splitlines() if x.strip()]
-            said = [x[1:].strip() for x in text if x.startswith("E ")][:4] or text[-1:]
-            out.append(f"- FAILED {r['test']} ({r['when']}): {' / '.join(said)[:400]}")
+            errors = [x[1:].strip() for x in text if x.startswith("E ")][:4] or text[-1:]
+            out.append(f"- FAILED {r['test']} ({r['when']}): {' / '.join(errors)[:400]}")
     return out
 
 
