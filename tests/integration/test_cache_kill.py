@@ -13,6 +13,7 @@ import yaml
 
 from distil.teacher import cache as fmt
 from distil.testing import train_config
+from warm import run as warm_run
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +46,8 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 def run(kill_at: str, cfg_file: Path, out: Path) -> subprocess.CompletedProcess:
     args = ["cache-teacher", str(cfg_file), "--out", str(out), "--shard-rows", "8"]
-    return subprocess.run(
+    # a real process, forked from the warm interpreter (tests/warm.py)
+    return warm_run(
         [sys.executable, "-c", CHILD, SRC, kill_at, *args], capture_output=True, text=True
     )
 

@@ -1,4 +1,5 @@
-"""Two ranks (torchrun, gloo on CPU): data-parallel generation, synchronous and async.
+"""Two ranks (torchrun's worker environment, gloo on CPU): data-parallel generation,
+synchronous and async.
 
 Every rank samples its own slice of the window: its generate calls see only its prompts, the
 ranks' prompts together are the window (no prompt twice), and each rank trains on rollouts
@@ -16,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from distil.testing import run_process_group
 from distil.train import loop
 from distil.train.buffer import GenerationBuffer
+from warm import launch_ranks
 
 # two ranks on fixed ports: one after another with the other such tests (tests/suite_parallel.py)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
@@ -54,14 +55,13 @@ raise SystemExit(code)
 
 
 def torchrun(tmp_path, cfg_path, out, kill_at_step=0):
-    script = tmp_path / "child.py"
-    script.write_text(CHILD if not kill_at_step else KILLER)
+    """Two ranks with torchrun's worker environment, forked from the warm interpreter
+    (tests/warm.py; tests/integration/test_ddp.py launches torchrun itself)."""
     src = str(Path(loop.__file__).parents[2])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    cmd += ["--master_port", str(free_port()), str(script), src, str(cfg_path), str(out)]
-    cmd += [str(kill_at_step)] if kill_at_step else []
+    cmd = [sys.executable, "-c", CHILD if not kill_at_step else KILLER, src, str(cfg_path)]
+    cmd += [str(out), *([str(kill_at_step)] if kill_at_step else [])]
     out.mkdir(parents=True, exist_ok=True)
-    return run_process_group(cmd)
+    return launch_ranks(cmd, 2, free_port())
 
 
 def free_port() -> int:

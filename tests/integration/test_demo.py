@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+import warm
+
 # the smoke demo of tests/integration/conftest.py is shared with test_demo_resume and
 # test_demo_seeds: one worker runs them all (tests/suite_parallel.py)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]
@@ -45,7 +47,8 @@ RUNS = [
 def run_demo(out, cache, cwd, *extra, env=None, timeout=1200):
     env = {**(env or os.environ), "OMP_NUM_THREADS": "2"}
     args = ["--preset", "smoke", "--out", out, "--cache-dir", cache, "--threads", "2", *extra]
-    return subprocess.run(
+    # forked from the warm interpreter (tests/warm.py), or a fresh one where env changes imports
+    return warm.run(
         [sys.executable, "-m", "distil", "demo", *map(str, args)],
         cwd=cwd,
         env=env,

@@ -6,12 +6,12 @@ and the comparisons are paired over the seeds with Holm-adjusted p-values."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import yaml
 
+import warm
 from distil.demo.studies import study_manifest
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def run_study(study, tmp_path, seeds=1):
     out, cache = tmp_path / study, tmp_path / "cache"
     args = ["--study", study, "--preset", "smoke", "--out", out, "--cache-dir", cache]
     args += ["--seeds", seeds]
-    run = subprocess.run(
+    run = warm.run(  # forked from the warm interpreter (tests/warm.py)
         [sys.executable, "-m", "distil", "demo", *map(str, args), "--threads", "2"],
         cwd=tmp_path,
         env={**os.environ, "OMP_NUM_THREADS": "2"},

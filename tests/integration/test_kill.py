@@ -17,6 +17,7 @@ from distil.config import build_config
 from distil.models.load import load_model
 from distil.testing import read_metrics
 from distil.train import loop
+from warm import popen
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,8 @@ raise SystemExit(main(["train", sys.argv[4]]))
 
 def start(cfg_path, kill_at="none", delay=0.0):
     src = str(Path(loop.__file__).parents[2])
-    return subprocess.Popen(
+    # a real process, forked from the warm interpreter (tests/warm.py): killed as any other
+    return popen(
         [sys.executable, "-c", CHILD, src, str(delay), kill_at, str(cfg_path)],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE,
@@ -89,9 +91,11 @@ def test_sigkill_at_any_moment_then_resume_equals_the_uninterrupted_run(
     assert (ckpts / "step-00000005.tmp" / "manifest.json").exists()
     assert kill("micro:5")[-1] == "step-00000006"  # in step 7
     rng = random.Random(0)
-    for _ in range(3):  # random moments (startup, steps, checkpoints, the final save)
-        child = start(cfg_path, delay=0.05)
-        time.sleep(rng.uniform(3.0, 6.0))
+    # random moments (startup, steps, checkpoints, the final save): a forked child starts in
+    # well under a second, and its 8 micro-batches left take 0.3 s each at least
+    for _ in range(3):
+        child = start(cfg_path, delay=0.3)
+        time.sleep(rng.uniform(0.0, 2.5))
         if child.poll() is None:
             child.send_signal(signal.SIGKILL)
         child.communicate(timeout=300)

@@ -1,6 +1,6 @@
-"""Two ranks (torchrun, gloo on CPU): every rank's RNG is checkpointed, a run SIGKILLed in the
-middle resumes on both ranks from the same verified checkpoint, and finishes exactly like the
-uninterrupted two-rank run."""
+"""Two ranks (torchrun's worker environment, gloo on CPU): every rank's RNG is checkpointed,
+a run SIGKILLed in the middle resumes on both ranks from the same verified checkpoint, and
+finishes exactly like the uninterrupted two-rank run."""
 
 import json
 import sys
@@ -10,8 +10,8 @@ import pytest
 import torch
 import yaml
 
-from distil.testing import run_process_group
 from distil.train import loop
+from warm import launch_ranks
 
 # two ranks on fixed ports: one after another with the other such tests (tests/suite_parallel.py)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
@@ -40,12 +40,11 @@ raise SystemExit(main(["train", sys.argv[3]]))
 
 
 def torchrun(tmp_path, cfg_path, kill_at_micro=0, port=29531):
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
+    """Two ranks with torchrun's worker environment, forked from the warm interpreter
+    (tests/warm.py; tests/integration/test_ddp.py launches torchrun itself)."""
     src = str(Path(loop.__file__).parents[2])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    cmd += ["--master_port", str(port), str(script), src, str(kill_at_micro), str(cfg_path)]
-    return run_process_group(cmd)
+    cmd = [sys.executable, "-c", CHILD, src, str(kill_at_micro), str(cfg_path)]
+    return launch_ranks(cmd, 2, port)
 
 
 @pytest.mark.budget(100, "two ranks killed mid-run and resumed, against the uninterrupted run")
@@ -90,7 +89,7 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_with_its_name(tmp_path, make_tr
     assert run.returncode != 0
     assert "non-finite loss on rank 1)" in run.stderr
     assert "2 consecutive steps had a non-finite loss or gradient" in run.stderr
-    # both ranks stop with the same DistilError at the same step (torchrun then reports exit 2)
+    # both ranks stop with the same DistilError at the same step (the launch then reports exit 2)
     assert run.stderr.count("distil: error: training stopped at step 3: 2 consecutive") == 2
     ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert ckpts == ["step-00000001"]

@@ -1,6 +1,6 @@
-"""train.bf16_weights on two processes (torchrun, gloo on CPU): the window's gradient reaches
-the fp32 masters after DDP's all-reduce, so two ranks train like one process with the whole
-window, within bf16 tolerance."""
+"""train.bf16_weights on two processes (torchrun's worker environment, gloo on CPU): the
+window's gradient reaches the fp32 masters after DDP's all-reduce, so two ranks train like one
+process with the whole window, within bf16 tolerance."""
 
 import json
 import sys
@@ -10,8 +10,8 @@ import torch
 import yaml
 
 from distil.config import load_config
-from distil.testing import run_process_group
 from distil.train import loop
+from warm import launch_ranks
 
 # two ranks on fixed ports: one after another with the other such tests (tests/suite_parallel.py)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
@@ -26,8 +26,9 @@ def run(tmp_path, raw, name, ranks):
     if ranks == 1:  # the one-process reference, in this process (one thread like each rank)
         loop.train(load_config(path))
     else:
-        launch = ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks)]
-        proc = run_process_group([sys.executable, *launch, "-m", "distil", "train", str(path)])
+        # the ranks with torchrun's worker environment, forked from the warm interpreter
+        # (tests/warm.py; tests/integration/test_ddp.py launches torchrun itself)
+        proc = launch_ranks([sys.executable, "-m", "distil", "train", str(path)], ranks, 29571)
         assert proc.returncode == 0, proc.stderr[-3000:]
     lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
     return [json.loads(x) for x in lines]

@@ -16,13 +16,13 @@ import pytest
 import torch
 import yaml
 
+import warm
 from distil.serve.process import teacher_server
 from distil.teacher.remote import RemoteTeacher
 from distil.teacher.remote_client import RemoteClient
 
 pytestmark = pytest.mark.slow
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 # Server RSS growth allowed over the soak, after a warm-up (allocator caches, lru of decoded
 # tokens). Measured: see docs/scaling-out.md ("A teacher on its own server").
 SOAK_RSS_GROWTH_MIB = 64
@@ -47,9 +47,9 @@ def test_server_killed_mid_run_retries_then_exits_2_with_the_message(
         )
         cfg = tmp_path / "cfg.yaml"
         cfg.write_text(yaml.safe_dump(raw))
-        child = subprocess.Popen(
+        child = warm.popen(  # a real process, forked from the warm interpreter (tests/warm.py)
             [sys.executable, "-m", "distil", "train", str(cfg)],
-            env={**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"},
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
