@@ -98,3 +98,16 @@ def test_ranks_get_torchruns_environment_and_a_failure_stops_the_others(tmp_path
     )
     done = warm.launch_ranks([sys.executable, "-c", group], 2, 29599)
     assert done.returncode == -signal.SIGKILL  # every rank went down with the group
+
+
+def test_a_script_runs_with_its_directory_on_the_path(tmp_path):
+    (tmp_path / "helper.py").write_text("VALUE = 7\n")
+    (tmp_path / "main.py").write_text(
+        "import sys, helper\nprint(helper.VALUE, sys.argv[1:], __name__)\n"
+    )
+    cmd = [sys.executable, str(tmp_path / "main.py"), "x"]
+    fresh = subprocess.run(cmd, capture_output=True, text=True)
+    forked = warm.run(cmd, capture_output=True, text=True)
+    assert warm.warm_eligible(cmd)
+    assert forked.stdout == fresh.stdout == "7 ['x'] __main__\n"
+    assert not warm.warm_eligible([sys.executable, "main.py"])  # relative: a fresh interpreter

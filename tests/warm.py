@@ -1,9 +1,9 @@
 """Python processes forked from one warm interpreter, for the tests that start many (issue #45).
 
-A test that runs `python -c CODE ...` or `python -m MODULE ...` pays for a fresh interpreter
-importing torch and transformers first: 4-7 CPU-seconds here, more than the work of most such
-tests. `popen`/`run` start the same command as a real process forked from a server that has
-made those imports once (one server per pytest worker, started on first use):
+A test that runs `python -c CODE`, `python -m MODULE` or `python /abs/script.py` pays for a
+fresh interpreter importing torch and transformers first: 4-7 CPU-seconds here, more than the
+work of most such tests. `popen`/`run` start the same command as a real process forked from a
+server that has made those imports once (one server per pytest worker, started on first use):
 
 - the child is a real process with its own pid: it is signalled, killed, leaves partial files
   and exits with a status as a freshly started one does (`returncode` -9 after SIGKILL);
@@ -14,7 +14,7 @@ made those imports once (one server per pytest worker, started on first use):
 - what differs from a fresh interpreter is only what the server imported before the fork
   (torch, transformers, distil from this checkout). A command whose environment would change
   those imports (another PYTHONPATH, HF_* or TORCH_* settings, ...) runs as a fresh interpreter,
-  as does anything that is not `python -c`/`python -m`; tests that are about a fresh
+  as does anything else (interpreter options, another program); tests that are about a fresh
   interpreter (what `import distil` loads, an installed wheel) keep using `subprocess`.
 
 `launch_ranks` starts the ranks of a multi-process run this way with the environment torchrun
@@ -90,12 +90,18 @@ def run_child(spec, fds, new_session):
             sys.argv = ["-c", *spec["args"]]
             sys.path.insert(0, "")
             exec(compile(spec["target"], "<string>", "exec"), {"__name__": "__main__"})
-        else:
+        elif spec["mode"] == "-m":
             import runpy
 
             sys.argv = [spec["target"], *spec["args"]]
             sys.path.insert(0, os.getcwd())
             runpy.run_module(spec["target"], run_name="__main__", alter_sys=True)
+        else:  # a script: its directory first on the path, as the interpreter puts it
+            import runpy
+
+            sys.argv = [spec["target"], *spec["args"]]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(spec["target"])))
+            runpy.run_path(spec["target"], run_name="__main__")
     except SystemExit as stop:
         if stop.code is None:
             code = 0
@@ -238,13 +244,15 @@ class _Lines:
 
 
 def _warm_target(cmd: list[str]) -> tuple[str, str, list[str]] | None:
-    """('-c', code, args) or ('-m', module, args) when `cmd` is this interpreter running code
-    or a module with no interpreter options; None otherwise."""
-    if len(cmd) < 3 or os.path.realpath(cmd[0]) != os.path.realpath(sys.executable):
+    """('-c', code, args), ('-m', module, args) or ('path', script, args) when `cmd` is this
+    interpreter running code, a module or a script with no interpreter options; else None."""
+    if len(cmd) < 2 or os.path.realpath(cmd[0]) != os.path.realpath(sys.executable):
         return None
-    if cmd[1] not in ("-c", "-m"):
-        return None
-    return cmd[1], cmd[2], list(cmd[3:])
+    if cmd[1] in ("-c", "-m"):
+        return cmd[1], cmd[2], list(cmd[3:])
+    if cmd[1].endswith(".py") and os.path.isabs(cmd[1]) and os.path.isfile(cmd[1]):
+        return "path", cmd[1], list(cmd[2:])
+    return None
 
 
 def _same_imports(env: dict[str, str], server_env: dict[str, str]) -> bool:
@@ -455,7 +463,7 @@ def launch_ranks(cmd, nproc: int, port: int, *, env=None, timeout: float = 600, 
     base = dict(os.environ if env is None else env)
     base.setdefault("OMP_NUM_THREADS", "1")
     if not warm_eligible(cmd, base):
-        raise ValueError(f"not a warm command (python -c/-m, same imports): {cmd[:3]}")
+        raise ValueError(f"not a warm command (python -c/-m/script, same imports): {cmd[:3]}")
     files = [(tempfile.TemporaryFile(), tempfile.TemporaryFile()) for _ in range(nproc)]  # noqa: SIM115
     stdin = os.open(os.devnull, os.O_RDONLY)
     try:

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import warm
+
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "bench" / "gpu"
 sys.path.insert(0, str(GPU))
@@ -176,7 +178,7 @@ def test_realsize_runs_end_to_end_at_tiny_sizes_on_the_cpu(tmp_path):
     cmd = [sys.executable, str(ROOT / "bench" / "realsize.py"), "--size", "tiny", "--device",
            "cpu", "--steps", "2", "--warmup", "1", "--batch", "2", "--accum", "1", "--new", "3",
            "--work", str(tmp_path / "work"), "--json", str(out)]  # fmt: skip
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    run = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)  # tests/warm.py
     assert run.returncode == 0, run.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["vocab"] == 151_936 and r["student_params"] < r["teacher_params"]
@@ -189,7 +191,7 @@ def test_realsize_runs_end_to_end_at_tiny_sizes_on_the_cpu(tmp_path):
     # side runs: a run stopped there still hands it over)
     again = tmp_path / "again.json"
     cmd = [*cmd[: cmd.index("--json")], "--json", str(again), "--bare-json", str(out)]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    run = warm.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(again.read_text())["per_step"]["bare"] == r["per_step"]["bare"]
 

@@ -2,11 +2,12 @@
 every precision x fused AdamW x packing row is timed and the RESULT line is printed."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import warm
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "train_throughput.py"
 
@@ -16,7 +17,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "train_throughput.py"
 def test_step_and_generate_parts_run_on_cpu():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--size", "tiny", "--steps", "1"]
-    out = subprocess.run(
+    # forked from the warm interpreter (tests/warm.py)
+    out = warm.run(
         [*cmd, "--warmup", "0", "--part", "step"], env=env, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr[-2000:]
@@ -25,6 +27,6 @@ def test_step_and_generate_parts_run_on_cpu():
     assert len(rows) == 9 and len(modes) == 9
     assert ("bf16_weights", "True", "1024", "True") in modes
     assert out.stdout.splitlines()[-1].startswith("RESULT train_throughput: bf16 weights")
-    gen = subprocess.run([*cmd, "--part", "generate"], env=env, capture_output=True, text=True)
+    gen = warm.run([*cmd, "--part", "generate"], env=env, capture_output=True, text=True)
     assert gen.returncode == 0, gen.stderr[-2000:]
     assert "generate on bf16 weights" in gen.stdout.splitlines()[-1]
