@@ -26,7 +26,7 @@ def test_a_forked_child_sees_what_a_fresh_interpreter_sees(tmp_path):
     env = {**os.environ, "DISTIL_X": "y"}
     fresh = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env)
     forked = warm.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env)
-    assert warm.warm_eligible(cmd, env)
+    assert warm.warm_eligible(cmd)
     assert (
         (forked.returncode, forked.stderr) == (fresh.returncode, fresh.stderr) == (3, "to stderr\n")
     )
@@ -71,11 +71,20 @@ def test_exit_statuses_signals_threads_and_atexit(tmp_path):
         warm.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
 
 
-def test_an_environment_that_changes_imports_gets_a_fresh_interpreter():
-    cmd = [sys.executable, "-c", "pass"]
-    assert warm.warm_eligible(cmd, {**os.environ, "OMP_NUM_THREADS": "3", "RANK": "1"})
-    assert not warm.warm_eligible(cmd, {**os.environ, "PYTHONPATH": "/elsewhere"})
-    assert not warm.warm_eligible(cmd, {**os.environ, "HF_HUB_OFFLINE": "0"})
+def test_a_child_imports_with_its_own_import_time_environment(tmp_path):
+    """A child whose PYTHONPATH or HF_* settings differ from the collection's is forked from a
+    server started with them: what it imports reads what a fresh interpreter would read."""
+    (tmp_path / "probe_mod.py").write_text("X = 'from the path'\n")
+    code = (
+        "import probe_mod, huggingface_hub.constants as c\nprint(probe_mod.X, c.HF_HUB_OFFLINE)\n"
+    )
+    cmd = [sys.executable, "-c", code]
+    for offline in ("1", "0"):
+        env = {**os.environ, "PYTHONPATH": str(tmp_path), "HF_HUB_OFFLINE": offline}
+        fresh = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        forked = warm.run(cmd, capture_output=True, text=True, env=env)
+        assert forked.stdout == fresh.stdout == f"from the path {offline == '1'}\n"
+    assert warm.warm_eligible([sys.executable, "-m", "distil"])
     assert not warm.warm_eligible([sys.executable, "-S", "-c", "pass"])
     assert not warm.warm_eligible(["/bin/echo", "-c", "x"])
     assert isinstance(warm.popen(["/bin/true"]), subprocess.Popen)

@@ -12,10 +12,11 @@ server that has made those imports once (one server per pytest worker, started o
   request, `__main__`; at its end the non-daemon threads are joined and the atexit functions
   run, then the process exits with the command's status;
 - what differs from a fresh interpreter is only what the server imported before the fork
-  (torch, transformers, distil from this checkout). A command whose environment would change
-  those imports (another PYTHONPATH, HF_* or TORCH_* settings, ...) runs as a fresh interpreter,
-  as does anything else (interpreter options, another program); tests that are about a fresh
-  interpreter (what `import distil` loads, an installed wheel) keep using `subprocess`.
+  (torch, transformers, distil). The server is started with the child's import-time
+  environment (PYTHONPATH, HF_*, TORCH*, MALLOC_*, ...: `IMPORT_ENV`), one server per such
+  environment, so an import reads what it would have read in the child; anything but
+  `python -c`/`-m`/a script runs as a fresh interpreter, and tests that are about a fresh
+  interpreter (what `import distil` loads) keep using `subprocess`.
 
 `launch_ranks` starts the ranks of a multi-process run this way with the environment torchrun
 gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), and, as
@@ -49,15 +50,25 @@ PRELOAD = (
     "distil.cli",
     "distil.train.loop",
 )
-# a child's environment may differ from the server's only in these keys (read when they are
-# used, not when the preloaded modules are imported); any other difference starts a fresh one
-RUNTIME_ENV = ("OMP_NUM_THREADS", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-RUNTIME_PREFIXES = ("DISTIL_", "MASTER_", "GROUP_", "ROLE_", "TORCHELASTIC_", "PYTEST_")
+# what the preloaded modules read from the environment when they are imported: a child whose
+# environment differs from the server's in one of these starts as a fresh interpreter (the
+# others, such as RANK or OMP_NUM_THREADS, are read when they are used)
+IMPORT_ENV = ("HOME", "LD_PRELOAD", "LD_LIBRARY_PATH", "XDG_CACHE_HOME")
+IMPORT_ENV_PREFIXES = (
+    "PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "TORCH", "PYTORCH", "CUDA",
+    "OMP_WAIT", "OMP_PROC", "OMP_PLACES", "GOMP_", "KMP_", "MKL_", "MALLOC_", "NUMBA_",
+)  # fmt: skip
+# the environment when the tests were collected (a test's monkeypatched variables are not the
+# server's)
+BASE_ENV = dict(os.environ)
 
 SERVER = r"""
 import importlib, json, os, signal, socket, sys, traceback
 for name in sys.argv[2].split(","):
-    importlib.import_module(name)
+    try:
+        importlib.import_module(name)
+    except ImportError:  # another PYTHONPATH: what a child needs, it imports itself
+        pass
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the monitors are reaped by the kernel
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 listener.bind(sys.argv[1])
@@ -167,12 +178,13 @@ while True:
 
 
 class _Server:
-    """The warm interpreter of this process (one per pytest worker), started on first use."""
+    """A warm interpreter started with `env` (the import-time part of a child's environment
+    over the collection's), one per such environment and pytest worker, on first use."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str]) -> None:
         self.dir = tempfile.mkdtemp(prefix="distil-warm-")
         self.path = os.path.join(self.dir, "socket")
-        self.env = dict(os.environ)
+        self.env = env
         self.proc = subprocess.Popen(
             [sys.executable, "-c", SERVER, self.path, ",".join(PRELOAD)],
             stdout=subprocess.PIPE,
@@ -208,14 +220,26 @@ class _Server:
         return reader, pids
 
 
-_server: _Server | None = None
+_servers: dict[tuple, _Server] = {}
+MAX_SERVERS = 3  # per pytest worker; the least recently used one is closed
 
 
-def _get_server() -> _Server:
-    global _server
-    if _server is None or _server.proc.poll() is not None:
-        _server = _Server()
-    return _server
+def _import_env(env: dict[str, str]) -> tuple:
+    return tuple(sorted((k, v) for k, v in env.items() if _read_at_import(k)))
+
+
+def _get_server(env: dict[str, str]) -> _Server:
+    """The warm interpreter for a child with environment `env`: started with the collection's
+    environment and `env`'s import-time variables."""
+    key = _import_env(env)
+    server = _servers.pop(key, None)
+    if server is None or server.proc.poll() is not None:
+        base = {k: v for k, v in BASE_ENV.items() if not _read_at_import(k)}
+        server = _Server({**base, **dict(key)})
+    _servers[key] = server  # last: the most recently used
+    while len(_servers) > MAX_SERVERS:
+        _servers.pop(next(iter(_servers))).close()
+    return server
 
 
 class _Lines:
@@ -255,25 +279,15 @@ def _warm_target(cmd: list[str]) -> tuple[str, str, list[str]] | None:
     return None
 
 
-def _same_imports(env: dict[str, str], server_env: dict[str, str]) -> bool:
-    """Whether `env` differs from the server's only in keys read at run time."""
-    for key in set(env) | set(server_env):
-        if env.get(key) == server_env.get(key):
-            continue
-        if key in RUNTIME_ENV or key.startswith(RUNTIME_PREFIXES):
-            continue
-        return False
-    return True
+def _read_at_import(key: str) -> bool:
+    return key in IMPORT_ENV or key.startswith(IMPORT_ENV_PREFIXES)
 
 
-def warm_eligible(cmd, env=None) -> bool:
-    """Whether `cmd` with `env` runs forked from the warm server (else a fresh interpreter)."""
+def warm_eligible(cmd) -> bool:
+    """Whether `cmd` runs forked from a warm interpreter (else as a fresh one)."""
     if os.environ.get("DISTIL_TEST_WARM", "1") == "0":
         return False
-    if _warm_target([str(c) for c in cmd]) is None:
-        return False
-    base = _server.env if _server is not None else dict(os.environ)
-    return _same_imports(dict(os.environ if env is None else env), base)
+    return _warm_target([str(c) for c in cmd]) is not None
 
 
 def _spec(cmd: list[str], env, cwd) -> dict:
@@ -336,7 +350,7 @@ class WarmProcess:
                 fds.append(_fd_for(spec, default, ours))
         spec = _spec(self.args, env, cwd)
         try:
-            self._lines, (self.pid,) = _get_server().start(
+            self._lines, (self.pid,) = _get_server(spec["env"]).start(
                 [spec], fds, new_session=start_new_session, group=False
             )
         finally:
@@ -412,7 +426,7 @@ class WarmProcess:
 
 def popen(cmd, **kwargs):
     """`subprocess.Popen(cmd, **kwargs)`, forked from the warm server where `cmd` allows it."""
-    if warm_eligible(cmd, kwargs.get("env")):
+    if warm_eligible(cmd):
         return WarmProcess(cmd, **kwargs)
     return subprocess.Popen([str(c) for c in cmd], **kwargs)
 
@@ -462,14 +476,14 @@ def launch_ranks(cmd, nproc: int, port: int, *, env=None, timeout: float = 600, 
     cmd = [str(c) for c in cmd]
     base = dict(os.environ if env is None else env)
     base.setdefault("OMP_NUM_THREADS", "1")
-    if not warm_eligible(cmd, base):
-        raise ValueError(f"not a warm command (python -c/-m/script, same imports): {cmd[:3]}")
+    if not warm_eligible(cmd):
+        raise ValueError(f"not a warm command (python -c/-m/script): {cmd[:3]}")
     files = [(tempfile.TemporaryFile(), tempfile.TemporaryFile()) for _ in range(nproc)]  # noqa: SIM115
     stdin = os.open(os.devnull, os.O_RDONLY)
     try:
         specs = [_spec(cmd, {**base, **torchrun_env(r, nproc, port)}, cwd) for r in range(nproc)]
         fds = [fd for out, err in files for fd in (stdin, out.fileno(), err.fileno())]
-        lines, pids = _get_server().start(specs, fds, new_session=True, group=True)
+        lines, pids = _get_server(specs[0]["env"]).start(specs, fds, new_session=True, group=True)
     finally:
         os.close(stdin)
     codes: dict[int, int] = {}

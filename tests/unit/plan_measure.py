@@ -1,9 +1,9 @@
 """Measure one real training step's peak memory on CPU and plan the same config (run as a
-fresh process: `python plan_measure.py config.json result.json`).
+process of its own: `python plan_measure.py config.json result.json`).
 
 Method: tensor memory above the loaded baseline, read from the kernel. glibc is told to serve
 every allocation over 64 KiB with its own mmap and to give freed memory back at once
-(MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, set by the caller before this process
+(MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, set by the caller before the interpreter
 starts), so the resident set follows the live tensors instead of the allocator's caches. After
 `distil.train.setup.build` has loaded everything and one warm-up step has run (it creates the
 optimizer's states and imports what the step imports), the resident set is the baseline;

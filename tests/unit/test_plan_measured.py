@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import warm
 from distil.models.scratch import tiny_model
 from distil.models.tokenizer_families import save_tokenizer
 from distil.testing import train_tokenizer
@@ -127,7 +127,9 @@ def measure(raw: dict, tmp: Path) -> dict:
         "MALLOC_TRIM_THRESHOLD_": "0",
         "MALLOC_ARENA_MAX": "1",
     }
-    subprocess.run(
+    # a process of its own, forked from a warm interpreter started with the MALLOC_* settings
+    # (tests/warm.py): it measures above the baseline it reads after loading
+    warm.run(
         [sys.executable, str(HERE / "plan_measure.py"), str(cfg_path), str(out)],
         check=True,
         env=env,
