@@ -120,3 +120,24 @@ def test_a_script_runs_with_its_directory_on_the_path(tmp_path):
     assert warm.warm_eligible(cmd)
     assert forked.stdout == fresh.stdout == "7 ['x'] __main__\n"
     assert not warm.warm_eligible([sys.executable, "main.py"])  # relative: a fresh interpreter
+
+
+def test_the_server_dies_with_the_process_that_started_it(tmp_path):
+    code = (
+        "import sys, os; sys.path.insert(0, sys.argv[1]); import warm\n"
+        "warm.run([sys.executable, '-c', 'pass'])\n"
+        "print(next(iter(warm._servers.values())).proc.pid, flush=True)\n"
+        "os._exit(0)\n"  # no atexit: as a killed pytest worker
+    )
+    tests_dir = os.path.dirname(os.path.abspath(warm.__file__))
+    done = subprocess.run([sys.executable, "-c", code, tests_dir], capture_output=True, text=True)
+    pid = int(done.stdout.strip())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError("the warm server outlived the process that started it")

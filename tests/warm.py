@@ -64,6 +64,14 @@ BASE_ENV = dict(os.environ)
 
 SERVER = r"""
 import importlib, json, os, signal, socket, sys, traceback
+try:  # Linux: this server dies with the pytest worker that started it, however that ends
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass
+if os.getppid() != int(sys.argv[3]):
+    sys.exit(0)
 for name in sys.argv[2].split(","):
     try:
         importlib.import_module(name)
@@ -186,7 +194,7 @@ class _Server:
         self.path = os.path.join(self.dir, "socket")
         self.env = env
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER, self.path, ",".join(PRELOAD)],
+            [sys.executable, "-c", SERVER, self.path, ",".join(PRELOAD), str(os.getpid())],
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,

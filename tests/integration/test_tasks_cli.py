@@ -3,11 +3,12 @@ CLI in a subprocess (the package as installed, a user module on PYTHONPATH)."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import yaml
+
+import warm
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +38,7 @@ def distil(*args, cwd, pythonpath=""):
     src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
     path = os.pathsep.join(p for p in (pythonpath, os.path.abspath(src)) if p)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    return subprocess.run(
+    return warm.run(  # forked from a warm interpreter with this PYTHONPATH (tests/warm.py)
         [sys.executable, "-m", "distil", *map(str, args)],
         cwd=cwd,
         env=env,

@@ -7,6 +7,7 @@ import pytest
 import torch
 from buffer_fakes import EOS, make_buffer
 
+import warm
 from distil.config import build_config
 from distil.errors import ConfigError
 from distil.generation.base import SamplingParams
@@ -389,7 +390,7 @@ def test_sigterm_does_not_wait_for_the_window_in_flight_and_resumes_exactly(
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(raw))
     src = str(Path(loop.__file__).parents[2])
-    child = subprocess.Popen(
+    child = warm.popen(  # a real process, forked from the warm interpreter (tests/warm.py)
         [sys.executable, "-c", SLOW_SAMPLER_CLI, src, str(cfg_path)],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE,

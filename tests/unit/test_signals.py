@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+import warm
 from distil.config import build_config
 from distil.models.load import load_model
 from distil.testing import read_metrics
@@ -77,7 +78,7 @@ raise SystemExit(main(["train", *sys.argv[3:]]))
 
 def run_cli(cfg_path, delay, *overrides):
     src = str(Path(loop.__file__).parents[2])
-    return subprocess.Popen(
+    return warm.popen(  # a real process, forked from the warm interpreter (tests/warm.py)
         [sys.executable, "-c", SLOW_CLI, src, str(delay), str(cfg_path), *overrides],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE,
