@@ -135,8 +135,10 @@ def test_the_server_dies_with_the_process_that_started_it(tmp_path):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return  # dead, not yet reaped
+        except FileNotFoundError:
             return
         time.sleep(0.1)
     os.kill(pid, signal.SIGKILL)

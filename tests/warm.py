@@ -11,8 +11,8 @@ server that has made those imports once (one server per pytest worker, started o
   environment, stdin/stdout/stderr (pipes, files or this process's own), a new session on
   request, `__main__`; at its end the non-daemon threads are joined and the atexit functions
   run, then the process exits with the command's status;
-- what differs from a fresh interpreter is only what the server imported before the fork
-  (torch, transformers, distil). The server is started with the child's import-time
+- what differs from a fresh interpreter is what the server imported before the fork (torch,
+  transformers, distil) and its hash seed (PYTHONHASHSEED: one per server, not one per child). The server is started with the child's import-time
   environment (PYTHONPATH, HF_*, TORCH*, MALLOC_*, ...: `IMPORT_ENV`), one server per such
   environment, so an import reads what it would have read in the child; anything but
   `python -c`/`-m`/a script runs as a fresh interpreter, and tests that are about a fresh
@@ -84,11 +84,13 @@ listener.listen(16)
 print("ready", flush=True)
 
 
-def run_child(spec, fds, new_session):
+def run_child(spec, fds, received, new_session):
     if new_session:
         os.setsid()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
+    for fd in set(received) - {0, 1, 2}:  # every rank's copies: only its own 0/1/2 stay
+        os.close(fd)
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it
@@ -96,31 +98,39 @@ def run_child(spec, fds, new_session):
     os.chdir(spec["cwd"])
     os.environ.clear()
     os.environ.update(spec["env"])
-    sys.stdin = open(0, "r", closefd=False)
-    sys.stdout = open(1, "w", closefd=False)
-    sys.stderr = open(2, "w", closefd=False, buffering=1)
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
+    sys.stdout = sys.__stdout__ = open(1, "w", closefd=False, buffering=1 if unbuffered else -1)
+    sys.stderr = sys.__stderr__ = open(
+        2, "w", closefd=False, buffering=1, errors="backslashreplace"
+    )
     if "OMP_NUM_THREADS" in os.environ:
         import torch
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    code = 0
+    code, interrupted = 0, False
     try:
-        if spec["mode"] == "-c":
+        import builtins, types
+
+        main = types.ModuleType("__main__")
+        main.__dict__["__builtins__"] = builtins
+        sys.modules["__main__"] = main
+        if spec["mode"] == "-c":  # sys.path[0] stays "", as for `python -c`
             sys.argv = ["-c", *spec["args"]]
-            sys.path.insert(0, "")
-            exec(compile(spec["target"], "<string>", "exec"), {"__name__": "__main__"})
+            exec(compile(spec["target"], "<string>", "exec"), main.__dict__)
         elif spec["mode"] == "-m":
             import runpy
 
             sys.argv = [spec["target"], *spec["args"]]
-            sys.path.insert(0, os.getcwd())
+            sys.path[0] = os.getcwd()
             runpy.run_module(spec["target"], run_name="__main__", alter_sys=True)
-        else:  # a script: its directory first on the path, as the interpreter puts it
-            import runpy
-
+        else:  # a script: its directory is sys.path[0], as the interpreter puts it
+            path = os.path.abspath(spec["target"])
             sys.argv = [spec["target"], *spec["args"]]
-            sys.path.insert(0, os.path.dirname(os.path.abspath(spec["target"])))
-            runpy.run_path(spec["target"], run_name="__main__")
+            sys.path[0] = os.path.dirname(path)
+            main.__file__ = spec["target"]
+            with open(path, "rb") as f:
+                exec(compile(f.read(), spec["target"], "exec"), main.__dict__)
     except SystemExit as stop:
         if stop.code is None:
             code = 0
@@ -129,6 +139,9 @@ def run_child(spec, fds, new_session):
         else:
             print(stop.code, file=sys.stderr)
             code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        interrupted = True
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -143,6 +156,9 @@ def run_child(spec, fds, new_session):
                 stream.flush()
             except Exception:
                 pass
+        if interrupted:  # as the interpreter ends on an unhandled KeyboardInterrupt
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         os._exit(code)
 
 
@@ -158,7 +174,8 @@ def monitor(conn, req, fds):
         pid = os.fork()
         if pid == 0:
             conn.close()
-            run_child(spec, fds[3 * i : 3 * i + 3], req["new_session"] and not req["group"])
+            new_session = req["new_session"] and not req["group"]
+            run_child(spec, fds[3 * i : 3 * i + 3], fds, new_session)
         pids.append(pid)
     for fd in fds:
         os.close(fd)
@@ -169,13 +186,29 @@ def monitor(conn, req, fds):
     os._exit(0)
 
 
+def read_request(conn):
+    head, fds, _, _ = socket.recv_fds(conn, 16, 3 * 64)  # the body's length, and the fds
+    try:
+        body = b""
+        while len(body) < int(head):
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                raise ValueError("the client went away")
+            body += chunk
+        return json.loads(body.decode()), fds
+    except Exception:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
 while True:
     conn, _ = listener.accept()
-    head, fds, _, _ = socket.recv_fds(conn, 16, 3 * 64)  # the body's length, and the fds
-    body = b""
-    while len(body) < int(head):
-        body += conn.recv(1 << 20)
-    req = json.loads(body.decode())
+    try:
+        req, fds = read_request(conn)
+    except Exception:  # a client interrupted mid-request: drop it, serve the next
+        conn.close()
+        continue
     if os.fork() == 0:
         listener.close()
         monitor(conn, req, fds)
@@ -200,7 +233,9 @@ class _Server:
             text=True,
             env=self.env,
         )
-        if self.proc.stdout.readline().strip() != "ready":
+        ready, _, _ = select.select([self.proc.stdout], [], [], 300)
+        if not ready or self.proc.stdout.readline().strip() != "ready":
+            self.proc.kill()
             raise RuntimeError(f"the warm server did not start (exit {self.proc.wait()})")
         atexit.register(self.close)
 
@@ -224,8 +259,10 @@ class _Server:
         conn.sendall(body)
         conn.shutdown(socket.SHUT_WR)
         reader = _Lines(conn)
-        pids = [int(x) for x in reader.line(None).split()]
-        return reader, pids
+        line = reader.line(120)
+        if not line:
+            raise RuntimeError(f"the warm server at {self.path} started no process")
+        return reader, [int(x) for x in line.split()]
 
 
 _servers: dict[tuple, _Server] = {}
@@ -273,6 +310,11 @@ class _Lines:
             self.buffer += chunk
         line, _, self.buffer = self.buffer.partition(b"\n")
         return line.decode()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.conn.close()
 
 
 def _warm_target(cmd: list[str]) -> tuple[str, str, list[str]] | None:
@@ -372,6 +414,7 @@ class WarmProcess:
                 return None
             # "" : the monitor was killed with the child's process group (a group SIGKILL)
             self.returncode = int(line.split()[1]) if line else -signal.SIGKILL
+            self._lines.close()
         return self.returncode
 
     def poll(self) -> int | None:
@@ -414,7 +457,8 @@ class WarmProcess:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile, as Popen
+                os.kill(self.pid, sig)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -450,7 +494,10 @@ def run(cmd, *, input=None, capture_output=False, timeout=None, check=False, **k
         out, err = proc.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.communicate()
+        proc.wait()  # not its pipes: a descendant may hold them (as subprocess.run)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
         raise
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     if check:
@@ -521,6 +568,7 @@ def launch_ranks(cmd, nproc: int, port: int, *, env=None, timeout: float = 600, 
             f.seek(0)
             texts.append(f.read().decode(errors="replace"))
             f.close()
+    lines.close()
     return subprocess.CompletedProcess(cmd, failed, "".join(texts[0::2]), "".join(texts[1::2]))
 
 
