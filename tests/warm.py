@@ -304,8 +304,7 @@ class _Lines:
                 return None
             chunk = self.conn.recv(4096)
             if not chunk:
-                self.closed = True
-                self.conn.close()
+                self.close()
                 continue
             self.buffer += chunk
         line, _, self.buffer = self.buffer.partition(b"\n")
@@ -548,7 +547,6 @@ def launch_ranks(cmd, nproc: int, port: int, *, env=None, timeout: float = 600, 
     while len(codes) < nproc:
         line = lines.line(0.1)
         if line == "":  # the monitor died with the group: every rank left was killed with it
-            codes.update({pid: -signal.SIGKILL for pid in pids if pid not in codes})
             failed = failed or -signal.SIGKILL
             break
         if line is not None:
