@@ -170,3 +170,32 @@ def test_a_short_budget_keeps_the_configs_share_of_warmup():
     assert scaled_warmup(teacher, 150) == 24  # a short budget: 16% of the run, not all of it
     assert scaled_warmup(teacher, 4) == 1  # smoke
     assert scaled_warmup({"warmup_steps": 10}, 5) == 5  # no max_steps: the warmup is the run
+
+
+def test_expected_time_counts_the_measured_minutes_and_skips_a_cached_teacher(
+    tmp_path, monkeypatch
+):
+    """The line the demo prints before it starts: the preset's measured minutes per seed (times
+    --distill-scale), plus the teacher's unless it is cached; none for a preset without any."""
+    from dataclasses import replace
+
+    from distil.demo import teachers
+    from distil.demo.run import TEACHER_SUMMARY, DemoRun
+
+    m = manifest()
+    assert all(m.presets[name].minutes for name in ("full", "quick"))  # the presets users run
+    cached = tmp_path / "teacher-cache"
+    monkeypatch.setattr(teachers, "teacher_cache", lambda run: cached)
+    run = DemoRun(tmp_path, "full", m.presets["full"], m, threads=2, cache_dir=tmp_path)
+    t, s = m.presets["full"].minutes["teacher"], m.presets["full"].minutes["seed"]
+    line = teachers.expected_time(run, 1)
+    assert line.startswith(f"expected time: about {t + s:.0f} more minutes (1 seed(s) x ")
+    assert f"+ the teacher {t:.0f} min" in line and m.presets["full"].minutes["machine"] in line
+    cached.mkdir()
+    (cached / TEACHER_SUMMARY).write_text("{}")
+    line = teachers.expected_time(replace(run, distill_scale=2.0), 5)
+    assert (
+        f"about {10 * s:.0f} more minutes (5 seed(s) x {2 * s:.0f} min, the teacher cached)" in line
+    )
+    smoke = DemoRun(tmp_path, "smoke", m.presets["smoke"], m, threads=2, cache_dir=tmp_path)
+    assert teachers.expected_time(smoke, 1) is None
