@@ -15,11 +15,13 @@ DISTILL_SCALE ?= 1
 
 venv: $(STAMP)
 
+# --no-compile: each module is compiled to bytecode when first imported, not every installed
+# file up front (the install: 61 s instead of 147 s on 2 cores, pip's cache warm, 2026-11-28)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q --no-compile --upgrade pip
+	$(BIN)/python -m pip install -q --no-compile "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q --no-compile -e ".[dev]"
 	touch $(STAMP)
 
 demo: venv

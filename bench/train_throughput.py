@@ -162,7 +162,7 @@ def time_steps(args, student, scorer, vocab, precision, fused, chunk, packing) -
     # machine do not inflate; CUDA: wall-clock seconds after a synchronize
     now = time.perf_counter if cuda(args) else time.process_time
     for step in range(args.warmup + args.steps):
-        window = ragged_batches(2, 8, vocab, step, args.device)
+        window = ragged_batches(2, args.rows, vocab, step, args.device)
         n_tok = sum(float(b.num_loss_tokens) for b in window)
         sync()
         t0 = now()
@@ -349,6 +349,9 @@ def main() -> None:
     ap.add_argument("--attn", default=None, help="attention implementation (default: sdpa)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument(
+        "--rows", type=int, default=8, help="step part: rows per micro-batch (2 micro-batches)"
+    )
     ap.add_argument("--vocab", type=int, default=131072)
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=2048)

@@ -1,6 +1,7 @@
 """`distil demo` end to end with the smoke budgets (seconds): every stage, files and table; the
-same command prints the same table twice, its students trained one after another (the smoke
-preset's default) or in two lanes; the equal-cost controls; and the demo from a wheel installed outside the checkout."""
+equal-cost controls; and the demo from a wheel installed outside the checkout, its students'
+stages in two lanes, printing the same table as the checkout's run with its students trained
+one after another (the smoke preset's default)."""
 
 import importlib.util
 import json
@@ -136,29 +137,6 @@ def test_controls_get_the_distillation_student_compute(smoke_demo):
     assert row[ROWS[2]]["student_flops"] == pytest.approx(spent)
 
 
-@pytest.mark.budget(100, "a second smoke demo from scratch, its stages in two lanes")
-def test_the_same_command_prints_the_same_table_in_lanes_or_one_after_another(smoke_demo, tmp_path):
-    _, _, run = smoke_demo
-    # a fresh cache: the teacher is trained again, everything else too; the first run's
-    # students trained one after another in its process at two threads (the smoke preset's
-    # default), these in two one-thread lanes (the default of the other presets at 2 threads)
-    again = run_demo(tmp_path / "demo", tmp_path / "cache", tmp_path, "--lanes", "2")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "using the cached teacher" not in again.stderr
-    assert "lanes of" not in run.stderr and "2 lanes of 1 thread" in again.stderr
-    assert (tmp_path / "demo" / "logs" / "run_distill_cross_tokenizer.log").read_text().strip()
-    assert table_lines(again.stdout) == table_lines(run.stdout)
-    assert len(table_lines(run.stdout)) == len(ROWS) + 2 + 6  # the table, the 4 paired leads
-    # the smoke models score 0%: the training trajectories are the sharper check
-    for name in RUNS:
-        a, b = (d / "runs" / name / "metrics.jsonl" for d in (smoke_demo[0], tmp_path / "demo"))
-        keys = ("step", "loss", "cost/student_flops", "eval/accuracy")
-        trace = [[json.loads(x).get(k) for k in keys] for x in a.read_text().splitlines()]
-        assert trace == [
-            [json.loads(x).get(k) for k in keys] for x in b.read_text().splitlines()
-        ], name
-
-
 def _wheel(tmp_path: Path) -> Path:
     """distil built as a wheel from a copy of the checkout (nothing written into it)."""
     src = tmp_path / "src_copy"
@@ -172,9 +150,13 @@ def _wheel(tmp_path: Path) -> Path:
     return next((tmp_path / "whl").glob("distil-*.whl"))
 
 
-@pytest.mark.budget(210, "builds and installs a wheel, then a whole smoke demo from it")
-def test_demo_runs_from_an_installed_wheel_outside_the_checkout(smoke_demo, tmp_path):
-    _, cache, run = smoke_demo
+@pytest.mark.budget(210, "builds and installs a wheel, then a smoke demo from it in two lanes")
+def test_demo_from_an_installed_wheel_in_two_lanes_prints_the_same_table(smoke_demo, tmp_path):
+    """distil installed from its wheel outside the checkout, the shared smoke demo's cache (its
+    teacher reused) and the students' stages in two one-thread lanes (the first run trained
+    them one after another in its process at two threads, the smoke preset's default): the
+    same table and, stage by stage, the same training trajectories."""
+    first, cache, run = smoke_demo
     wheel = _wheel(tmp_path)
     site = tmp_path / "site"
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", site, wheel]
@@ -191,11 +173,22 @@ def test_demo_runs_from_an_installed_wheel_outside_the_checkout(smoke_demo, tmp_
         text=True,
     )
     assert Path(where.stdout.strip()).resolve() == (site / "distil" / "__init__.py").resolve()
-    # the first run's cache: its teacher is reused, and the table is the same
-    wheel_run = run_demo(tmp_path / "demo", cache, tmp_path, env=env)
-    assert wheel_run.returncode == 0, wheel_run.stderr[-3000:]
-    assert "using the cached teacher" in wheel_run.stderr
-    assert table_lines(wheel_run.stdout) == table_lines(run.stdout)
+    again = run_demo(tmp_path / "demo", cache, tmp_path, "--lanes", "2", env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "using the cached teacher" in again.stderr
+    assert "lanes of" not in run.stderr and "2 lanes of 1 thread" in again.stderr
+    assert (tmp_path / "demo" / "logs" / "run_distill_cross_tokenizer.log").read_text().strip()
+    assert table_lines(again.stdout) == table_lines(run.stdout)
+    assert len(table_lines(run.stdout)) == len(ROWS) + 2 + 6  # the table, the 4 paired leads
     results = json.loads((tmp_path / "demo" / "results.json").read_text())
+    assert results["lanes"] == 2
     assert any(str(site / "distil" / "demo" / "configs") in c for c in results["commands"])
     assert not any(str(ROOT / "src") in c for c in results["commands"])
+    # the smoke models score 0%: the training trajectories are the sharper check
+    for name in RUNS[1:]:  # the teacher: the cached one
+        a, b = (d / "runs" / name / "metrics.jsonl" for d in (first, tmp_path / "demo"))
+        keys = ("step", "loss", "cost/student_flops", "eval/accuracy")
+        trace = [[json.loads(x).get(k) for k in keys] for x in a.read_text().splitlines()]
+        assert trace == [
+            [json.loads(x).get(k) for k in keys] for x in b.read_text().splitlines()
+        ], name

@@ -28,7 +28,7 @@ FAST = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 # the slow tier's budget; DISTIL_FUZZ_EXAMPLES=100000 for a long hunt
-SLOW = settings(FAST, max_examples=int(os.environ.get("DISTIL_FUZZ_EXAMPLES", "4000")))
+SLOW = settings(FAST, max_examples=int(os.environ.get("DISTIL_FUZZ_EXAMPLES", "1500")))
 
 
 def twin(strategy_args: dict, prop):

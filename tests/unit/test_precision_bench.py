@@ -17,10 +17,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "train_throughput.py"
 def test_step_and_generate_parts_run_on_cpu():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--size", "tiny", "--steps", "1"]
-    # forked from the warm interpreter (tests/warm.py)
-    out = warm.run(
-        [*cmd, "--warmup", "0", "--part", "step"], env=env, capture_output=True, text=True
-    )
+    # forked from the warm interpreter (tests/warm.py); two rows per micro-batch: the code path
+    step = [*cmd, "--warmup", "0", "--rows", "2", "--part", "step"]
+    out = warm.run(step, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| bf16_")]
     modes = {tuple(c.strip() for c in r.split("|")[1:5]) for r in rows}

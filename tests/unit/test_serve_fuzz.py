@@ -18,7 +18,7 @@ from distil.testing import tiny_llama
 CHECKS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
 FAST = settings(max_examples=40, deadline=1000, suppress_health_check=CHECKS, database=None)
 LONG = settings(
-    max_examples=int(os.environ.get("DISTIL_FUZZ_EXAMPLES", "1000")),
+    max_examples=int(os.environ.get("DISTIL_FUZZ_EXAMPLES", "500")),
     deadline=1000,
     suppress_health_check=CHECKS,
     database=None,

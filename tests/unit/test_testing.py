@@ -402,6 +402,30 @@ def test_qwen2_dir_needs_load_tokenizer(tiny_qwen2_dir, unigram_tokenizer):
     assert auto(text)["input_ids"] != ids
 
 
+@pytest.mark.parametrize("family", ["bpe", "unigram", "char"])
+def test_the_loaded_pipeline_read_from_its_parts_equals_the_whole_serialized_one(
+    family, tmp_path, request
+):
+    """load_tokenizer compares the loaded pipeline with tokenizer.json's from the tokenizer's
+    parts (serializing a 262k vocabulary whole costs seconds): the same tuple as parsing the
+    whole serialization, and a file edited on disk is read again, not served from the cache."""
+    import json
+
+    from distil.models.load import _loaded_pipeline, _saved_pipeline
+
+    tok = request.getfixturevalue(f"{family}_tokenizer")
+    whole = json.loads(tok.backend_tokenizer.to_str())
+    parts = (whole.get("normalizer"), whole.get("pre_tokenizer"), whole.get("decoder"))
+    reference = (whole["model"]["type"], *(json.dumps(p, sort_keys=True) for p in parts))
+    assert _loaded_pipeline(tok.backend_tokenizer) == reference
+    saved = tmp_path / "tokenizer.json"
+    saved.write_text(tok.backend_tokenizer.to_str())
+    assert _saved_pipeline(saved) == reference
+    whole["decoder"] = None
+    saved.write_text(json.dumps(whole) + "  ")  # another size: another file version
+    assert _saved_pipeline(saved) == (*reference[:3], "null")
+
+
 def test_build_model_dir_trains_a_tokenizer(tmp_path):
     path = build_model_dir(tmp_path / "m", "char", "qwen2", hidden_size=32, num_layers=1, seed=3)
     tok = load_tokenizer(path)

@@ -6,6 +6,7 @@ device cannot run) become `ConfigError`s naming the config key and the fix.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -113,13 +114,31 @@ def _respect_tokenizer_json(tok, path: str):
     saved = Path(path) / "tokenizer.json"
     if not (saved.is_file() and getattr(tok, "is_fast", False)):
         return tok
-    if _pipeline(tok.backend_tokenizer.to_str()) != _pipeline(saved.read_text(encoding="utf-8")):
+    if _loaded_pipeline(tok.backend_tokenizer) != _saved_pipeline(saved):
         return PreTrainedTokenizerFast.from_pretrained(path)
     return tok
 
 
-def _pipeline(tokenizer_json: str) -> tuple[str, ...]:
-    spec = json.loads(tokenizer_json)
+def _component(part) -> str:
+    return json.dumps(None if part is None else json.loads(part.__getstate__()), sort_keys=True)
+
+
+def _loaded_pipeline(backend) -> tuple[str, ...]:
+    """The model type, normalizer, pre-tokenizer and decoder of a loaded tokenizer, read from
+    its parts (serializing the whole tokenizer costs seconds at a 262k vocabulary)."""
+    parts = (backend.normalizer, backend.pre_tokenizer, backend.decoder)
+    return (type(backend.model).__name__, *map(_component, parts))
+
+
+def _saved_pipeline(saved: Path) -> tuple[str, ...]:
+    stat = saved.stat()
+    return _pipeline_of_file(str(saved.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _pipeline_of_file(path: str, size: int, mtime_ns: int) -> tuple[str, ...]:
+    """The same parts of a tokenizer.json file, parsed once per file version and process."""
+    spec = json.loads(Path(path).read_text(encoding="utf-8"))
     parts = (spec.get("normalizer"), spec.get("pre_tokenizer"), spec.get("decoder"))
     return (spec["model"]["type"], *(json.dumps(p, sort_keys=True) for p in parts))
 
