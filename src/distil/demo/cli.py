@@ -16,7 +16,11 @@ def add_demo(sub, positive_int) -> None:
         "in distil/demo/configs/demo.yaml); the same command on the same machine and thread "
         "count prints the same table.",
     )
-    p.add_argument("--quick", action="store_true", help="smaller budgets (about 13 minutes on 2 cores, 9 with its teacher cached)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smaller budgets (about 13 minutes on 2 cores, 9 with its teacher cached)",
+    )
     p.add_argument(
         "--preset",
         default=None,
