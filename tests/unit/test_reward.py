@@ -290,9 +290,19 @@ def test_grpo_micro_batch_split_does_not_change_gradients(pair_dirs, bpe_tokeniz
 
 def test_progress_line_shows_the_reward(capsys):
     line = ProgressLine(10, 0, every=1, enabled=True)
-    line.update(1, {"loss": 0.5, "reward/mean": 0.375, "reward/no_signal_groups": 0.25})
+    shares = {"correct": 0.25, "wrong_value": 0.625, "missing_answer_tags": 0.125, "x": 0.0}
+    line.update(
+        1,
+        {
+            "loss": 0.5,
+            "reward/mean": 0.375,
+            "reward/no_signal_groups": 0.25,
+            **{f"reward/share/{k}": v for k, v in shares.items()},
+        },
+    )
     err = capsys.readouterr().err
-    assert "reward 0.375" in err and "flat groups 25%" in err
+    assert "reward 0.375 | wrong_value 62% correct 25% missing_answer_tags 12% | " in err
+    assert "flat groups 25%" in err and " x " not in err
 
 
 class _Ranks:

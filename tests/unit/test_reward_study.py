@@ -112,3 +112,33 @@ def test_each_curve_starts_from_its_start_on_its_own_dev_problems(run, monkeypat
         assert starts[(0, key)] == (i + 1) / 10  # the run's start on the run's own dev problems
     metrics = [{"cost/student_flops": 5e12, "eval/accuracy": 0.5}, {"cost/student_flops": 6e12}]
     assert study_plot.accuracy_curve(metrics, 0.25) == [(0.0, 0.25), (5e12, 0.5)]
+
+
+def test_tuning_chooses_each_runs_best_lr_and_says_where_it_goes():
+    from distil.demo.tune import choose, lr_key, tuning_table
+
+    grid = m.analysis.lr_grid  # 5e-4, 1e-3, 2e-3
+    accuracy = {lr_key(r, lr): 0.5 for r in m.runs for lr in grid}
+    accuracy[lr_key(runs["study_rw_grpo_bpe"], 2e-3)] = 0.6  # a clear best
+    accuracy[lr_key(runs["study_rw4_grpo_bpe"], 1e-3)] = 0.7  # the four-number run: its own
+    chosen = choose(m, accuracy)
+    assert chosen["study_rw_grpo_bpe"]["lr"] == 2e-3 and chosen["study_rw4_grpo_bpe"]["lr"] == 1e-3
+    assert chosen["study_rw_opd_char"]["lr"] == 5e-4  # a tie: the smaller rate
+    rows = {
+        line.split(" | ")[0].strip("| "): line.split(" | ")
+        for line in tuning_table(m, chosen, {r.key: 1e-3 for r in m.runs}).splitlines()[2:]
+    }
+    assert len(rows) == len(m.runs) == 12
+    three, four = rows["study_rw_grpo_bpe"], rows["study_rw4_grpo_bpe"]
+    assert three[2:] == [
+        "50.0%",
+        "50.0%",
+        "**60.0%**",
+        "0.002",
+        "0.001",
+        "study_rw_grpo_bpe.yaml |",
+    ]
+    # the four-number run shares study_rw_grpo_bpe.yaml, which holds one lr: its choice goes
+    # into its own overrides in the manifest
+    assert four[2:] == ["50.0%", "**70.0%**", "50.0%", "0.001", "0.001",
+                        "the manifest: study_rw4_grpo_bpe's overrides |"]  # fmt: skip

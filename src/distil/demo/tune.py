@@ -5,7 +5,8 @@ per run is the recipe's choice (ties: the smaller lr). The test split is never r
 
 A control at lr x gets the student compute its distillation spent at lr x. In-training
 evaluations are off (the choice reads only each final model's dev accuracy). The choices are
-written to tune.md / tune.json; the configs carry them in train.lr (docs/LOG.md has the table).
+written to tune.md / tune.json; the configs (or the manifest's overrides of a run sharing its
+config) carry them in train.lr (docs/LOG.md has the table).
 """
 
 from __future__ import annotations
@@ -54,10 +55,10 @@ def choose(m: Manifest, accuracy: dict[str, float]) -> dict[str, dict[str, Any]]
 
 
 def tuning_table(m: Manifest, chosen: dict[str, dict[str, Any]], configured: dict[str, float]):
-    """Markdown: one row per run, its dev accuracy per lr (the chosen one in bold), and the lr
-    its config holds now."""
+    """Markdown: one row per run, its dev accuracy per lr (the chosen one in bold), the lr it
+    holds now and where to set the choice (`lr_home`)."""
     grid = m.analysis.lr_grid
-    head = ["Run", "Student", *(f"lr {lr:g}" for lr in grid), "Chosen", "Config now"]
+    head = ["Run", "Student", *(f"lr {lr:g}" for lr in grid), "Chosen", "Config now", "Set it in"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in m.runs:
         c = chosen[r.key]
@@ -65,9 +66,19 @@ def tuning_table(m: Manifest, chosen: dict[str, dict[str, Any]], configured: dic
         for lr in grid:
             text = f"{100 * c['dev_accuracy'][lr]:.1f}%"
             cells.append(f"**{text}**" if lr == c["lr"] else text)
-        cells += [f"{c['lr']:g}", f"{configured[r.key]:g}"]
+        cells += [f"{c['lr']:g}", f"{configured[r.key]:g}", lr_home(m, r)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def lr_home(m: Manifest, r: Run) -> str:
+    """Where a run's chosen lr goes: its config's train.lr, or, when the manifest already
+    overrides it or the run shares its config with an earlier run (a study's second slice),
+    the run's `overrides` in the manifest (one config holds one lr)."""
+    first = next(x for x in m.runs if x.config == r.config)
+    if "train.lr" in r.overrides or first is not r:
+        return f"the manifest: {r.key}'s overrides"
+    return f"{r.config}.yaml"
 
 
 def configured_lrs(m: Manifest) -> dict[str, float]:

@@ -167,8 +167,10 @@ class ProgressLine:
             if key.startswith("loss/teacher/"):
                 parts.append(f"loss[{key[len('loss/teacher/') :]}] {significant(value)}")
         parts.append(f"on-policy {100 * metrics.get('policy/on_policy_share', 0):.0f}%")
-        if "reward/mean" in metrics:  # a task's reward: its mean, groups without a signal
+        if "reward/mean" in metrics:  # a task's reward: its mean, the outcomes, flat groups
             parts.append(f"reward {significant(metrics['reward/mean'], 3)}")
+            if shares := outcome_shares(metrics):
+                parts.append(shares)
             parts.append(f"flat groups {100 * metrics['reward/no_signal_groups']:.0f}%")
         parts.append(f"{rate(metrics.get('throughput/tokens_per_s', 0))} tok/s")
         if "eval/accuracy" in metrics:
@@ -182,6 +184,14 @@ class ProgressLine:
             return
         parts += [f"elapsed {_clock(elapsed)}", f"eta {_clock(eta)}"]
         print(" | ".join(parts), file=sys.stderr, flush=True)
+
+
+def outcome_shares(metrics: dict[str, Any]) -> str:
+    """The window's reward outcomes seen, most frequent first: `correct 38% wrong_value 50%
+    missing_answer_tags 12%` (from the `reward/share/<outcome>` metrics; absent ones left out)."""
+    prefix = "reward/share/"
+    seen = [(v, k[len(prefix) :]) for k, v in metrics.items() if k.startswith(prefix) and v > 0]
+    return " ".join(f"{name} {100 * v:.0f}%" for v, name in sorted(seen, key=lambda s: -s[0]))
 
 
 def significant(x: float, digits: int = 4) -> str:

@@ -39,10 +39,13 @@ def step_metrics(step, sums, window, grad_norm, lr, finite, t_teacher, t_train, 
         sums = dict(zip(sums, torch.stack([v.reshape(()) for v in sums.values()]).tolist()))
     tokens = float(sums.get("tokens_count", 0.0))
     rewarded = float(sums.get("reward_tokens_count", tokens))  # a reward term's own tokens
+    # the distillation part of a loss with a reward exists on on-policy micro-batches only
+    # (off-policy and seq-KD ones carry no advantages): a mean over the on-policy tokens
+    on_policy = float(sums.get("on_policy/tokens_count", tokens))
     m: dict[str, Any] = {"step": step}
     for k, v in sums.items():
         if k.endswith("_sum") and "/" not in k:  # per-token means
-            n = rewarded if k in REWARD_SUMS else tokens
+            n = rewarded if k in REWARD_SUMS else on_policy if k == "distill_loss_sum" else tokens
             m[k[: -len("_sum")]] = float(v) / max(n, 1.0)
         elif (k.endswith("_count") and "/" not in k and k != "tokens_count") or k.startswith(
             "align/"

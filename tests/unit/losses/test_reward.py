@@ -207,6 +207,36 @@ def test_with_reward_is_the_loss_plus_weight_times_grpo():
     assert alone.loss.item() == kl.loss.item() and torch.equal(g_alone, g_kl)
 
 
+def test_logged_distill_loss_is_a_mean_over_the_on_policy_tokens_when_lambda_mixes():
+    # train.lambda < 1: a window of one on-policy micro-batch (with advantages) and one
+    # off-policy one (without); the logged distill_loss is the on-policy distillation loss,
+    # not diluted by the off-policy tokens, and reward_loss the reward term over its tokens
+    from types import SimpleNamespace
+
+    from distil.train.metrics import add_metrics, step_metrics
+
+    logits, labels, mask, adv = case(seed=9)
+    teacher = TeacherTargets(logprobs_B_T_V=torch.log_softmax(torch.randn(logits.shape), -1))
+    base = get_loss("forward_kl")
+    combined = with_reward(base, 1.0)
+    n_window = 2 * int(mask.sum())
+    sums = {}
+    on = combined(logits, teacher, mask, num_tokens=n_window, labels_B_T=labels,
+                  advantages_B=adv, reward_num_tokens=n_window)  # fmt: skip
+    add_metrics(sums, on.metrics, "on_policy")
+    off = combined(logits.flip(0), teacher, mask, num_tokens=n_window, labels_B_T=labels)
+    add_metrics(sums, off.metrics, "off_policy")
+    window = SimpleNamespace(metrics={}, micro_batches=[])
+    m = step_metrics(1, sums, window, torch.tensor(0.0), 1e-3, True, 0.0, 0.0, 0.0)
+    n = int(mask.sum())
+    kl_mean = base(logits, teacher, mask, num_tokens=n, labels_B_T=labels).loss.item()
+    pg_mean = grpo(logits, teacher, mask, num_tokens=n, labels_B_T=labels, advantages_B=adv)
+    assert m["distill_loss"] == pytest.approx(kl_mean, rel=1e-5)
+    assert m["reward_loss"] == pytest.approx(pg_mean.loss.item(), rel=1e-5, abs=1e-7)
+    # same tokenizer: the on-policy slices' loss is the two parts added
+    assert m["loss/on_policy"] == pytest.approx(kl_mean + pg_mean.loss.item(), rel=1e-5)
+
+
 def test_with_reward_trains_its_own_mask_over_its_own_count():
     # cross-tokenizer: the distillation term reads the aligned tokens (a narrowed mask), the
     # reward term every sampled token, each divided by its own count in the window
