@@ -72,7 +72,12 @@ def prompt_pairs(cfg: DistilConfig, n: int, s_tok, teacher_tok=None) -> list[Pro
     from distil.config.contexts import teacher_context
     from distil.data.context import context_prompt
     from distil.models.load import load_tokenizer
-    from distil.models.tokenizers import encode_prompts, prompt_format, render_prompt
+    from distil.models.tokenizers import (
+        encode_prompts,
+        prompt_format,
+        render_prompt,
+        rendered_ids,
+    )
     from distil.tasks.prompts import config_examples
     from distil.teacher.several import row_contexts, row_teachers
 
@@ -95,6 +100,14 @@ def prompt_pairs(cfg: DistilConfig, n: int, s_tok, teacher_tok=None) -> list[Pro
         privileged = bool(context or system)
         prompt = context_prompt(e, context, system) if privileged else e.prompt
         text = render_prompt(t_tok, prompt, name="teacher tokenizer", fmt=fmt)
+        if not fmt.chat(t_tok, prompt):  # verbatim: after its start ids, as training reads it
+            ids = rendered_ids(t_tok, text, False)
+            text = (
+                t_tok.decode(
+                    ids[: len(ids) - len(t_tok(text, add_special_tokens=False)["input_ids"])]
+                )
+                + text
+            )
         out.append(PromptPair(i, name, s_tok.decode(ids[i]), text, privileged))
     return out
 

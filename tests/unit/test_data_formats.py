@@ -18,7 +18,9 @@ from distil.config import build_config
 from distil.data.datasets import load_examples
 from distil.errors import ConfigError, DataError
 from distil.models.tokenizers import (
+    EncodedPrompts,
     PromptFormat,
+    answer_prefix,
     encode_prompts,
     render_prompt,
     turn_end_id,
@@ -102,6 +104,44 @@ def test_an_answer_in_two_places_names_the_row(tmp_path):
     only = write_jsonl(tmp_path / "only.jsonl", [{"messages": [ANSWER]}])
     with pytest.raises(DataError, match=r"only\.jsonl:1.*no prompt before it"):
         load_examples(str(only))
+
+
+def test_a_role_no_template_knows_is_refused_with_the_row(tmp_path):
+    # ShareGPT's roles in OpenAI's keys: Qwen3's template would drop both turns without a word
+    rows = [{"messages": [USER, ANSWER]}, {"messages": [{"role": "human", "content": "2+3?"},
+                                                         {"role": "gpt", "content": "5"}]}]  # fmt: skip
+    path = write_jsonl(tmp_path / "roles.jsonl", rows)
+    with pytest.raises(DataError, match=r"roles\.jsonl:2.*message 0: role 'human'.*'user'"):
+        load_examples(str(path))
+    done = [{"prompt": "2+3?", "completion": [{"role": "bot", "content": "5"}]}]
+    with pytest.raises(DataError, match=r"c\.jsonl:1.*column 'completion', message 0: role 'bot'"):
+        load_examples(str(write_jsonl(tmp_path / "c.jsonl", done)))
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"messages": [USER, {"role": "assistant", "content": ""}]},
+        {"prompt": "What is 2+3?", "completion": "  \n"},
+        {"prompt": "What is 2+3?", "completion": [{"role": "assistant", "content": ""}]},
+    ],
+)
+def test_an_empty_answer_is_refused_with_the_row(tmp_path, row):
+    # trained on, an empty answer teaches the student to stop at once
+    path = write_jsonl(tmp_path / "e.jsonl", [{"messages": [USER, ANSWER]}, row])
+    with pytest.raises(DataError, match=r"e\.jsonl:2.*empty answer"):
+        load_examples(str(path))
+
+
+def test_a_blank_prompt_and_a_tool_call_turn_are_refused_with_the_reason(tmp_path):
+    blank = write_jsonl(tmp_path / "b.jsonl", [{"prompt": "   ", "completion": "5"}])
+    with pytest.raises(DataError, match=r"b\.jsonl:1.*non-empty string"):
+        load_examples(str(blank))
+    call = {"role": "assistant", "content": None, "tool_calls": [{"name": "add"}]}
+    tools = write_jsonl(tmp_path / "t.jsonl", [{"messages": [USER, call, ANSWER]}])
+    with pytest.raises(DataError, match=r"t\.jsonl:1.*message 1 \(assistant\) has no text "
+                                        r"'content' \(tool calls are not trained on"):  # fmt: skip
+        load_examples(str(tools))
 
 
 def test_a_missing_prompt_column_lists_the_rows_columns(tmp_path):
@@ -245,3 +285,122 @@ def test_qwen3_thinking_is_switched_off_by_a_template_kwarg():
     on = render_prompt(tok, [USER])
     assert off == on + "<think>\n\n</think>\n\n"
     assert unused_template_kwargs(tok, PromptFormat(kwargs={"enable_thinking": False})) == []
+
+
+REAL = Path(__file__).resolve().parents[3] / "shared" / "tokenizers"
+
+
+def real_tokenizer(name: str):
+    from distil.models.load import load_tokenizer
+
+    if not (REAL / name / "tokenizer.json").exists():
+        pytest.skip(f"real {name} tokenizer not found at {REAL / name}")
+    return load_tokenizer(str(REAL / name))
+
+
+VERBATIM = PromptFormat("verbatim")
+
+
+def test_verbatim_text_starts_as_the_tokenizers_own_encoding_starts(
+    unigram_tokenizer, bpe_tokenizer
+):
+    # a tokenizer that puts <bos> before text (Gemma-like, with SentencePiece's '▁' on the
+    # first word): a verbatim prompt's ids are exactly its own encoding with special tokens,
+    # the <bos> never written twice; a chat template writes its own
+    tok = unigram_tokenizer
+    text = "Once upon a time"
+    own = tok(text, add_special_tokens=True)["input_ids"]
+    assert own[0] == tok.bos_token_id and len(own) > 1
+    assert encode_prompts(tok, [text], fmt=VERBATIM) == [own]
+    assert EncodedPrompts(tok, [text], fmt=VERBATIM)[0] == own
+    assert encode_prompts(tok, [text], fmt=VERBATIM, max_tokens=2) == [own[-2:]]
+    assert encode_prompts(tok, [tok.bos_token + text], fmt=VERBATIM)[0].count(tok.bos_token_id) == 1
+    chat = encode_prompts(tok, [text], fmt=PromptFormat("chat"))[0]
+    assert chat == tok(render_prompt(tok, text), add_special_tokens=False)["input_ids"]
+    # one without (byte-level BPE, as Qwen's): the text alone
+    assert (
+        encode_prompts(bpe_tokenizer, [text], fmt=VERBATIM)[0] == bpe_tokenizer(text)["input_ids"]
+    )
+
+
+@pytest.mark.parametrize("name", ["gemma3", "llama3", "qwen3"])
+def test_real_tokenizers_verbatim_prompts_are_their_own_encoding(name):
+    tok = real_tokenizer(name)
+    text = "Once upon a time"
+    (ids,) = encode_prompts(tok, [text], fmt=VERBATIM)
+    assert ids == tok(text, add_special_tokens=True)["input_ids"]
+    if name == "gemma3":  # Gemma degrades without its <bos>
+        assert ids[0] == tok.bos_token_id
+
+
+ALTERNATING = (  # Gemma's rule: user and assistant turns alternate
+    "{% for m in messages %}{% if loop.index0 > 0 and m['role'] == messages[loop.index0 - 1]"
+    "['role'] %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+    "<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"brief": True}])
+def test_a_conversation_the_template_refuses_stops_at_setup_naming_its_row(
+    tmp_path, bpe_tokenizer, kwargs
+):
+    import copy
+
+    tok = copy.deepcopy(bpe_tokenizer)
+    tok.chat_template = ALTERNATING
+    user2 = {"role": "user", "content": "And 5+5?"}
+    rows = [{"messages": [USER]}, {"messages": [SYSTEM, USER]}, {"messages": [USER, user2, ANSWER]}]
+    examples = load_examples(str(write_jsonl(tmp_path / "turns.jsonl", rows * 3)))
+    where = [e.meta["_where"] for e in examples]
+    # before any step (each shape of conversation is rendered once at setup), naming the first
+    # row of the refused shape; a template argument is not blamed for the conversation
+    with pytest.raises(DataError, match=r"turns\.jsonl:3: the student tokenizer's chat template "
+                                        r"refused a conversation \(roles: user, user\)"):  # fmt: skip
+        EncodedPrompts(tok, [e.prompt for e in examples], name="student tokenizer",
+                       fmt=PromptFormat(kwargs=kwargs), where=where)  # fmt: skip
+    ok = EncodedPrompts(tok, [e.prompt for e in examples[:2]], fmt=PromptFormat(kwargs=kwargs))
+    assert ok.encoded() == 2
+
+
+def test_qwen3_thinking_writes_an_empty_block_before_answers_and_validate_warns(
+    tmp_path, make_train_config, capsys
+):
+    from distil.data.lengths import completion_format
+    from distil.preflight import preflight
+
+    tok = real_tokenizer("qwen3")
+    assert answer_prefix(tok) == "<think>\n\n</think>\n\n"
+    off = PromptFormat(kwargs={"enable_thinking": False})
+    assert answer_prefix(tok, off) == ""  # the block ends the prompt instead
+    for name in ("llama3", "gemma3"):
+        assert answer_prefix(real_tokenizer(name)) == ""
+    path = write_jsonl(tmp_path / "sft.jsonl", [{"messages": [USER, ANSWER]}] * 4)
+    data = {"train": str(path), "template": None}
+    sft = {
+        "loss": {"name": "sft"},
+        "train": {"lambda": 0.0},
+        "student": {"tokenizer": str(REAL / "qwen3")},
+    }
+    cfg = build_config(make_train_config(data=data, **sft))
+    examples = load_examples(str(path))
+    warning = completion_format(cfg, examples, tok)
+    assert warning.startswith("student: its chat template writes '<think>\\n\\n</think>\\n\\n'")
+    assert "{enable_thinking: false}" in warning
+    problems, notes = preflight(cfg)
+    assert problems == [] and f"warning: {warning}" in notes, notes
+    from types import SimpleNamespace
+
+    from distil.train.notices import print_completion_format
+
+    print_completion_format(cfg, examples, tok, SimpleNamespace(is_main_process=True))
+    assert capsys.readouterr().err == f"distil: warning: {warning}\n"  # distil train's start
+    # thinking off, or a run that never trains on the data's answers: nothing to say
+    quiet = {**data, "chat_template_kwargs": {"enable_thinking": False}}
+    assert (
+        completion_format(build_config(make_train_config(data=quiet, **sft)), examples, tok) is None
+    )
+    on_policy = build_config(
+        make_train_config(data=data, student=sft["student"], train={"lambda": 1.0})
+    )
+    assert completion_format(on_policy, examples, tok) is None

@@ -27,7 +27,11 @@ CHAT = [[{"role": "user", "content": p}] for p in PLAIN[:2]] + [
 def test_lazy_ids_are_the_eager_ones(bpe_tokenizer, prompts, max_tokens):
     want = encode_prompts(bpe_tokenizer, prompts, max_tokens=max_tokens)
     lazy = EncodedPrompts(bpe_tokenizer, prompts, max_tokens=max_tokens)
-    assert len(lazy) == len(want) and lazy.encoded() == 1  # len() encodes nothing more
+    # at setup: the first prompt of each shape (plain text; each sequence of roles)
+    shapes = {"text" if isinstance(p, str) else tuple(m["role"] for m in p) for p in prompts}
+    assert len(lazy) == len(want) and lazy.encoded() == len(shapes) == (
+        1 if prompts is PLAIN else 2
+    )
     assert lazy[-1] == want[-1] and lazy[1:3] == want[1:3] and lazy[::2] == want[::2]
     assert list(lazy) == want
     assert lazy.encoded() == len(want)
@@ -92,7 +96,7 @@ def test_a_short_run_encodes_only_what_it_reads_and_trains_as_the_eager_path(
     assert {len(m) for m in made} == {200} and len(made) == 2  # student and teacher prompts
     assert all(0 < m.encoded() < 200 for m in made), [m.encoded() for m in made]
 
-    def eager(tok, prompts, **kwargs):
+    def eager(tok, prompts, where=None, **kwargs):
         return encode_prompts(tok, prompts, **kwargs)
 
     monkeypatch.setattr(train_setup, "EncodedPrompts", eager)

@@ -36,6 +36,7 @@ from distil.models.tokenizers import (
     completion_end_id,
     prompt_format,
     render_prompt,
+    rendered_ids,
     right_pad,
     stop_token_ids,
 )
@@ -122,14 +123,17 @@ class CrossTokenizer:
         return self._finish_teacher(sample, prompt_ids, t_ids, ends, data)
 
     def _finish_teacher(self, sample: Sample, prompt_ids, t_ids, ends, data):
-        # the teacher's EOS after a finished completion; the prompt cut to max_prompt_tokens
+        # the teacher's EOS after a finished completion; a verbatim prompt after the teacher's
+        # start ids (its BOS, `rendered_ids`); the prompt cut to max_prompt_tokens
+        chat = sample.prompt is not None and self.fmt.chat(self.teacher_tok, sample.prompt)
         if sample.completion_ids and sample.completion_ids[-1] in self.student_stops:
             # zero bytes: trailing text the teacher's tokenizer drops (WordPiece strips a final
             # '\n') stays in no teacher token, so the student's tokens for it are masked, and
             # the two EOS still pair by role at the end of the text (align_completion)
-            chat = sample.prompt is not None and self.fmt.chat(self.teacher_tok, sample.prompt)
             t_ids = [*t_ids, self.teacher_ends[chat]]
             ends = np.append(ends, ends[-1] if len(ends) else 0)
+        if sample.prompt is not None:
+            prompt_ids = rendered_ids(self.teacher_tok, "", chat, list(prompt_ids))
         if self.max_prompt_tokens is not None:
             prompt_ids = prompt_ids[-self.max_prompt_tokens :]
         return prompt_ids, t_ids, ends, data

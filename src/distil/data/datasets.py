@@ -273,36 +273,93 @@ def prompt_and_completion(
                 "it. Fix: start each conversation with a user (or system) turn",
                 **where,
             )
-        return prompt[:-1], prompt[-1]["content"]
+        return prompt[:-1], _answer(
+            prompt[-1]["content"], f"the last turn of column '{field}'", where
+        )
     return prompt, completion_text(row.get(completion_field), completion_field, where)
+
+
+# the roles every chat template knows; another (ShareGPT's "human"/"gpt", a typo) is dropped
+# by some templates without a word (Qwen3's renders the turn as nothing) and rendered as a
+# header by others, so it is refused
+ROLES = ("system", "user", "assistant", "tool")
 
 
 def _prompt(row: dict[str, Any], field: str, where: dict[str, Any]) -> Messages | str:
     value = row.get(field)
-    if isinstance(value, str) and value:
+    if isinstance(value, str) and value.strip():
         return value
     if _is_messages(value):
+        _check_roles(value, field, where)
         return [{"role": m["role"], "content": m["content"]} for m in value]
     columns = ", ".join(map(repr, list(row)[:8]))
+    why = _message_problem(value) if isinstance(value, list) else None
     raise DataError(
         f"column '{field}' must be a non-empty string or a list of chat messages "
-        f"({{'role', 'content'}}), got {short(value)}; the row's columns: {columns}. Fix: set "
-        "data.prompt_field to the prompt column (docs/data.md lists the formats)",
+        f"({{'role', 'content'}}), got {short(value)}"
+        + (f" ({why})" if why else "")
+        + f"; the row's columns: {columns}. Fix: set data.prompt_field to the prompt column "
+        "(docs/data.md lists the formats)",
         **where,
     )
 
 
+def _check_roles(messages: list[dict], field: str, where: dict[str, Any]) -> None:
+    for i, m in enumerate(messages):
+        if m["role"] not in ROLES:
+            sharegpt = {"human": "user", "gpt": "assistant"}.get(m["role"])
+            hint = f" (ShareGPT's {m['role']!r} is {sharegpt!r})" if sharegpt else ""
+            raise DataError(
+                f"column '{field}', message {i}: role {m['role']!r} is not one of "
+                f"{', '.join(ROLES)}{hint}; a chat template drops or mangles a role it does not "
+                "know. Fix: rename the roles in the data",
+                **where,
+            )
+
+
+def _message_problem(value: list) -> str | None:
+    """What is wrong with the first message of `value` that is not a text chat turn."""
+    if not value:
+        return "an empty list"
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            return f"message {i} is not a dict"
+        if not isinstance(m.get("role"), str):
+            return f"message {i} has no 'role' string"
+        if not isinstance(m.get("content"), str):
+            extra = " (tool calls are not trained on: keep text turns)" if "tool_calls" in m else ""
+            return f"message {i} ({m['role']}) has no text 'content'{extra}"
+    return None
+
+
+def _answer(text: str, what: str, where: dict[str, Any]) -> str:
+    """A reference completion, refused when empty: trained on, it teaches the student to stop
+    at once (the target is the end-of-turn token alone)."""
+    if not text.strip():
+        raise DataError(
+            f"{what} is an empty answer ({short(text)}): trained on, it teaches the student "
+            "to stop at once. Fix: drop the row, or give it its answer",
+            **where,
+        )
+    return text
+
+
 def completion_text(value: Any, field: str, where: dict[str, Any]) -> str | None:
-    """A completion column's text: a string, or the last assistant turn of chat messages."""
-    if value is None or isinstance(value, str):
-        return value
+    """A completion column's text: a string, or the last assistant turn of chat messages;
+    an empty one is refused (`_answer`)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return _answer(value, f"column '{field}'", where)
     if _is_messages(value):
+        _check_roles(value, field, where)
         turns = [m["content"] for m in value if m["role"] == "assistant"]
         if turns:
-            return turns[-1]
+            return _answer(turns[-1], f"the last assistant turn of column '{field}'", where)
+    why = _message_problem(value) if isinstance(value, list) else None
     raise DataError(
         f"column '{field}' must be text or chat messages with an assistant turn, got "
-        f"{short(value)}",
+        f"{short(value)}" + (f" ({why})" if why else ""),
         **where,
     )
 

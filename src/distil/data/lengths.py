@@ -4,7 +4,8 @@
 completions to `data.max_completion_tokens`. A row far over a limit usually means a wrong
 template, field or tokenizer, so by default (`data.overlong=error`) the run stops before the
 first step, naming the file:line, the row's length and the limit; `data.overlong=truncate`
-cuts such rows and prints how many were cut.
+cuts such rows and prints how many were cut. `completion_format`: the warning for reference
+completions that lack what the chat template writes before an answer.
 
 Only rows that can be over a limit are tokenized twice: a token covers at least one byte of
 text for the tokenizers distil trains and for byte-level/char/WordPiece/byte-fallback ones, so
@@ -17,7 +18,14 @@ import sys
 from collections.abc import Sequence
 
 from distil.errors import DataError
-from distil.models.tokenizers import PLAIN, PromptFormat, prompt_format, render_prompt
+from distil.models.tokenizers import (
+    PLAIN,
+    PromptFormat,
+    answer_prefix_warning,
+    prompt_format,
+    render_prompt,
+    rendered_ids,
+)
 from distil.types import Example
 
 MARGIN = 64  # bytes of slack for template markers whose size varies between rows
@@ -49,6 +57,9 @@ def over_limit(
     if not candidates:
         return []
     ids = tok(texts, add_special_tokens=False)["input_ids"]
+    if prompts:  # as training reads them: verbatim text after the tokenizer's start ids
+        ids = [rendered_ids(tok, t, fmt.chat(tok, e.prompt), row)
+               for e, t, row in zip(candidates, texts, ids, strict=True)]  # fmt: skip
     return [(e, len(row)) for e, row in zip(candidates, ids, strict=True) if len(row) > limit]
 
 
@@ -87,3 +98,13 @@ def uses_completions(cfg) -> bool:
     """Whether a run trains on the dataset's reference completions (off-policy slices that
     are not teacher-written)."""
     return cfg.train.lambda_ < 1.0 and not cfg.train.seq_kd
+
+
+def completion_format(cfg, examples, tok, name: str = "student") -> str | None:
+    """A warning when the run trains on the data's reference completions after chat prompts
+    and `tok`'s template writes something before an answer that they lack (Qwen3's empty
+    think block with thinking on: `answer_prefix_warning`); None otherwise."""
+    fmt = prompt_format(cfg.data)
+    if not uses_completions(cfg) or not any(fmt.chat(tok, e.prompt) for e in examples[:64]):
+        return None
+    return answer_prefix_warning(tok, fmt, name)

@@ -9,13 +9,15 @@ through the chat template as one user turn or stays verbatim, as `PromptFormat.t
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
-from distil.errors import ConfigError
+from distil.errors import ConfigError, DataError
 from distil.types import Messages
 
 TEXT_PROMPTS = ("auto", "chat", "verbatim")
@@ -60,7 +62,8 @@ def prompt_format(data) -> PromptFormat:
 def render_prompt(
     tok, prompt: Messages | str, *, name: str = "tokenizer", fmt: PromptFormat = PLAIN
 ) -> str:
-    """The text a model sees before its completion (generation prompt included)."""
+    """The text a model sees before its completion (generation prompt included); verbatim text
+    gets its tokenizer's start tokens as ids (`rendered_ids`)."""
     if not fmt.chat(tok, prompt):
         return prompt  # plain text, verbatim
     if not getattr(tok, "chat_template", None):
@@ -79,22 +82,106 @@ def render_prompt(
     return apply_template(tok, messages, fmt.kwargs, name=name)
 
 
+_START_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def start_ids(tok) -> list[int]:
+    """The ids `tok`'s own encoding (with its special tokens) puts before a text: its BOS where
+    it adds one (Gemma's <bos>), [] where it adds none (Qwen, GPT-2). A chat template writes
+    its BOS itself; verbatim text gets these (`rendered_ids`)."""
+    with contextlib.suppress(KeyError, TypeError):
+        return _START_IDS[tok]
+    try:
+        plain = tok("a", add_special_tokens=False)["input_ids"]
+        full = tok("a", add_special_tokens=True)["input_ids"]
+    except Exception:  # a tokenizer that cannot encode with its specials adds none
+        plain, full = [], []
+    k = next((i for i in range(len(full)) if full[i : i + len(plain)] == plain), 0)
+    start = [int(i) for i in full[:k]] if plain else []
+    with contextlib.suppress(TypeError):  # not weak-referenceable: computed each time
+        _START_IDS[tok] = start
+    return start
+
+
+def rendered_ids(tok, text: str, chat: bool, ids: list[int] | None = None) -> list[int]:
+    """A rendered prompt's ids: the chat template's text as it is (its BOS written in it), or
+    verbatim text after `start_ids` (never twice). `ids`: the text's ids, already computed."""
+    ids = tok(text, add_special_tokens=False)["input_ids"] if ids is None else ids
+    start = [] if chat else start_ids(tok)
+    return ids if not start or ids[: len(start)] == start else [*start, *ids]
+
+
 def apply_template(tok, messages: Messages, kwargs: dict[str, Any], *, name: str) -> str:
-    """`tok.apply_chat_template` with the generation prompt and `kwargs`; a template that
-    refuses them (raises) is a ConfigError naming data.chat_template_kwargs."""
+    """`tok.apply_chat_template` with the generation prompt and `kwargs`. A template that
+    refuses `kwargs` (raises with them, renders without) is a ConfigError naming
+    data.chat_template_kwargs; one that refuses the conversation itself (Gemma's: turns that do
+    not alternate) a DataError naming its roles (EncodedPrompts adds the row)."""
     try:
         return tok.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, **kwargs
         )
     except Exception as exc:  # jinja2's TemplateError and whatever a template raises itself
-        if not kwargs:
-            raise
+        if not kwargs or not _renders(tok, messages):
+            roles = ", ".join(str(m.get("role")) for m in messages)
+            raise DataError(
+                f"the {name}'s chat template refused a conversation (roles: {roles}): "
+                f"{' '.join(str(exc).split())[:200]}. Fix: change the row to a conversation "
+                "this template accepts, or drop it"
+            ) from exc
         shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         raise ConfigError(
             f"the {name}'s chat template refused data.chat_template_kwargs ({shown}): "
             f"{' '.join(str(exc).split())[:200]}. Fix: remove the keys this template does not "
             "take (each side's template gets the same ones)"
         ) from exc
+
+
+def _renders(tok, messages: Messages) -> bool:
+    """Whether `tok`'s template renders `messages` without template arguments."""
+    try:
+        tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception:
+        return False
+    return True
+
+
+_ANSWER_MARKER = "distil-answer-marker"
+
+
+def answer_prefix(tok, fmt: PromptFormat = PLAIN) -> str:
+    """What `tok`'s chat template writes between the generation prompt and the text of a
+    final assistant turn (Qwen3 with thinking on: an empty `<think>` block), "" for nothing or
+    when the rendering does not tell (no template, a template that refuses the probe)."""
+    if not getattr(tok, "chat_template", None):
+        return ""
+    user = {"role": "user", "content": "distil-probe"}
+    try:
+        prompt = tok.apply_chat_template(
+            [user], tokenize=False, add_generation_prompt=True, **fmt.kwargs
+        )
+        full = tok.apply_chat_template(
+            [user, {"role": "assistant", "content": _ANSWER_MARKER}], tokenize=False, **fmt.kwargs
+        )
+    except Exception:  # a template that refuses the probe says nothing about its answers
+        return ""
+    if not (isinstance(full, str) and full.startswith(prompt) and _ANSWER_MARKER in full):
+        return ""
+    return full[len(prompt) : full.index(_ANSWER_MARKER)]
+
+
+def answer_prefix_warning(tok, fmt: PromptFormat, name: str) -> str | None:
+    """A warning when `tok`'s template writes text before an answer (`answer_prefix`) that the
+    data's reference completions, trained right after the generation prompt, lack."""
+    prefix = answer_prefix(tok, fmt)
+    if not prefix.strip():
+        return None
+    return (
+        f"{name}: its chat template writes {prefix!r} between the generation prompt and an "
+        "answer, and the data's completions are trained right after the generation prompt "
+        f"without it: the {name} learns answers in a form its template does not write. Fix: "
+        "a data.chat_template_kwargs setting that ends the prompt with it (Qwen3: "
+        "{enable_thinking: false}), or begin each completion with it"
+    )
 
 
 def unused_template_kwargs(tok, fmt: PromptFormat) -> list[str]:
@@ -121,7 +208,12 @@ def encode_prompts(
 ) -> list[list[int]]:
     """Render and tokenize prompts; keep the last `max_tokens` tokens (the end matters most)."""
     texts = [render_prompt(tok, p, name=name, fmt=fmt) for p in prompts]
-    ids = tok(texts, add_special_tokens=False)["input_ids"]
+    ids = [
+        rendered_ids(tok, text, fmt.chat(tok, p), row)
+        for p, text, row in zip(
+            prompts, texts, tok(texts, add_special_tokens=False)["input_ids"], strict=True
+        )
+    ]
     if max_tokens is not None:
         ids = [row[-max_tokens:] for row in ids]
     return ids
@@ -131,8 +223,10 @@ class EncodedPrompts(Sequence[list[int]]):
     """`encode_prompts(tok, prompts, ...)` computed one prompt at a time, the first time its
     index is read, and kept: a run that reads 35k of 196k prompts renders and tokenizes 35k.
     The ids are those `encode_prompts` gives. What would fail at setup still fails here: the
-    first prompt is encoded now, and chat prompts with a tokenizer lacking a chat template raise
-    now. `len()` encodes nothing; a slice is a list of the ids it covers."""
+    first prompt of each shape (plain text, or a conversation's sequence of roles: what a
+    template accepts or refuses) is encoded now, so chat prompts without a chat template and
+    conversations the template refuses raise before any step, naming the row (`where`: each
+    prompt's "file:line"). `len()` encodes nothing; a slice is a list of the ids it covers."""
 
     def __init__(
         self,
@@ -142,16 +236,16 @@ class EncodedPrompts(Sequence[list[int]]):
         max_tokens: int | None = None,
         name: str = "tokenizer",
         fmt: PromptFormat = PLAIN,
+        where: Sequence[str | None] | None = None,
     ):
         self.tok, self.prompts, self.max_tokens, self.name = tok, prompts, max_tokens, name
-        self.fmt = fmt
+        self.fmt, self.where = fmt, where
         self._ids: list[list[int] | None] = [None] * len(prompts)
-        if prompts:
-            self[0]
-        if not getattr(tok, "chat_template", None):  # render_prompt's error, before any step
-            chat = next((p for p in prompts if fmt.chat(tok, p)), None)
-            if chat is not None:
-                render_prompt(tok, chat, name=name, fmt=fmt)
+        first: dict[Any, int] = {}
+        for i, p in enumerate(prompts):
+            first.setdefault("text" if isinstance(p, str) else tuple(m["role"] for m in p), i)
+        for i in first.values():
+            self[i]
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -161,8 +255,17 @@ class EncodedPrompts(Sequence[list[int]]):
             return [self[i] for i in range(*index.indices(len(self)))]
         ids = self._ids[index]  # IndexError / negative indices as a list's
         if ids is None:
-            text = render_prompt(self.tok, self.prompts[index], name=self.name, fmt=self.fmt)
-            ids = self.tok(text, add_special_tokens=False)["input_ids"]
+            try:
+                text = render_prompt(self.tok, self.prompts[index], name=self.name, fmt=self.fmt)
+            except DataError as exc:
+                where = self.where[index] if self.where is not None else None
+                if exc.path is not None or not where:
+                    raise
+                path, _, line = where.rpartition(":")
+                if not (path and line.isdigit()):
+                    path, line = where, ""
+                raise DataError(exc.message, path=path, line=int(line) if line else None) from exc
+            ids = rendered_ids(self.tok, text, self.fmt.chat(self.tok, self.prompts[index]))
             if self.max_tokens is not None:
                 ids = ids[-self.max_tokens :]
             self._ids[index] = ids

@@ -23,6 +23,15 @@ def print_notices(cfg: DistilConfig, accelerator) -> None:
         print(f"note: {note}", file=sys.stderr)
 
 
+def print_completion_format(cfg: DistilConfig, examples, tok, accelerator) -> None:
+    """The warning for data completions that lack what the student's chat template writes
+    before an answer (`completion_format`), said once at the run's start (main process)."""
+    from distil.data.lengths import completion_format
+
+    if accelerator.is_main_process and (warning := completion_format(cfg, examples, tok)):
+        print(f"distil: warning: {warning}", file=sys.stderr, flush=True)
+
+
 def memory_plan(cfg: DistilConfig, accelerator) -> int | None:
     """The peak `distil plan` expects on this device, its headline printed once (expected peak
     against the device's memory); None, with a one-line note, when the config cannot be

@@ -277,6 +277,7 @@ def _teacher_token_rows(cfg: DistilConfig, examples, crosses: list) -> tuple:
                 max_tokens=cfg.data.max_prompt_tokens,
                 name=name,
                 fmt=prompt_format(cfg.data),
+                where=[e.meta.get("_where") for e in examples],
             )
         per_teacher.append(encoded[id(c)])
     return _TeacherRows(per_teacher, route_of), RoutedToStudent(crosses, route_of)
