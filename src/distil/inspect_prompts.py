@@ -183,7 +183,7 @@ def _teacher_tok(cfg: DistilConfig, toks: dict):
 
 def _completion_line(tok, example, cfg: DistilConfig, shown: int = 16) -> str:
     """What the first row's completion is: the data's (its first tokens) or who writes it."""
-    from distil.models.tokenizers import completion_end_id, prompt_format, reference_ids
+    from distil.models.tokenizers import completion_rows, prompt_format
 
     t = cfg.train
     if t.lambda_ >= 1.0:
@@ -193,9 +193,9 @@ def _completion_line(tok, example, cfg: DistilConfig, shown: int = 16) -> str:
         return f"  completion: written by {share}the teacher (train.seq_kd)"
     if example.completion is None:
         return "  completion: none in this row (off-policy slices need one)"
-    chat = prompt_format(cfg.data).chat(tok, example.prompt)
-    end = completion_end_id(tok, chat)
-    ids = reference_ids(tok, example.completion, cfg.data.max_completion_tokens, end)
+    (ids,) = completion_rows(
+        tok, [example], cfg.data.max_completion_tokens, prompt_format(cfg.data)
+    )
     head = tok.decode(ids[:shown])
     return (
         f"  completion, from the data (first {min(shown, len(ids))} of {len(ids)} tokens): {head!r}"

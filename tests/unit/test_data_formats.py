@@ -21,6 +21,8 @@ from distil.models.tokenizers import (
     EncodedPrompts,
     PromptFormat,
     answer_prefix,
+    answer_strips,
+    completion_rows,
     encode_prompts,
     render_prompt,
     turn_end_id,
@@ -404,3 +406,46 @@ def test_qwen3_thinking_writes_an_empty_block_before_answers_and_validate_warns(
         make_train_config(data=data, student=sft["student"], train={"lambda": 1.0})
     )
     assert completion_format(on_policy, examples, tok) is None
+
+
+TRIMMING = (  # Llama 3's and Gemma's way: every turn's content trimmed
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</{{ m['role'] }}>"
+    "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_a_completion_loses_the_whitespace_its_template_trims_from_answers(bpe_tokenizer):
+    import copy
+
+    from distil.types import Example
+
+    tok = copy.deepcopy(bpe_tokenizer)
+    tok.chat_template = TRIMMING
+    assert answer_strips(tok) == (" \n\t", " \n\t")
+    text = "\n  5 \n"
+    rows = [Example(0, [USER], text), Example(1, "What is 2+3?", text)]
+    # after a chat prompt (messages, or text as one user turn): the answer as the template
+    # renders it, trimmed, then the turn's end
+    for ids in completion_rows(tok, rows, 64):
+        assert ids[:-1] == tok("5", add_special_tokens=False)["input_ids"]
+    # verbatim text is not a chat turn: its completion as it is
+    (plain,) = completion_rows(tok, rows[1:], 64, VERBATIM)
+    assert plain[:-1] == tok(text, add_special_tokens=False)["input_ids"]
+    # a template that keeps whitespace (ChatML as the bpe fixture's): nothing stripped
+    assert answer_strips(bpe_tokenizer) == ("", "")
+    (kept,) = completion_rows(bpe_tokenizer, rows[:1], 64)
+    assert kept[:-1] == bpe_tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize(("name", "strips"), [("llama3", (" \n\t", " \n\t")),
+                                              ("gemma3", (" \n\t", " \n\t")),
+                                              ("qwen3", ("\n", ""))])  # fmt: skip
+def test_real_templates_strip_what_their_answers_lose(name, strips):
+    from distil.types import Example
+
+    tok = real_tokenizer(name)
+    assert answer_strips(tok) == strips
+    text = "\n5 "
+    (ids,) = completion_rows(tok, [Example(0, [USER], text)], 64)
+    want = text.lstrip(strips[0]).rstrip(strips[1])
+    assert ids[:-1] == tok(want, add_special_tokens=False)["input_ids"]

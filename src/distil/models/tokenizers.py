@@ -325,12 +325,58 @@ def completion_rows(
     tok, examples, max_tokens: int, fmt: PromptFormat = PLAIN
 ) -> list[list[int] | None]:
     """Each example's dataset completion as ids (`reference_ids`), ended as its prompt asks:
-    the template's turn terminator after a chat-rendered prompt, EOS after verbatim text."""
+    the template's turn terminator after a chat-rendered prompt, EOS after verbatim text.
+    After a chat prompt the text is first stripped of the whitespace the template strips from
+    an answer (`answer_strips`: Llama 3's and Gemma's `trim`), as the model saw its answers."""
     ends = {chat: completion_end_id(tok, chat) for chat in (False, True)}
+    left, right = answer_strips(tok, fmt)
+
+    def text(e):
+        if e.completion is None or not fmt.chat(tok, e.prompt):
+            return e.completion
+        return e.completion.lstrip(left).rstrip(right) if left or right else e.completion
+
     return [
-        reference_ids(tok, e.completion, max_tokens, ends[fmt.chat(tok, e.prompt)])
-        for e in examples
+        reference_ids(tok, text(e), max_tokens, ends[fmt.chat(tok, e.prompt)]) for e in examples
     ]
+
+
+_BLANKS = " \n\t"
+
+
+def answer_strips(tok, fmt: PromptFormat = PLAIN) -> tuple[str, str]:
+    """The whitespace characters `tok`'s chat template strips from the start and from the end
+    of an answer's text (Llama 3's and Gemma's `| trim`: all; Qwen3's `lstrip('\\n')` with
+    thinking on: newlines at the start), found by rendering probe answers; ("", "") without a
+    template or when the rendering does not tell."""
+    if not getattr(tok, "chat_template", None):
+        return "", ""
+
+    def around(content: str) -> tuple[str, str] | None:
+        turn = [
+            {"role": "user", "content": "distil-probe"},
+            {"role": "assistant", "content": content},
+        ]
+        try:
+            full = tok.apply_chat_template(turn, tokenize=False, **fmt.kwargs)
+        except Exception:  # a template that refuses the probe says nothing about its answers
+            return None
+        if not isinstance(full, str) or full.count(_ANSWER_MARKER) != 1:
+            return None
+        before, after = full.split(_ANSWER_MARKER)
+        return before, after
+
+    bare = around(_ANSWER_MARKER)
+    if bare is None:
+        return "", ""
+    left = right = ""
+    for c in _BLANKS:
+        padded = around(c + _ANSWER_MARKER + c)
+        if padded is None:
+            return "", ""
+        left += c if padded[0] == bare[0] else ""
+        right += c if padded[1] == bare[1] else ""
+    return left, right
 
 
 def stop_token_ids(tok, model=None) -> list[int]:
