@@ -17,11 +17,10 @@ import pytest
 from distil.config import build_config
 from distil.data.datasets import load_examples
 from distil.errors import ConfigError, DataError
+from distil.models.answers import answer_prefix, answer_strips
 from distil.models.tokenizers import (
     EncodedPrompts,
     PromptFormat,
-    answer_prefix,
-    answer_strips,
     completion_rows,
     encode_prompts,
     render_prompt,

@@ -18,10 +18,10 @@ import sys
 from collections.abc import Sequence
 
 from distil.errors import DataError
+from distil.models.answers import answer_prefix_warning
 from distil.models.tokenizers import (
     PLAIN,
     PromptFormat,
-    answer_prefix_warning,
     prompt_format,
     render_prompt,
     rendered_ids,

@@ -145,45 +145,6 @@ def _renders(tok, messages: Messages) -> bool:
     return True
 
 
-_ANSWER_MARKER = "distil-answer-marker"
-
-
-def answer_prefix(tok, fmt: PromptFormat = PLAIN) -> str:
-    """What `tok`'s chat template writes between the generation prompt and the text of a
-    final assistant turn (Qwen3 with thinking on: an empty `<think>` block), "" for nothing or
-    when the rendering does not tell (no template, a template that refuses the probe)."""
-    if not getattr(tok, "chat_template", None):
-        return ""
-    user = {"role": "user", "content": "distil-probe"}
-    try:
-        prompt = tok.apply_chat_template(
-            [user], tokenize=False, add_generation_prompt=True, **fmt.kwargs
-        )
-        full = tok.apply_chat_template(
-            [user, {"role": "assistant", "content": _ANSWER_MARKER}], tokenize=False, **fmt.kwargs
-        )
-    except Exception:  # a template that refuses the probe says nothing about its answers
-        return ""
-    if not (isinstance(full, str) and full.startswith(prompt) and _ANSWER_MARKER in full):
-        return ""
-    return full[len(prompt) : full.index(_ANSWER_MARKER)]
-
-
-def answer_prefix_warning(tok, fmt: PromptFormat, name: str) -> str | None:
-    """A warning when `tok`'s template writes text before an answer (`answer_prefix`) that the
-    data's reference completions, trained right after the generation prompt, lack."""
-    prefix = answer_prefix(tok, fmt)
-    if not prefix.strip():
-        return None
-    return (
-        f"{name}: its chat template writes {prefix!r} between the generation prompt and an "
-        "answer, and the data's completions are trained right after the generation prompt "
-        f"without it: the {name} learns answers in a form its template does not write. Fix: "
-        "a data.chat_template_kwargs setting that ends the prompt with it (Qwen3: "
-        "{enable_thinking: false}), or begin each completion with it"
-    )
-
-
 def unused_template_kwargs(tok, fmt: PromptFormat) -> list[str]:
     """The keys of `fmt.kwargs` that change nothing in `tok`'s rendering of a one-turn chat
     (its template does not read them); [] without a template or kwargs."""
@@ -328,6 +289,8 @@ def completion_rows(
     the template's turn terminator after a chat-rendered prompt, EOS after verbatim text.
     After a chat prompt the text is first stripped of the whitespace the template strips from
     an answer (`answer_strips`: Llama 3's and Gemma's `trim`), as the model saw its answers."""
+    from distil.models.answers import answer_strips
+
     ends = {chat: completion_end_id(tok, chat) for chat in (False, True)}
     left, right = answer_strips(tok, fmt)
 
@@ -339,44 +302,6 @@ def completion_rows(
     return [
         reference_ids(tok, text(e), max_tokens, ends[fmt.chat(tok, e.prompt)]) for e in examples
     ]
-
-
-_BLANKS = " \n\t"
-
-
-def answer_strips(tok, fmt: PromptFormat = PLAIN) -> tuple[str, str]:
-    """The whitespace characters `tok`'s chat template strips from the start and from the end
-    of an answer's text (Llama 3's and Gemma's `| trim`: all; Qwen3's `lstrip('\\n')` with
-    thinking on: newlines at the start), found by rendering probe answers; ("", "") without a
-    template or when the rendering does not tell."""
-    if not getattr(tok, "chat_template", None):
-        return "", ""
-
-    def around(content: str) -> tuple[str, str] | None:
-        turn = [
-            {"role": "user", "content": "distil-probe"},
-            {"role": "assistant", "content": content},
-        ]
-        try:
-            full = tok.apply_chat_template(turn, tokenize=False, **fmt.kwargs)
-        except Exception:  # a template that refuses the probe says nothing about its answers
-            return None
-        if not isinstance(full, str) or full.count(_ANSWER_MARKER) != 1:
-            return None
-        before, after = full.split(_ANSWER_MARKER)
-        return before, after
-
-    bare = around(_ANSWER_MARKER)
-    if bare is None:
-        return "", ""
-    left = right = ""
-    for c in _BLANKS:
-        padded = around(c + _ANSWER_MARKER + c)
-        if padded is None:
-            return "", ""
-        left += c if padded[0] == bare[0] else ""
-        right += c if padded[1] == bare[1] else ""
-    return left, right
 
 
 def stop_token_ids(tok, model=None) -> list[int]:
