@@ -46,7 +46,7 @@ def side_tokenizers(cfg: DistilConfig, examples, found, notes: list[str]) -> dic
         if examples and any(isinstance(e.prompt, str) for e in examples):
             notes.append(f"{name}: plain-text prompts are rendered as {fmt.describe(tok)}")
         if examples and (warning := found.attempt(completion_format, cfg, examples, tok, name)):
-            notes.append(f"warning: {warning}")
+            notes.append(warning)
         ignored = found.attempt(unused_template_kwargs, tok, fmt) or []
         if ignored:
             notes.append(
