@@ -127,11 +127,21 @@ def test_a_role_no_template_knows_is_refused_with_the_row(tmp_path):
         {"prompt": "What is 2+3?", "completion": [{"role": "assistant", "content": ""}]},
     ],
 )
-def test_an_empty_answer_is_refused_with_the_row(tmp_path, row):
-    # trained on, an empty answer teaches the student to stop at once
+def test_an_empty_answer_is_counted_in_a_warning_when_trained_on(
+    tmp_path, make_train_config, bpe_tokenizer, row
+):
+    # trained on, an empty answer teaches the student to stop at once; a teacher's written
+    # file can hold a few, so they are read and counted, the first named
+    from distil.data.lengths import completion_warnings
+
     path = write_jsonl(tmp_path / "e.jsonl", [{"messages": [USER, ANSWER]}, row])
-    with pytest.raises(DataError, match=r"e\.jsonl:2.*empty answer"):
-        load_examples(str(path))
+    examples = load_examples(str(path))
+    assert not examples[1].completion.strip()
+    sft = build_config(make_train_config(loss={"name": "sft"}, train={"lambda": 0.0}))
+    (warning,) = completion_warnings(sft, examples, bpe_tokenizer)  # ChatML: nothing else
+    assert warning.startswith(f"1 of 2 rows have an empty answer (the first: {path}:2)")
+    on_policy = build_config(make_train_config(train={"lambda": 1.0}))
+    assert completion_warnings(on_policy, examples, bpe_tokenizer) == []  # never read
 
 
 def test_a_blank_prompt_and_a_tool_call_turn_are_refused_with_the_reason(tmp_path):
@@ -367,7 +377,7 @@ def test_a_conversation_the_template_refuses_stops_at_setup_naming_its_row(
 def test_qwen3_thinking_writes_an_empty_block_before_answers_and_validate_warns(
     tmp_path, make_train_config, capsys
 ):
-    from distil.data.lengths import completion_format
+    from distil.data.lengths import completion_warnings
     from distil.preflight import preflight
 
     tok = real_tokenizer("qwen3")
@@ -385,26 +395,26 @@ def test_qwen3_thinking_writes_an_empty_block_before_answers_and_validate_warns(
     }
     cfg = build_config(make_train_config(data=data, **sft))
     examples = load_examples(str(path))
-    warning = completion_format(cfg, examples, tok)
+    (warning,) = completion_warnings(cfg, examples, tok)
     assert warning.startswith("student: its chat template writes '<think>\\n\\n</think>\\n\\n'")
     assert "{enable_thinking: false}" in warning
     problems, notes = preflight(cfg)
     assert problems == [] and warning in notes, notes
     from types import SimpleNamespace
 
-    from distil.train.notices import print_completion_format
+    from distil.train.notices import print_completion_warnings
 
-    print_completion_format(cfg, examples, tok, SimpleNamespace(is_main_process=True))
+    print_completion_warnings(cfg, examples, tok, SimpleNamespace(is_main_process=True))
     assert capsys.readouterr().err == f"distil: warning: {warning}\n"  # distil train's start
     # thinking off, or a run that never trains on the data's answers: nothing to say
     quiet = {**data, "chat_template_kwargs": {"enable_thinking": False}}
     assert (
-        completion_format(build_config(make_train_config(data=quiet, **sft)), examples, tok) is None
+        completion_warnings(build_config(make_train_config(data=quiet, **sft)), examples, tok) == []
     )
     on_policy = build_config(
         make_train_config(data=data, student=sft["student"], train={"lambda": 1.0})
     )
-    assert completion_format(on_policy, examples, tok) is None
+    assert completion_warnings(on_policy, examples, tok) == []
 
 
 TRIMMING = (  # Llama 3's and Gemma's way: every turn's content trimmed

@@ -273,9 +273,7 @@ def prompt_and_completion(
                 "it. Fix: start each conversation with a user (or system) turn",
                 **where,
             )
-        return prompt[:-1], _answer(
-            prompt[-1]["content"], f"the last turn of column '{field}'", where
-        )
+        return prompt[:-1], prompt[-1]["content"]
     return prompt, completion_text(row.get(completion_field), completion_field, where)
 
 
@@ -332,30 +330,16 @@ def _message_problem(value: list) -> str | None:
     return None
 
 
-def _answer(text: str, what: str, where: dict[str, Any]) -> str:
-    """A reference completion, refused when empty: trained on, it teaches the student to stop
-    at once (the target is the end-of-turn token alone)."""
-    if not text.strip():
-        raise DataError(
-            f"{what} is an empty answer ({short(text)}): trained on, it teaches the student "
-            "to stop at once. Fix: drop the row, or give it its answer",
-            **where,
-        )
-    return text
-
-
 def completion_text(value: Any, field: str, where: dict[str, Any]) -> str | None:
-    """A completion column's text: a string, or the last assistant turn of chat messages;
-    an empty one is refused (`_answer`)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return _answer(value, f"column '{field}'", where)
+    """A completion column's text: a string, or the last assistant turn of chat messages (an
+    empty one is read, and counted in a warning when trained on: data/lengths.py)."""
+    if value is None or isinstance(value, str):
+        return value
     if _is_messages(value):
         _check_roles(value, field, where)
         turns = [m["content"] for m in value if m["role"] == "assistant"]
         if turns:
-            return _answer(turns[-1], f"the last assistant turn of column '{field}'", where)
+            return turns[-1]
     why = _message_problem(value) if isinstance(value, list) else None
     raise DataError(
         f"column '{field}' must be text or chat messages with an assistant turn, got "

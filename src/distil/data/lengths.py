@@ -4,8 +4,8 @@
 completions to `data.max_completion_tokens`. A row far over a limit usually means a wrong
 template, field or tokenizer, so by default (`data.overlong=error`) the run stops before the
 first step, naming the file:line, the row's length and the limit; `data.overlong=truncate`
-cuts such rows and prints how many were cut. `completion_format`: the warning for reference
-completions that lack what the chat template writes before an answer.
+cuts such rows and prints how many were cut. `completion_warnings`: empty reference answers,
+and completions that lack what the chat template writes before an answer.
 
 Only rows that can be over a limit are tokenized twice: a token covers at least one byte of
 text for the tokenizers distil trains and for byte-level/char/WordPiece/byte-fallback ones, so
@@ -100,11 +100,25 @@ def uses_completions(cfg) -> bool:
     return cfg.train.lambda_ < 1.0 and not cfg.train.seq_kd
 
 
-def completion_format(cfg, examples, tok, name: str = "student") -> str | None:
-    """A warning when the run trains on the data's reference completions after chat prompts
-    and `tok`'s template writes something before an answer that they lack (Qwen3's empty
-    think block with thinking on: `answer_prefix_warning`); None otherwise."""
+def completion_warnings(cfg, examples, tok, name: str = "student") -> list[str]:
+    """What to warn of when the run trains on the data's reference completions: rows whose
+    answer is empty (a target of the turn's end alone teaches `name` to stop at once; a
+    teacher's written file can hold a few, so they are counted, not refused), and, after chat
+    prompts, text `tok`'s template writes before an answer that they lack (Qwen3's empty think
+    block with thinking on: `answer_prefix_warning`)."""
+    if not uses_completions(cfg):
+        return []
+    out = []
+    empty = [e for e in examples if e.completion is not None and not e.completion.strip()]
+    if empty and name == "student":
+        where = empty[0].meta.get("_where") or f"row {empty[0].id + 1}"
+        out.append(
+            f"{len(empty)} of {len(examples)} rows have an empty answer (the first: {where}): "
+            "trained on, each teaches the student to stop at once. Fix: drop them, or give "
+            "them their answer (for a teacher's written file: its generation settings)"
+        )
     fmt = prompt_format(cfg.data)
-    if not uses_completions(cfg) or not any(fmt.chat(tok, e.prompt) for e in examples[:64]):
-        return None
-    return answer_prefix_warning(tok, fmt, name)
+    chat = any(fmt.chat(tok, e.prompt) for e in examples[:64])
+    if chat and (warning := answer_prefix_warning(tok, fmt, name)):
+        out.append(warning)
+    return out

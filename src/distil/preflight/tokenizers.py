@@ -16,7 +16,7 @@ def side_tokenizers(cfg: DistilConfig, examples, found, notes: list[str]) -> dic
     prompt as data.text_prompts and data.chat_template_kwargs ask; measure the student's rows;
     note what plain text becomes for each side, template arguments a template ignores, which
     token ends a turn and which stop generation."""
-    from distil.data.lengths import check_lengths, completion_format, uses_completions
+    from distil.data.lengths import check_lengths, completion_warnings, uses_completions
     from distil.losses import teacher_runs
     from distil.models.tokenizers import (
         generation_defaults,
@@ -45,8 +45,8 @@ def side_tokenizers(cfg: DistilConfig, examples, found, notes: list[str]) -> dic
             notes.append(f"{name}: {stops_summary(tok, model)}")
         if examples and any(isinstance(e.prompt, str) for e in examples):
             notes.append(f"{name}: plain-text prompts are rendered as {fmt.describe(tok)}")
-        if examples and (warning := found.attempt(completion_format, cfg, examples, tok, name)):
-            notes.append(warning)
+        if examples:
+            notes += found.attempt(completion_warnings, cfg, examples, tok, name) or []
         ignored = found.attempt(unused_template_kwargs, tok, fmt) or []
         if ignored:
             notes.append(

@@ -23,12 +23,13 @@ def print_notices(cfg: DistilConfig, accelerator) -> None:
         print(f"note: {note}", file=sys.stderr)
 
 
-def print_completion_format(cfg: DistilConfig, examples, tok, accelerator) -> None:
-    """The warning for data completions that lack what the student's chat template writes
-    before an answer (`completion_format`), said once at the run's start (main process)."""
-    from distil.data.lengths import completion_format
+def print_completion_warnings(cfg: DistilConfig, examples, tok, accelerator) -> None:
+    """The warnings about the data's reference completions (`completion_warnings`: empty
+    answers, what the student's template writes before an answer), said once at the run's
+    start (main process)."""
+    from distil.data.lengths import completion_warnings
 
-    if accelerator.is_main_process and (warning := completion_format(cfg, examples, tok)):
+    for warning in completion_warnings(cfg, examples, tok) if accelerator.is_main_process else []:
         print(f"distil: warning: {warning}", file=sys.stderr, flush=True)
 
 

@@ -49,7 +49,7 @@ from distil.train.fsdp import (
     report_sharding,
     shard_teacher,
 )
-from distil.train.notices import memory_plan, print_completion_format, print_notices
+from distil.train.notices import memory_plan, print_completion_warnings, print_notices
 from distil.train.optim import build_optimizer
 from distil.train.reward import build_rewards, reward_loss, sampler_rows
 from distil.train.several import several_teachers, several_write, writers_side
@@ -394,7 +394,7 @@ def build(cfg: DistilConfig, models: dict[str, Any] | None = None) -> Components
         reward_opts.update(sampler_rows(model, tok))
     check_lengths(examples, tok, cfg.data, completions_used=uses_completions(cfg))
     rows = tokenize_examples(cfg, examples, tok)
-    print_completion_format(cfg, examples, tok, accelerator)
+    print_completion_warnings(cfg, examples, tok, accelerator)
     teacher_model, teacher_tok = None, None
     if loads_teacher_model(cfg):
         teacher_model, teacher_tok = load_teacher(cfg, accelerator, models.get("teacher"))
