@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
+from hub_fakes import REAL
 
 from distil.config import build_config
 from distil.data.datasets import load_examples
@@ -282,30 +284,32 @@ def test_validate_stops_on_a_refused_key_and_notes_an_ignored_one(
     assert any("plain-text prompts are rendered as one user turn" in n for n in notes), notes
 
 
-QWEN3 = Path(__file__).resolve().parents[3] / "shared" / "tokenizers" / "qwen3"
+QWEN3 = REAL / "qwen3"
 
 
 @pytest.mark.skipif(
     not (QWEN3 / "tokenizer.json").exists(), reason=f"real Qwen3 tokenizer not found at {QWEN3}"
 )
 def test_qwen3_thinking_is_switched_off_by_a_template_kwarg():
-    from distil.models.load import load_tokenizer
-
-    tok = load_tokenizer(str(QWEN3))
+    tok = real_tokenizer("qwen3")
     off = render_prompt(tok, [USER], fmt=PromptFormat(kwargs={"enable_thinking": False}))
     on = render_prompt(tok, [USER])
     assert off == on + "<think>\n\n</think>\n\n"
     assert unused_template_kwargs(tok, PromptFormat(kwargs={"enable_thinking": False})) == []
 
 
-REAL = Path(__file__).resolve().parents[3] / "shared" / "tokenizers"
-
-
 def real_tokenizer(name: str):
-    from distil.models.load import load_tokenizer
-
+    """A real family's tokenizer (../shared/tokenizers or DISTIL_REAL_TOKENIZERS), loaded once
+    per process (Gemma 3's 262k vocabulary takes seconds); the test is skipped without it."""
     if not (REAL / name / "tokenizer.json").exists():
         pytest.skip(f"real {name} tokenizer not found at {REAL / name}")
+    return _load_real(name)
+
+
+@cache
+def _load_real(name: str):
+    from distil.models.load import load_tokenizer
+
     return load_tokenizer(str(REAL / name))
 
 
