@@ -328,7 +328,9 @@ def test_verbatim_text_starts_as_the_tokenizers_own_encoding_starts(
     assert own[0] == tok.bos_token_id and len(own) > 1
     assert encode_prompts(tok, [text], fmt=VERBATIM) == [own]
     assert EncodedPrompts(tok, [text], fmt=VERBATIM)[0] == own
-    assert encode_prompts(tok, [text], fmt=VERBATIM, max_tokens=2) == [own[-2:]]
+    # cut to its end, the <bos> kept in front (the model expects it first)
+    assert encode_prompts(tok, [text], fmt=VERBATIM, max_tokens=2) == [[own[0], own[-1]]]
+    assert EncodedPrompts(tok, [text], fmt=VERBATIM, max_tokens=2)[0] == [own[0], own[-1]]
     assert encode_prompts(tok, [tok.bos_token + text], fmt=VERBATIM)[0].count(tok.bos_token_id) == 1
     chat = encode_prompts(tok, [text], fmt=PromptFormat("chat"))[0]
     assert chat == tok(render_prompt(tok, text), add_special_tokens=False)["input_ids"]
@@ -415,6 +417,13 @@ def test_qwen3_thinking_writes_an_empty_block_before_answers_and_validate_warns(
     assert (
         completion_warnings(build_config(make_train_config(data=quiet, **sft)), examples, tok) == []
     )
+    # completions that begin with the block: what the template writes, nothing to say
+    thinking = write_jsonl(
+        tmp_path / "think.jsonl",
+        [{"messages": [USER, {**ANSWER, "content": "<think>\n\n</think>\n\n5"}]}],
+    )
+    with_block = build_config(make_train_config(data={**data, "train": str(thinking)}, **sft))
+    assert completion_warnings(with_block, load_examples(str(thinking)), tok) == []
     on_policy = build_config(
         make_train_config(data=data, student=sft["student"], train={"lambda": 1.0})
     )

@@ -46,6 +46,19 @@ def test_without_context_the_teacher_reads_the_students_prompt(make_train_config
     assert all(not p.privileged and p.teacher_prompt == p.student for p in pairs)
 
 
+def test_verbatim_prompts_show_each_side_as_training_reads_it(
+    make_train_config, pair_dirs, tmp_path
+):
+    # data.text_prompts=verbatim: each row's student prompt is its own text, whole
+    texts = ["What is 2+3?", "Name a prime number larger than 10.", "Write a haiku about rain."]
+    path = tmp_path / "plain.jsonl"
+    path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    data = {"train": str(path), "template": None, "text_prompts": "verbatim"}
+    tok = load_tokenizer(str(pair_dirs[1]))
+    pairs = prompt_pairs(build_config(make_train_config(data=data)), 3, tok)
+    assert [p.student for p in pairs] == texts == [p.teacher_prompt for p in pairs]
+
+
 @pytest.fixture
 def run_inspect(capsys, monkeypatch):
     """run_inspect(*args) -> (exit status, stdout, stderr) of `distil inspect pair *args`

@@ -34,6 +34,7 @@ from distil.models.tokenizers import (
     PLAIN,
     PromptFormat,
     completion_end_id,
+    keep_end,
     prompt_format,
     render_prompt,
     rendered_ids,
@@ -135,7 +136,7 @@ class CrossTokenizer:
         if sample.prompt is not None:
             prompt_ids = rendered_ids(self.teacher_tok, "", chat, list(prompt_ids))
         if self.max_prompt_tokens is not None:
-            prompt_ids = prompt_ids[-self.max_prompt_tokens :]
+            prompt_ids = keep_end(self.teacher_tok, prompt_ids, self.max_prompt_tokens)
         return prompt_ids, t_ids, ends, data
 
     def teacher_inputs_batch(self, samples: Sequence[Sample]) -> list[tuple]:

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from distil.errors import DataError
-from distil.models.answers import answer_prefix_warning
+from distil.models.answers import answer_prefix, answer_prefix_warning
 from distil.models.tokenizers import (
     PLAIN,
     PromptFormat,
@@ -118,7 +118,8 @@ def completion_warnings(cfg, examples, tok, name: str = "student") -> list[str]:
             "them their answer (for a teacher's written file: its generation settings)"
         )
     fmt = prompt_format(cfg.data)
-    chat = any(fmt.chat(tok, e.prompt) for e in examples[:64])
-    if chat and (warning := answer_prefix_warning(tok, fmt, name)):
-        out.append(warning)
+    chat = [e.completion for e in examples[:64] if e.completion and fmt.chat(tok, e.prompt)]
+    prefix = answer_prefix(tok, fmt) if chat else ""
+    if prefix.strip() and any(not c.startswith(prefix) for c in chat):
+        out.append(answer_prefix_warning(tok, fmt, name))
     return out

@@ -111,6 +111,17 @@ def rendered_ids(tok, text: str, chat: bool, ids: list[int] | None = None) -> li
     return ids if not start or ids[: len(start)] == start else [*start, *ids]
 
 
+def keep_end(tok, ids: list[int], max_tokens: int) -> list[int]:
+    """A prompt's ids cut to its last `max_tokens` (the end matters most), its start ids
+    (`start_ids`: the BOS a model expects first) kept when it began with them."""
+    if len(ids) <= max_tokens:
+        return ids
+    start = start_ids(tok)
+    if start and ids[: len(start)] == start and max_tokens > len(start):
+        return [*start, *ids[len(ids) - (max_tokens - len(start)) :]]
+    return ids[-max_tokens:]
+
+
 def apply_template(tok, messages: Messages, kwargs: dict[str, Any], *, name: str) -> str:
     """`tok.apply_chat_template` with the generation prompt and `kwargs`. A template that
     refuses `kwargs` (raises with them, renders without) is a ConfigError naming
@@ -176,7 +187,7 @@ def encode_prompts(
         )
     ]
     if max_tokens is not None:
-        ids = [row[-max_tokens:] for row in ids]
+        ids = [keep_end(tok, row, max_tokens) for row in ids]
     return ids
 
 
@@ -228,7 +239,7 @@ class EncodedPrompts(Sequence[list[int]]):
                 raise DataError(exc.message, path=path, line=int(line) if line else None) from exc
             ids = rendered_ids(self.tok, text, self.fmt.chat(self.tok, self.prompts[index]))
             if self.max_tokens is not None:
-                ids = ids[-self.max_tokens :]
+                ids = keep_end(self.tok, ids, self.max_tokens)
             self._ids[index] = ids
         return ids
 
