@@ -77,6 +77,7 @@ def prompt_pairs(cfg: DistilConfig, n: int, s_tok, teacher_tok=None) -> list[Pro
         prompt_format,
         render_prompt,
         rendered_ids,
+        start_ids,
     )
     from distil.tasks.prompts import config_examples
     from distil.teacher.several import row_contexts, row_teachers
@@ -101,9 +102,9 @@ def prompt_pairs(cfg: DistilConfig, n: int, s_tok, teacher_tok=None) -> list[Pro
         prompt = context_prompt(e, context, system) if privileged else e.prompt
         text = render_prompt(t_tok, prompt, name="teacher tokenizer", fmt=fmt)
         if not fmt.chat(t_tok, prompt):  # verbatim: after its start ids, as training reads it
-            t_ids = rendered_ids(t_tok, text, False)
-            n = len(t_ids) - len(t_tok(text, add_special_tokens=False)["input_ids"])
-            text = t_tok.decode(t_ids[:n]) + text
+            t_ids = t_tok(text, add_special_tokens=False)["input_ids"]
+            added = len(rendered_ids(t_tok, text, False, t_ids)) - len(t_ids)
+            text = t_tok.decode(start_ids(t_tok)[:added]) + text
         out.append(PromptPair(i, name, s_tok.decode(ids[i]), text, privileged))
     return out
 

@@ -121,5 +121,5 @@ def completion_warnings(cfg, examples, tok, name: str = "student") -> list[str]:
     chat = [e.completion for e in examples[:64] if e.completion and fmt.chat(tok, e.prompt)]
     prefix = answer_prefix(tok, fmt) if chat else ""
     if prefix.strip() and any(not c.startswith(prefix) for c in chat):
-        out.append(answer_prefix_warning(tok, fmt, name))
+        out.append(answer_prefix_warning(prefix, name))
     return out

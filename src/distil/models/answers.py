@@ -40,12 +40,9 @@ def answer_prefix(tok, fmt: Any = None) -> str:
     return full[len(prompt) : full.index(_ANSWER_MARKER)]
 
 
-def answer_prefix_warning(tok, fmt: Any, name: str) -> str | None:
-    """A warning when `tok`'s template writes text before an answer (`answer_prefix`) that the
-    data's reference completions, trained right after the generation prompt, lack."""
-    prefix = answer_prefix(tok, fmt)
-    if not prefix.strip():
-        return None
+def answer_prefix_warning(prefix: str, name: str) -> str:
+    """The warning when a template writes `prefix` (`answer_prefix`) before an answer and the
+    data's reference completions, trained right after the generation prompt, lack it."""
     return (
         f"{name}: its chat template writes {prefix!r} between the generation prompt and an "
         "answer, and the data's completions are trained right after the generation prompt "
