@@ -278,7 +278,8 @@ class Sample:
     `source` is "on_policy" (the student sampled it), "off_policy" (the dataset's completion)
     or "seq_kd" (the teacher wrote it). `completion_text` is what the completion decodes to;
     cross-tokenizer teachers re-tokenize it with their own tokenizer. An on-policy sample of a
-    run that scores rewards carries its `reward` and its group-relative `advantage`.
+    run that scores rewards carries its `reward` and its group-relative `advantage`. `stopped`:
+    whether its sampler ended it with a stop token (False: cut at max_new_tokens).
     """
 
     example_id: int
@@ -290,6 +291,7 @@ class Sample:
     sampling_logprobs: list[float] | None = None
     reward: float | None = None
     advantage: float | None = None
+    stopped: bool | None = None  # the sampler ended it with a stop token (None: not known)
 
 
 @dataclass

@@ -227,6 +227,19 @@ class RewardConfig(Section):
         description="divide each group's centred rewards by its standard deviation (GRPO); "
         "false: centred only (Dr. GRPO)",
     )
+    truncated: float | None = Field(
+        None,
+        description="the reward of a completion that reached generation.max_new_tokens "
+        "without its end token (outcome `truncated`), whatever the checker says of its text "
+        "(DAPO's overlong penalty; 0: as no answer); null: the checker scores it as it is",
+    )
+    skip_flat: bool = Field(
+        True,
+        description="loss.name=grpo: a window whose groups all have equal rewards, on every "
+        "rank, has no gradient, so its forward, backward and optimizer step are skipped "
+        "(stepping would let AdamW's moments move the weights on no signal) and only its "
+        "generation is charged to the student compute; false: stepped like any window",
+    )
     clip: float = Field(
         0.2,
         ge=0.0,

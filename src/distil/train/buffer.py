@@ -268,7 +268,8 @@ class GenerationBuffer:
             ids, text = out.ids[j], None
             generated += len(ids)
             lps = out.logprobs[j, : len(ids)].tolist() if out.logprobs is not None else None
-            ended += bool(out.stopped[j]) if out.stopped is not None else 0
+            stopped = bool(out.stopped[j]) if out.stopped is not None else None
+            ended += bool(stopped)
             if side.to_student is not None:
                 ids, text = side.to_student(ids, prompt=self.examples[ex].prompt, example=ex)
                 lps = None  # sampling log-probs are in the other tokenizer's units
@@ -283,6 +284,7 @@ class GenerationBuffer:
                 prompt=self.examples[ex].prompt,
                 completion_text=text,
                 sampling_logprobs=lps,
+                stopped=stopped,
             )
         if not picked:  # a block's window without teacher-written slices
             return

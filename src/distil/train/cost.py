@@ -77,9 +77,11 @@ class CostMeter:
         meter.totals.update({k: float(v) for k, v in (saved or {}).items() if k in meter.totals})
         return meter
 
-    def add_window(self, window: Any, accelerator: Any = None) -> None:
-        """Add one optimizer window's tokens (summed over ranks when `accelerator` has several)."""
-        step = self.window_tokens(window, teacher_scored=self.teacher_scores)
+    def add_window(self, window: Any, accelerator: Any = None, *, trained: bool = True) -> None:
+        """Add one optimizer window's tokens (summed over ranks when `accelerator` has several);
+        `trained` False: a window skipped after its generation (reward.skip_flat), which costs
+        its generation only."""
+        step = self.window_tokens(window, teacher_scored=self.teacher_scores, trained=trained)
         if accelerator is not None and accelerator.num_processes > 1:
             local = torch.tensor([step[k] for k in TOKEN_COUNTERS], device=accelerator.device)
             step = dict(zip(TOKEN_COUNTERS, accelerator.reduce(local, "sum").tolist(), strict=True))
@@ -87,10 +89,12 @@ class CostMeter:
             self.totals[k] += step[k]
 
     @staticmethod
-    def window_tokens(window: Any, *, teacher_scored: bool) -> dict[str, float]:
-        """This rank's token counts of one window."""
+    def window_tokens(
+        window: Any, *, teacher_scored: bool, trained: bool = True
+    ) -> dict[str, float]:
+        """This rank's token counts of one window (`trained` False: its generation alone)."""
         counts = dict.fromkeys(TOKEN_COUNTERS, 0.0)
-        for micro in window.micro_batches:
+        for micro in window.micro_batches if trained else ():
             counts["student_train_tokens"] += float(micro.attention_mask_B_L.sum())
             if teacher_scored:
                 mask = micro.teacher_attention_mask_B_L

@@ -40,6 +40,7 @@ from distil.train.logging import MetricsLog, ProgressLine, memory_metrics, print
 from distil.train.metrics import add_align_metrics, add_metrics, step_metrics
 from distil.train.optim import final_weights, fold_grads, grad_params, set_lr
 from distil.train.resume import resume
+from distil.train.reward import flat_everywhere
 from distil.train.rundir import RunLock, record_config
 from distil.train.setup import Components, build
 from distil.train.signals import StopRequest
@@ -115,10 +116,13 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest, hooks: Callbacks) 
             window = c.buffer.next_window()
             t_shown = _maybe_print_example(c, cfg, window) if step == first else 0.0
             logs = (step + 1) % cfg.train.log_every == 0 or step + 1 >= cfg.train.max_steps
-            sums, local_ok, t_teacher, t_train = _accumulate(c, cfg, window, diagnostics=logs)
-            cost.add_window(window, acc)
+            skip = flat_everywhere(cfg, acc, window.metrics)  # grpo: no gradient anywhere
+            sums, local_ok, t_teacher, t_train = (
+                ({}, True, 0.0, 0.0) if skip else _accumulate(c, cfg, window, diagnostics=logs)
+            )
+            cost.add_window(window, acc, trained=not skip)
             t0 = time.perf_counter()
-            grad_norm, finite = _update(c, cfg, sums)
+            grad_norm, finite = (torch.zeros(()), True) if skip else _update(c, cfg, sums)
             if finite and hasattr(c.teacher, "after_step"):
                 c.teacher.after_step(c.unwrapped)  # an EMA teacher follows the student
             step += 1
@@ -129,6 +133,9 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest, hooks: Callbacks) 
                 step, sums, window, grad_norm, lr, finite, t_teacher, t_train, t_step
             )
             metrics["time/train_clock"] = clock
+            if cfg.loss.name == GRPO and cfg.reward.skip_flat:  # the windows skipped
+                metrics["reward/skipped_flat"] = int(skip)
+                metrics.setdefault("loss", 0.0)  # a skipped window's: none computed
             metrics.update(cost.metrics())
             metrics.update(memory_metrics(acc.device, c.planned_peak))
             last = _done(step, clock, cfg, cost)

@@ -3,7 +3,8 @@ into group-relative advantages, handed to the loss.
 
     window = buffer.next_window()   # generate, then WindowRewards(on-policy samples):
                                     #   reward r_i = values[checker(completion).outcome]
-                                    #   (or the user's function(row, completion))
+                                    #   (or the user's function(row, completion);
+                                    #   reward.truncated if cut at max_new_tokens)
                                     #   advantage A_i within each prompt's num_generations
     loss(..., advantages_B=A of the micro-batch's rows)   # losses/reward.py
 
@@ -23,11 +24,13 @@ from typing import Any
 import torch
 
 from distil.config import DistilConfig
-from distil.config.rules_reward import rewarded, scores_rewards
+from distil.config.rules_reward import GRPO, rewarded, scores_rewards
 from distil.losses import get_loss, group_advantages, with_reward
 from distil.models.tokenizers import id_rows
 from distil.tasks.reward import Scored, reward_scorer
 from distil.types import Batch, Example, Sample
+
+TRUNCATED = "truncated"  # the outcome of a completion cut at max_new_tokens (reward.truncated)
 
 
 class WindowRewards:
@@ -36,14 +39,20 @@ class WindowRewards:
 
     def __init__(self, reward: Callable[[Example, str], Scored], examples: Sequence[Example],
                  decode: Callable[[list[int]], str], *, group_size: int,
-                 normalize_std: bool, outcomes: Sequence[str] = ()):  # fmt: skip
+                 normalize_std: bool, outcomes: Sequence[str] = (),
+                 truncated: float | None = None):  # fmt: skip
         self.reward, self.examples, self.decode = reward, examples, decode
         self.group_size, self.normalize_std = group_size, normalize_std
-        self.outcomes = list(outcomes)  # every task outcome gets a share, 0 when absent
+        self.truncated = truncated  # the reward of a completion cut at max_new_tokens
+        # every task outcome gets a share, 0 when absent
+        self.outcomes = [*outcomes, *([TRUNCATED] if truncated is not None else [])]
 
     def __call__(self, samples: Sequence[Sample]) -> dict[str, float]:
         scored = []
         for s in samples:
+            if self.truncated is not None and s.stopped is False:
+                scored.append((self.truncated, TRUNCATED))
+                continue
             text = s.completion_text
             if text is None:
                 text = self.decode(s.completion_ids)
@@ -75,7 +84,20 @@ def build_rewards(cfg: DistilConfig, examples: Sequence[Example], tok) -> Window
         return tok.decode(ids, skip_special_tokens=True)
 
     return WindowRewards(reward, examples, decode, group_size=cfg.generation.num_generations,
-                         normalize_std=cfg.reward.normalize_std, outcomes=outcomes)  # fmt: skip
+                         normalize_std=cfg.reward.normalize_std, outcomes=outcomes,
+                         truncated=cfg.reward.truncated)  # fmt: skip
+
+
+def flat_everywhere(cfg: DistilConfig, acc, window_metrics: dict) -> bool:
+    """Whether a window trains nothing and is skipped (reward.skip_flat): loss.name=grpo and
+    every group of the window, on every rank, has equal rewards (advantage 0, so no gradient).
+    One small all-reduce on several ranks, so every rank skips the same windows."""
+    if not (cfg.loss.name == GRPO and cfg.reward.skip_flat):
+        return False
+    signal = float(window_metrics.get("reward/no_signal_groups", 0.0) < 1.0)
+    if acc.num_processes > 1:
+        signal = float(acc.reduce(torch.tensor(signal, device=acc.device), reduction="sum"))
+    return signal == 0.0
 
 
 def reward_loss(cfg: DistilConfig):
