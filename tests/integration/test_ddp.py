@@ -81,3 +81,58 @@ def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, make_train_
     w2 = load_file(tmp_path / "two" / "final" / "model.safetensors")
     for name in w1:
         torch.testing.assert_close(w1[name], w2[name], atol=1e-6, rtol=1e-5)
+
+
+_RANKED_REWARD = """
+import os
+
+CALLS = []
+
+
+def score(row, completion):
+    CALLS.append(1)
+    # rank 1's first window (4 samples: 2 groups of 2) alternates 1, 0; every other sample, on
+    # either rank, gets 0.5: window 1 has a signal on rank 1 only, windows 2 and 3 on neither
+    if os.environ.get("RANK") == "1" and len(CALLS) <= 4:
+        return float(len(CALLS) % 2)
+    return 0.5
+"""
+
+
+@pytest.mark.budget(100, "a two-rank torchrun launch")
+def test_two_ranks_skip_a_grpo_window_only_when_it_is_flat_on_both(tmp_path, make_train_config):
+    (tmp_path / "rw_ranked.py").write_text(_RANKED_REWARD)
+    raw = make_train_config(
+        loss={"name": "grpo"},
+        reward={"function": "rw_ranked:score"},
+        train={
+            "lambda": 1.0,
+            "max_steps": 3,
+            "grad_accum_steps": 1,
+            "per_device_batch_size": 4,
+            "schedule": "constant",
+            "save_every": 1,
+            "keep_last": 3,
+        },
+    )
+    raw["teacher"] = {}
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    paths = [str(tmp_path), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(paths)}
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", "29518", "-m", "distil", "train", str(path)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = tmp_path / "run"
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    # window 1: rank 0's own groups were flat, rank 1's were not, so both trained on it
+    assert lines[0]["reward/no_signal_groups"] == 1.0 and lines[0]["grad_norm"] > 0
+    assert [m["reward/skipped_flat"] for m in lines] == [0, 1, 1]
+    from safetensors.torch import load_file
+
+    after_one = load_file(out / "checkpoints" / "step-00000001" / "model.safetensors")
+    final = load_file(out / "final" / "model.safetensors")
+    assert all(torch.equal(after_one[k], final[k]) for k in final)  # skipped on both ranks

@@ -4,7 +4,8 @@ unsharded copy of the same tiny model in each process.
 - generation on gathered weights: the ranks generate different numbers of tokens (a per-token
   all-gather would pair rank 0's collectives with rank 1's other ones and hang or mix them);
   the completions equal the unsharded model's and the weights are sharded again afterwards;
-- the full optimizer state is the unsharded optimizer's `state_dict()`, index for index;
+- the full optimizer state is the unsharded optimizer's `state_dict()`, index for index (and,
+  before any step, the empty state, with no step taken to make it);
 - loading full model + optimizer states into a differently initialised sharded model continues
   training exactly like the unsharded model.
 """
@@ -77,6 +78,12 @@ def _states_round_trip(rank: int) -> None:
     kw = {"lr": 1e-2, "betas": (0.8, 0.95), "weight_decay": 0.1}
     ref_opt = torch.optim.AdamW(ref.parameters(), **kw)
     opt = torch.optim.AdamW(model.parameters(), **kw)
+    # a checkpoint before any step (grpo's skipped windows) saves the empty state as it is:
+    # making it would count a zero-lr step in AdamW's bias correction
+    assert full_optimizer_state(model, opt)["state"] == {} and not opt.state
+    fresh = torch.optim.AdamW(model.parameters(), **kw)
+    load_full_state(model, fresh, _full_weights(model), copy.deepcopy(opt.state_dict()))
+    assert not fresh.state
     for x in xs[:2]:  # equal batches on both ranks: FSDP's averaged gradient is the reference's
         _step(ref, ref_opt, x)
         _step(model, opt, x)

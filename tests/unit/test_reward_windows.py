@@ -112,6 +112,7 @@ def test_flat_windows_are_skipped_and_leave_the_weights_exactly(
     assert all(torch.equal(one[k], skipped[k]) for k in one)
     assert [m["grad_norm"] for m in lines[1:]] == [0.0, 0.0] and lines[0]["grad_norm"] > 0
     assert [m["loss"] for m in lines[1:]] == [0.0, 0.0]
+    assert [m["tokens/input_local"] for m in lines[1:]] == [0, 0] and lines[0]["tokens/input_local"]
     # a skipped window costs its generation only: no training tokens after window 1
     train, gen = "cost/student_train_tokens", "cost/student_generated_tokens"
     assert lines[-1][train] == one_lines[0][train] and lines[-1][gen] > one_lines[0][gen]

@@ -274,6 +274,13 @@ def full_optimizer_state(model, optimizer) -> dict[str, Any]:
     `torch.optim.Optimizer.state_dict()` of an unsharded run. A collective: all ranks call it."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
+    inner = getattr(optimizer, "optimizer", optimizer)  # under accelerate's wrapper
+    if not inner.state:
+        # before any optimizer step (grpo's first windows skipped: reward.skip_flat), torch
+        # would make the state by a zero-lr step, which AdamW counts: its bias correction
+        # would then shrink the first real update. The empty state is the state (every rank
+        # skips the same windows, so none calls the collective).
+        return inner.state_dict()
     sd = get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
     if not sd:
         return {}
@@ -298,6 +305,8 @@ def load_full_state(model, optimizer, model_sd: dict, optim_sd: dict) -> None:
     )
 
     set_model_state_dict(model, model_sd, options=_full_options(strict=False))
+    if not optim_sd["state"]:  # saved before any optimizer step: a new optimizer is that state
+        return
     # the parameter names in optimizer order, from this run's own (empty) optimizer
     names = _fqn_order(get_optimizer_state_dict(model, optimizer)["param_groups"])
     by_name = {

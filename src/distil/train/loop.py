@@ -135,7 +135,9 @@ def _run(c: Components, cfg: DistilConfig, stop: StopRequest, hooks: Callbacks) 
             metrics["time/train_clock"] = clock
             if cfg.loss.name == GRPO and cfg.reward.skip_flat:  # the windows skipped
                 metrics["reward/skipped_flat"] = int(skip)
-                metrics.setdefault("loss", 0.0)  # a skipped window's: none computed
+                if skip:  # nothing computed, no token trained
+                    metrics.update({"loss": 0.0, "tokens/input_local": 0,
+                                    "throughput/tokens_per_s": 0.0})  # fmt: skip
             metrics.update(cost.metrics())
             metrics.update(memory_metrics(acc.device, c.planned_peak))
             last = _done(step, clock, cfg, cost)
