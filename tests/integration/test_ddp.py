@@ -1,6 +1,7 @@
 """Two processes (torchrun, gloo on CPU) train exactly like one process with the whole batch:
 the loss divides by the loss tokens of the window over all ranks, and DDP averages gradients.
-The one process is this one (`loop.train`, one thread like each rank)."""
+The one process is this one (`loop.train`, one thread like each rank). And two ranks skip a
+grpo window (reward.skip_flat) only when its groups are flat on both."""
 
 import json
 import os
@@ -98,9 +99,15 @@ def score(row, completion):
     return 0.5
 """
 
+# `distil train CONFIG` with the reward's module directory (argv[1]) importable
+_TRAIN = "import sys; sys.path.insert(0, sys.argv[1]); from distil.cli import main; "
+_TRAIN += "raise SystemExit(main(['train', sys.argv[2]]))"
 
-@pytest.mark.budget(100, "a two-rank torchrun launch")
+
 def test_two_ranks_skip_a_grpo_window_only_when_it_is_flat_on_both(tmp_path, make_train_config):
+    from distil.serve.process import free_port
+    from warm import launch_ranks
+
     (tmp_path / "rw_ranked.py").write_text(_RANKED_REWARD)
     raw = make_train_config(
         loss={"name": "grpo"},
@@ -118,13 +125,8 @@ def test_two_ranks_skip_a_grpo_window_only_when_it_is_flat_on_both(tmp_path, mak
     raw["teacher"] = {}
     path = tmp_path / "grpo.yaml"
     path.write_text(yaml.safe_dump(raw))
-    paths = [str(tmp_path), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(paths)}
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_port", "29518", "-m", "distil", "train", str(path)],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    cmd = [sys.executable, "-c", _TRAIN, str(tmp_path), str(path)]
+    run = launch_ranks(cmd, 2, free_port())  # forked from the warm interpreter (tests/warm.py)
     assert run.returncode == 0, run.stderr[-3000:]
     out = tmp_path / "run"
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -9,7 +9,6 @@ run's losses and weights.
 """
 
 import json
-import socket
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from distil.serve.process import free_port
 from distil.train import loop
 from distil.train.buffer import GenerationBuffer
 from warm import launch_ranks
@@ -62,13 +62,6 @@ def torchrun(tmp_path, cfg_path, out, kill_at_step=0):
     cmd += [str(out), *([str(kill_at_step)] if kill_at_step else [])]
     out.mkdir(parents=True, exist_ok=True)
     return launch_ranks(cmd, 2, free_port())
-
-
-def free_port() -> int:
-    """A port no one listens on now (other test runs on this machine use fixed ones)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(tmp_path, raw, name, **train):
