@@ -38,7 +38,7 @@ demo-quick: venv
 # budget fails the run (tests/suite_budget.py).
 TEST_WORKERS ?= $(THREADS)
 PYTEST := OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup \
-	--no-loadscope-reorder
+	--no-loadscope-reorder --durations=15
 
 # distil's and the tests' bytecode, written before the run (a no-op for unchanged files): with
 # PYTHONDONTWRITEBYTECODE set no import writes it, and each Python process the tests start would
