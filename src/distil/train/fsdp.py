@@ -274,7 +274,9 @@ def full_optimizer_state(model, optimizer) -> dict[str, Any]:
     `torch.optim.Optimizer.state_dict()` of an unsharded run. A collective: all ranks call it."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    inner = getattr(optimizer, "optimizer", optimizer)  # under accelerate's wrapper
+    from distil.train.optim import _inner
+
+    inner = _inner(optimizer)  # under accelerate's wrapper
     if not inner.state:
         # before any optimizer step (grpo's first windows skipped: reward.skip_flat), torch
         # would make the state by a zero-lr step, which AdamW counts: its bias correction
