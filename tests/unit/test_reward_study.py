@@ -67,11 +67,44 @@ def test_comparisons_and_tuning_read_each_runs_own_slice(run):
     for key, column in slices.items():
         want = run.paths["data"] / ("four" if column == "4 numbers" else "") / "dev.jsonl"
         assert Path(dev_split(run, runs[key])) == want
-    grid = grid_manifest(m)  # every run at each lr; a cost_of at its own lr's distillation arm
+    # tuned per config: each arm's config at each lr on its first (three-number) run; a
+    # cost_of at its own lr's distillation arm
+    assert m.analysis.tune_per_config
+    grid = grid_manifest(m)
+    assert sorted(r.key for r in grid.runs) == sorted(
+        f"study_rw_{arm}_{s}@lr{lr:g}" for arm in ("opd", "grpo", "both") for s in ("bpe", "char")
+        for lr in m.analysis.lr_grid
+    )  # fmt: skip
+    both = next(r for r in grid.runs if r.key == "study_rw_both_char@lr0.002")
+    assert both.cost_of == "study_rw_opd_char@lr0.002" and both.overrides["train.lr"] == 2e-3
+    assert Path(dev_split(run, both)) == run.paths["data"] / "dev.jsonl"
+    every = per_run()  # every run at each lr, each on its own slice's dev split
+    grid = grid_manifest(every)
     assert len(grid.runs) == 12 * len(m.analysis.lr_grid)
     both = next(r for r in grid.runs if r.key == "study_rw4_both_char@lr0.002")
     assert both.cost_of == "study_rw4_opd_char@lr0.002" and both.overrides["train.lr"] == 2e-3
     assert Path(dev_split(run, both)) == run.paths["data"] / "four" / "dev.jsonl"
+
+
+def per_run():
+    """The manifest with every run tuned on its own (tune_per_config false)."""
+    from dataclasses import replace
+
+    return replace(m, analysis=replace(m.analysis, tune_per_config=False))
+
+
+def test_per_config_tuning_refuses_a_cost_of_that_is_not_tuned():
+    from dataclasses import replace
+
+    from distil.demo.tune import tuned_runs
+    from distil.errors import ConfigError
+
+    assert [r.key for r in tuned_runs(m)] == [r.key for r in m.runs[:6]]
+    # a four-number GRPO run listed first would read the (untuned) four-number distillation's
+    # compute
+    order = [runs["study_rw4_grpo_bpe"], *(r for r in m.runs if r.key != "study_rw4_grpo_bpe")]
+    with pytest.raises(ConfigError, match="study_rw4_opd_bpe, which is not its config's first"):
+        tuned_runs(replace(m, runs=order))
 
 
 def test_each_curve_starts_from_its_start_on_its_own_dev_problems(run, monkeypatch, countdown_dir):
@@ -117,6 +150,7 @@ def test_each_curve_starts_from_its_start_on_its_own_dev_problems(run, monkeypat
 def test_tuning_chooses_each_runs_best_lr_and_says_where_it_goes():
     from distil.demo.tune import choose, lr_key, tuning_table
 
+    m = per_run()
     grid = m.analysis.lr_grid  # 5e-4, 1e-3, 2e-3
     accuracy = {lr_key(r, lr): 0.5 for r in m.runs for lr in grid}
     accuracy[lr_key(runs["study_rw_grpo_bpe"], 2e-3)] = 0.6  # a clear best
@@ -142,3 +176,16 @@ def test_tuning_chooses_each_runs_best_lr_and_says_where_it_goes():
     # into its own overrides in the manifest
     assert four[2:] == ["50.0%", "**70.0%**", "50.0%", "0.001", "0.001",
                         "the manifest: study_rw4_grpo_bpe's overrides |"]  # fmt: skip
+
+
+def test_per_config_tuning_sets_each_configs_lr_for_both_slices():
+    from distil.demo.tune import choose, lr_key, tuning_table
+
+    accuracy = {lr_key(r, lr): 0.5 for r in m.runs[:6] for lr in m.analysis.lr_grid}
+    accuracy[lr_key(runs["study_rw_grpo_bpe"], 2e-3)] = 0.6
+    chosen = choose(m, accuracy)
+    assert sorted(chosen) == sorted(r.key for r in m.runs[:6])
+    assert chosen["study_rw_grpo_bpe"]["lr"] == 2e-3 and chosen["study_rw_opd_bpe"]["lr"] == 5e-4
+    rows = tuning_table(m, chosen, {r.key: 1e-3 for r in m.runs}).splitlines()[2:]
+    grpo = next(line for line in rows if line.startswith("| study_rw_grpo_bpe |"))
+    assert grpo.endswith("| study_rw_grpo_bpe.yaml (also study_rw4_grpo_bpe) |")

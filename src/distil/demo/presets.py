@@ -93,6 +93,7 @@ class Analysis:
     lr_grid: tuple[float, ...]
     alpha: float = 0.05
     correction: str = "holm"
+    tune_per_config: bool = False  # tune each config once, on its first run (tune.tuned_runs)
 
 
 @dataclass(frozen=True)

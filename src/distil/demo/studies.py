@@ -94,7 +94,8 @@ def run_study(
         reward_data(run)
         stages.make_tokenizers(run)
         teachers.train_teacher(run)  # three numbers: the demo's teacher (its cache)
-        train_slice_teacher(run, "four")  # four numbers: as the multi-teacher study's
+        if not tune or _tuning_reads(m, "teacher_four"):
+            train_slice_teacher(run, "four")  # four numbers: as the multi-teacher study's
     else:
         stages.make_data(run)
         stages.make_tokenizers(run)
@@ -109,6 +110,14 @@ def run_study(
     seeded = [run.for_seed(k) for k in range(seeds)]
     lanes_.run_seeds(seeded)
     return report(name, seeded)
+
+
+def _tuning_reads(m: Manifest, model: str) -> bool:
+    """Whether a run the tuning grid trains reads models/<model> (a teacher that no tuned run
+    reads is not trained for --tune)."""
+    from distil.demo.tune import tuned_runs
+
+    return any(f"models/{model}" in str(v) for r in tuned_runs(m) for v in r.overrides.values())
 
 
 # ----------------------------------------------------------------------------- data

@@ -17,6 +17,7 @@ from typing import Any
 
 from distil.demo.presets import CONFIG_DIR, Manifest, Run
 from distil.demo.run import DemoRun
+from distil.errors import ConfigError
 from distil.progress import console
 
 
@@ -24,13 +25,32 @@ def lr_key(run: Run, lr: float) -> str:
     return f"{run.key}@lr{lr:g}"
 
 
+def tuned_runs(m: Manifest) -> list[Run]:
+    """The runs the grid tunes: every run, or with `analysis.tune_per_config` each config's
+    first run only (a study's second slice shares its config, and so its lr: the grid costs
+    half, and a run's `cost_of` must then be a tuned run)."""
+    assert m.analysis is not None
+    if not m.analysis.tune_per_config:
+        return list(m.runs)
+    firsts = [r for i, r in enumerate(m.runs) if all(x.config != r.config for x in m.runs[:i])]
+    keys = {r.key for r in firsts}
+    for r in firsts:
+        if r.cost_of is not None and r.cost_of not in keys:
+            raise ConfigError(
+                f"analysis.tune_per_config: run {r.key} takes the compute of {r.cost_of}, which "
+                "is not its config's first run and so is not tuned. Fix: list the run it reads "
+                "first, or tune every run (tune_per_config: false)"
+            )
+    return firsts
+
+
 def grid_manifest(m: Manifest) -> Manifest:
-    """`m` with each run once per lr of the grid (its key suffixed with the lr, a control's
-    `cost_of` the same lr's distillation), no in-training evaluation."""
+    """`m` with each tuned run (`tuned_runs`) once per lr of the grid (its key suffixed with
+    the lr, a control's `cost_of` the same lr's distillation), no in-training evaluation."""
     assert m.analysis is not None
     runs = []
     for lr in m.analysis.lr_grid:
-        for r in m.runs:
+        for r in tuned_runs(m):
             runs.append(
                 replace(
                     r,
@@ -47,7 +67,7 @@ def choose(m: Manifest, accuracy: dict[str, float]) -> dict[str, dict[str, Any]]
     smaller). `accuracy` by the grid run's key."""
     assert m.analysis is not None
     out = {}
-    for r in m.runs:
+    for r in tuned_runs(m):
         by_lr = {lr: accuracy[lr_key(r, lr)] for lr in m.analysis.lr_grid}
         best = max(by_lr.values())
         out[r.key] = {"dev_accuracy": by_lr, "lr": min(lr for lr, a in by_lr.items() if a == best)}
@@ -60,7 +80,7 @@ def tuning_table(m: Manifest, chosen: dict[str, dict[str, Any]], configured: dic
     grid = m.analysis.lr_grid
     head = ["Run", "Student", *(f"lr {lr:g}" for lr in grid), "Chosen", "Config now", "Set it in"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for r in m.runs:
+    for r in tuned_runs(m):
         c = chosen[r.key]
         cells = [r.key, r.student]
         for lr in grid:
@@ -74,8 +94,12 @@ def tuning_table(m: Manifest, chosen: dict[str, dict[str, Any]], configured: dic
 def lr_home(m: Manifest, r: Run) -> str:
     """Where a run's chosen lr goes: its config's train.lr, or, when the manifest already
     overrides it or the run shares its config with an earlier run (a study's second slice),
-    the run's `overrides` in the manifest (one config holds one lr)."""
+    the run's `overrides` in the manifest (one config holds one lr). Tuned per config: the
+    config, for every run sharing it."""
     first = next(x for x in m.runs if x.config == r.config)
+    if m.analysis is not None and m.analysis.tune_per_config and "train.lr" not in r.overrides:
+        others = [x.key for x in m.runs if x.config == r.config and x is not r]
+        return f"{r.config}.yaml" + (f" (also {', '.join(others)})" if others else "")
     if "train.lr" in r.overrides or first is not r:
         return f"the manifest: {r.key}'s overrides"
     return f"{r.config}.yaml"
