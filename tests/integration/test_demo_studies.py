@@ -38,10 +38,10 @@ SD_ROWS = [
 ]
 
 
-def run_study(study, tmp_path, seeds=1):
+def run_study(study, tmp_path, seeds=1, *more):
     out, cache = tmp_path / study, tmp_path / "cache"
     args = ["--study", study, "--preset", "smoke", "--out", out, "--cache-dir", cache]
-    args += ["--seeds", seeds]
+    args += ["--seeds", seeds, *more]
     run = warm.run(  # forked from the warm interpreter (tests/warm.py)
         [sys.executable, "-m", "distil", "demo", *map(str, args), "--threads", "2"],
         cwd=tmp_path,
@@ -127,9 +127,19 @@ def test_self_distill_study_table(tmp_path):
 RW_ARMS = ("opd", "grpo", "both")
 
 
-@pytest.mark.budget(120, "the reward study end to end at smoke size")
+@pytest.mark.budget(150, "the reward study end to end at smoke size, then resumed")
 def test_reward_study_arms_share_starts_sampling_and_compute(tmp_path):
-    check_reward_study(*run_study("reward", tmp_path))
+    out, lines, results = run_study("reward", tmp_path)
+    check_reward_study(out, lines, results)
+    # resumed with its students gone (a study continued another day from its seed summaries):
+    # the seed is not run again and the study reports the same table
+    import shutil
+
+    shutil.rmtree(out / "runs"), shutil.rmtree(out / "models")
+    out, again, resumed = run_study("reward", tmp_path, 1, "--resume")
+    assert again == lines and resumed["rows"] == results["rows"]
+    assert resumed["paired_leads"] == results["paired_leads"]
+    assert not (out / "runs").exists()  # no stage ran
 
 
 def check_reward_study(out, lines, results):

@@ -143,8 +143,28 @@ def test_each_curve_starts_from_its_start_on_its_own_dev_problems(run, monkeypat
         dev = Path(resolved(run, key).eval.data)
         i = calls.index((f"student_{r.student}_start", dev, n[dev]))
         assert starts[(0, key)] == (i + 1) / 10  # the run's start on the run's own dev problems
-    metrics = [{"cost/student_flops": 5e12, "eval/accuracy": 0.5}, {"cost/student_flops": 6e12}]
-    assert study_plot.accuracy_curve(metrics, 0.25) == [(0.0, 0.25), (5e12, 0.5)]
+
+
+def test_a_runs_curve_keeps_its_evaluations_a_thinned_reward_curve_and_its_signal(tmp_path):
+    import json
+
+    from distil.demo.study_report import CURVE_POINTS, curve
+
+    n = 3 * CURVE_POINTS + 2  # windows, each with its reward; every 100th evaluated
+    m = [{"step": i + 1, "cost/student_flops": float(i + 1), "reward/mean": i / n,
+          "reward/share/correct": 0.25, "reward/skipped_flat": int(i % 2 == 0),
+          **({"eval/accuracy": 0.5} if (i + 1) % 100 == 0 else {})} for i in range(n)]  # fmt: skip
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in m))
+    c = curve(path)
+    assert c["evals"] == [(float(k), 0.5) for k in range(100, n + 1, 100)]
+    flops = [x for x, _ in c["rewards"]]
+    assert len(flops) <= CURVE_POINTS + 1 and flops[0] == 1.0 and flops[-1] == float(n)
+    assert flops == sorted(set(flops)) and all(y == (x - 1) / n for x, y in c["rewards"])
+    assert (c["windows"], c["reward_windows"], c["skipped_flat"]) == (n, n, (n + 1) // 2)
+    assert c["reward_means"]["reward/share/correct"] == 0.25
+    assert c["reward_means"]["reward/mean"] == pytest.approx(sum(x["reward/mean"] for x in m) / n)
+    assert curve(tmp_path / "none.jsonl")["evals"] == []  # a run not trained: no curve
 
 
 def test_tuning_chooses_each_runs_best_lr_and_says_where_it_goes():

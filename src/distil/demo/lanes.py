@@ -31,7 +31,7 @@ from distil.progress import console
 @dataclass(frozen=True)
 class Task:
     seed: int
-    kind: str  # start | writes | run
+    kind: str  # start | writes | run | summary (a study seed's, after its stages)
     name: str  # the student, the writes config or the run's key
     after: tuple[str, ...] = ()  # keys of the seed's stages it reads
 
@@ -57,7 +57,12 @@ def seed_tasks(run: DemoRun) -> list[Task]:
 
 
 def do(run: DemoRun, task: Task) -> None:
-    if task.kind == "start":
+    if task.kind == "summary":  # a study's seed, its stages done: its models through the checker
+        from distil.demo.study_report import write_seed_summary
+
+        with run.timed(f"{run.tag}the seed's models through the checker (its summary)"):
+            write_seed_summary(task.name, run)
+    elif task.kind == "start":
         stages.start_student(run, task.name)
     elif task.kind == "writes":
         assert run.manifest.writes is not None
@@ -66,11 +71,17 @@ def do(run: DemoRun, task: Task) -> None:
         stages.run_one(run, _run(run, task))
 
 
-def run_seeds(seeded: list[DemoRun]) -> None:
+def run_seeds(seeded: list[DemoRun], study: str | None = None) -> None:
     """Every seed's stages: in this process, in order, with one lane (`DemoRun.lanes`); else
-    in that many worker processes. The stages and commands land in the runs' shared lists (commands in the order
-    one lane would have run them, so the printed recipe does not depend on timing)."""
+    in that many worker processes. The stages and commands land in the runs' shared lists
+    (commands in the order one lane would have run them, so the printed recipe does not depend
+    on timing). A `study`'s seed ends with its summary (study_report.write_seed_summary), as
+    soon as its stages are done."""
     todo = [t for r in seeded for t in seed_tasks(r)]
+    if study is not None:
+        todo += [
+            Task(r.seed, "summary", study, tuple(t.key for t in seed_tasks(r))) for r in seeded
+        ]
     by_seed = {r.seed: r for r in seeded}
     lanes = seeded[0].lanes
     if lanes <= 1:
@@ -137,6 +148,8 @@ def _label(run: DemoRun, t: Task) -> str:
         return stages.start_label(run, t.name)
     if t.kind == "writes":
         return f"{run.tag}the teacher writes its completions"
+    if t.kind == "summary":
+        return f"{run.tag}the seed's models through the checker (its summary)"
     return stages.run_label(run, _run(run, t))
 
 

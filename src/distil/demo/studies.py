@@ -34,7 +34,7 @@ from typing import Any
 from distil.demo import stages, teachers
 from distil.demo.presets import CONFIG_DIR, Manifest, manifest
 from distil.demo.run import DemoRun, code_version, content_hash, settings_key
-from distil.demo.study_report import SLICE_COLUMN, SLICES, report
+from distil.demo.study_report import SEED_SUMMARY, SLICE_COLUMN, SLICES, load_seed_summary, report
 from distil.errors import ConfigError
 from distil.progress import console
 
@@ -108,7 +108,15 @@ def run_study(
             raise ConfigError(f"--tune: the {name} study states no analysis.lr_grid to tune over")
         return run_tuning(run, prepared=True)
     seeded = [run.for_seed(k) for k in range(seeds)]
-    lanes_.run_seeds(seeded)
+    for s in seeded:  # a seed's summary stands for its stages: reused with them or not at all
+        if not resume:
+            (s.seed_dir / SEED_SUMMARY).unlink(missing_ok=True)
+    todo = [s for s in seeded if load_seed_summary(name, s) is None]
+    for s in seeded:
+        if all(s is not t for t in todo):
+            console.print(f"{s.tag}finished (its summary in {s.seed_dir / SEED_SUMMARY}, --resume)")
+    if todo:
+        lanes_.run_seeds(todo, study=name)
     return report(name, seeded)
 
 

@@ -6,17 +6,11 @@ per arm, one line per seed. The test split is read only by the study's table."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from distil.demo.run import DemoRun
 from distil.demo.summary import start_label
-
-
-def _metrics(run: DemoRun, key: str) -> list[dict[str, Any]]:
-    path = run.paths["runs"] / key / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
 def panels(runs: list[DemoRun], column_of) -> dict[tuple[str, str], list]:
@@ -55,14 +49,9 @@ def start_points(runs: list[DemoRun]) -> dict[tuple[int, str], float]:
     return out
 
 
-def accuracy_curve(m: list[dict[str, Any]], start: float | None) -> list[tuple[float, float]]:
-    """(student FLOPs, dev accuracy) of one run: its start's at 0, then its evaluations."""
-    evals = [(x["cost/student_flops"], x["eval/accuracy"]) for x in m if "eval/accuracy" in x]
-    return ([(0.0, start)] if start is not None else []) + evals
-
-
-def plot_arms(runs: list[DemoRun], starts: dict[tuple[int, str], float], column_of) -> Path:
-    """Write and return out/curves.png. `starts`: `start_points`, each curve's first point."""
+def plot_arms(runs: list[DemoRun], summaries: list[dict[str, Any]], column_of) -> Path:
+    """Write and return out/curves.png from the seeds' summaries (study_report.write_seed_summary:
+    each run's `curve` and its start's point)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,14 +65,16 @@ def plot_arms(runs: list[DemoRun], starts: dict[tuple[int, str], float], column_
         top, bottom = axes[0][col], axes[1][col]
         for r in members:
             color = colors[arms.index(r.config) % len(colors)]
-            for k, seeded in enumerate(runs):
-                m = _metrics(seeded, r.key)
-                points = accuracy_curve(m, starts.get((k, r.key)))
+            for k, summary in enumerate(summaries):
+                c = summary["curves"].get(r.key) or {"evals": [], "rewards": []}
+                start = summary["starts"].get(r.key)
+                points = ([(0.0, start)] if start is not None else []) + list(
+                    map(tuple, c["evals"])
+                )
                 label = r.label if k == 0 else None
                 top.plot([x / 1e12 for x, _ in points], [100 * y for _, y in points],
                          marker="o", ms=3, color=color, alpha=0.8, label=label)  # fmt: skip
-                rewards = [(x["cost/student_flops"], x["reward/mean"]) for x in m
-                           if "reward/mean" in x]  # fmt: skip
+                rewards = c["rewards"]
                 bottom.plot([x / 1e12 for x, _ in rewards], [y for _, y in rewards],
                             color=color, alpha=0.6, lw=1)  # fmt: skip
         top.set(title=f"{student} student, {column}", ylabel="dev accuracy (%)")

@@ -23,9 +23,10 @@ from typing import Any
 
 from distil.demo.report import COST_NOTE, machine, training_summary
 from distil.demo.report import Row as _ReportRow
-from distil.demo.run import DemoRun
+from distil.demo.run import DemoRun, code_version, content_hash
 from distil.demo.stats import holm, mean_sd, paired
 from distil.demo.summary import leads_table, run_label, start_label
+from distil.files import atomic_write
 from distil.progress import console
 from distil.tasks.countdown import Countdown
 
@@ -35,6 +36,8 @@ SLICES = {"three": 3, "four": 4}
 SLICE_COLUMN = "slice"
 MAX_NEW_TOKENS = 40  # a four-number answer in the bpe tokens is under 20
 PRIVILEGED = "teacher: the frozen start, the reference solution in its context"
+SEED_SUMMARY = "seed_summary.json"  # one seed's rows, scores and curves (write_seed_summary)
+CURVE_POINTS = 200  # the reward points a run's curve keeps
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,84 @@ def evaluate(name: str, runs: list[DemoRun]) -> list[list[dict[str, dict[str, An
     return out
 
 
+def write_seed_summary(name: str, run: DemoRun) -> dict[str, Any]:
+    """One seed's part of the study, whole without its models: each row's scores on the test
+    splits and its training summary, each run's start on its dev problems and its curves
+    (`curve`), the teachers' hashes. Written to <seed dir>/seed_summary.json when the seed's
+    stages end, so that a study cut off between seeds, or continued another day with its models
+    gone, reports the seeds it finished (`load_seed_summary`)."""
+    from distil.demo.study_plot import start_points
+
+    table_rows = rows(name, run)
+    scores = evaluate(name, [run])[0]
+    trained = [
+        training_summary(run, _ReportRow(r.label, str(r.model), str(r.metrics))) for r in table_rows
+    ]
+    teachers = [r for r in table_rows if r.label.startswith("teacher")]
+    runs_dir = run.paths["runs"]
+    data = {
+        "key": seed_summary_key(name, run),
+        "machine": machine(),
+        "date": date.today().isoformat(),
+        "teachers": {r.label: content_hash(r.model) for r in teachers},
+        "rows": [
+            {"label": r.label, "scores": s, "trained": t}
+            for r, s, t in zip(table_rows, scores, trained, strict=True)
+        ],
+        "starts": {key: acc for (_, key), acc in start_points([run]).items()},
+        "curves": {r.key: curve(runs_dir / r.key / "metrics.jsonl") for r in run.manifest.runs},
+    }
+    text = json.dumps(data, indent=1, default=str) + "\n"
+    atomic_write(run.seed_dir / SEED_SUMMARY, lambda tmp: Path(tmp).write_text(text))
+    return data
+
+
+def seed_summary_key(name: str, run: DemoRun) -> dict[str, Any]:
+    """What a seed's summary must match to be reused: the study, preset, seed, scale and code."""
+    return {"study": name, "preset": run.preset_name, "seed": run.seed,
+            "distill_scale": run.distill_scale, "code": code_version()}  # fmt: skip
+
+
+def load_seed_summary(name: str, run: DemoRun) -> dict[str, Any] | None:
+    """The seed's summary when <seed dir>/seed_summary.json holds one made by this code and
+    these settings (run_study removes it first without --resume); else None."""
+    path = run.seed_dir / SEED_SUMMARY
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    want = seed_summary_key(name, run)
+    if data.get("key") != want:
+        console.print(f"[dim]{path} was made by other code or settings: {run.tag}runs again "
+                      f"(it has {data.get('key')}, this run {want})[/dim]")  # fmt: skip
+        return None
+    labels = [r.label for r in rows(name, run)]
+    if [x["label"] for x in data["rows"]] != labels:
+        return None
+    return data
+
+
+def curve(metrics: Path) -> dict[str, Any]:
+    """A run's metrics.jsonl as the study's curves and its GRPO signal need it: every in-training
+    evaluation, the mean reward at up to CURVE_POINTS evenly spaced windows, and over all its
+    windows the mean of each reward metric and the skipped (flat) windows."""
+    m = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    evals = [(x["cost/student_flops"], x["eval/accuracy"]) for x in m if "eval/accuracy" in x]
+    rewarded = [x for x in m if "reward/mean" in x]
+    every = max(1, -(-len(rewarded) // CURVE_POINTS))
+    points = rewarded[::every] + (
+        [rewarded[-1]] if rewarded and (len(rewarded) - 1) % every else []
+    )
+    keys = sorted({k for x in rewarded for k in x if k.startswith("reward/")})
+    return {
+        "evals": evals,
+        "rewards": [(x["cost/student_flops"], x["reward/mean"]) for x in points],
+        "windows": len(m),
+        "reward_windows": len(rewarded),
+        "skipped_flat": sum(int(x.get("reward/skipped_flat", 0)) for x in m),
+        "reward_means": {k: sum(x.get(k, 0.0) for x in rewarded) / len(rewarded) for k in keys},
+    }
+
+
 def _cell(values: list[float]) -> str:
     mean, sd = mean_sd(values)
     each = "" if len(values) == 1 else " (" + " / ".join(f"{100 * v:.1f}" for v in values) + ")"
@@ -184,17 +265,16 @@ def accuracies(name: str, run: DemoRun, scores: dict[str, dict[str, Any]]) -> di
     return out
 
 
-def table(name: str, runs: list[DemoRun], scores: list[list[dict[str, dict[str, Any]]]]):
-    """The Markdown table over the seeds and its rows as dicts."""
+def table(name: str, runs: list[DemoRun], summaries: list[dict[str, Any]]):
+    """The Markdown table over the seeds (from their summaries) and its rows as dicts."""
     run = runs[0]
-    cols = list(accuracies(name, run, scores[0][0]))
+    cols = list(accuracies(name, run, summaries[0]["rows"][0]["scores"]))
     head = ["Model", *cols, "Steps", "Student Cost (TFLOP)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     out = []
     for i, row in enumerate(rows(name, run)):
-        per_seed = [accuracies(name, seeded, s[i]) for seeded, s in zip(runs, scores, strict=True)]
-        trained = [training_summary(seeded, _ReportRow(row.label, str(row.model), str(m.metrics)))
-                   for seeded, m in ((sd, rows(name, sd)[i]) for sd in runs)]  # fmt: skip
+        per_seed = [accuracies(name, run, s["rows"][i]["scores"]) for s in summaries]
+        trained = [s["rows"][i]["trained"] for s in summaries]
         flops = [t.get("cost/student_flops") for t in trained]
         teacher = row.label.startswith("teacher")
         steps = sorted({str(t.get("step", "")) for t in trained})
@@ -235,22 +315,22 @@ def comparisons(name: str, runs: list[DemoRun], table_rows: list[dict]) -> list[
 
 
 def report(name: str, runs: list[DemoRun]) -> dict[str, Any]:
-    """Evaluate every row of every seed, write results.md and results.json under --out,
-    print the tables."""
+    """Every seed's summary (written when its stages ended, or now), then results.md and
+    results.json under --out; prints the tables."""
     run = runs[0]
-    with run.timed("evaluation of every model") as stage:
-        scores = evaluate(name, runs)
-        stage.note = f"{len(scores[0])} rows x {len(runs)} seeds x {len(splits(name, run))} splits"
-    md, table_rows = table(name, runs, scores)
+    with run.timed("every seed's models through the checker (the seeds' summaries)") as stage:
+        summaries = [load_seed_summary(name, s) or write_seed_summary(name, s) for s in runs]
+        stage.note = (
+            f"{len(rows(name, run))} rows x {len(runs)} seeds x {len(splits(name, run))} splits"
+        )
+    md, table_rows = table(name, runs, summaries)
     leads = comparisons(name, runs, table_rows)
     if name == "reward":  # the arms' curves against student compute
         from functools import partial
 
-        from distil.demo.study_plot import plot_arms, start_points
+        from distil.demo.study_plot import plot_arms
 
-        with run.timed("the starts on the dev splits (the curves' first points)"):
-            starts = start_points(runs)
-        curves = plot_arms(runs, starts, partial(compared_on, name))
+        curves = plot_arms(runs, summaries, partial(compared_on, name))
         md += f"\n\nCurves (dev accuracy and each arm's mean reward against student compute): {curves}"
     seeds = "" if len(runs) == 1 else f"; {len(runs)} seeds, mean ± sd (each seed's)"
     head = (
