@@ -209,3 +209,15 @@ def test_per_config_tuning_sets_each_configs_lr_for_both_slices():
     rows = tuning_table(m, chosen, {r.key: 1e-3 for r in m.runs}).splitlines()[2:]
     grpo = next(line for line in rows if line.startswith("| study_rw_grpo_bpe |"))
     assert grpo.endswith("| study_rw_grpo_bpe.yaml (also study_rw4_grpo_bpe) |")
+
+
+def test_a_study_over_several_days_says_where_each_seed_ran_and_whether_teachers_agree():
+    from distil.demo.study_report import provenance
+
+    def seed(k, day, teacher="a"):
+        return {"key": {"seed": k}, "date": day, "machine": "AMD EPYC", "teachers": {"t": teacher}}
+
+    assert provenance([seed(0, "2026-12-02"), seed(1, "2026-12-02")]) == ""  # one day, one box
+    two_days = provenance([seed(0, "2026-12-02"), seed(1, "2026-12-03")])
+    assert "seed 1: 2026-12-03, AMD EPYC" in two_days and "the same teachers" in two_days
+    assert "teachers differ" in provenance([seed(0, "2026-12-02"), seed(1, "2026-12-03", "b")])

@@ -226,6 +226,22 @@ def load_seed_summary(name: str, run: DemoRun) -> dict[str, Any] | None:
     return data
 
 
+def provenance(summaries: list[dict[str, Any]]) -> str:
+    """Where the seeds' summaries were made when not all on one day and machine, and whether
+    they read the same teachers (a study resumed another day retrains its teachers)."""
+    made = {(s["date"], s["machine"]) for s in summaries}
+    text = ""
+    if len(made) > 1:
+        text += "; seeds run on " + ", ".join(
+            f"seed {s['key']['seed']}: {s['date']}, {s['machine']}" for s in summaries
+        )
+    if len({json.dumps(s["teachers"], sort_keys=True) for s in summaries}) > 1:
+        text += "; the seeds' teachers differ (retrained: their weights' hashes are not equal)"
+    elif len(made) > 1:
+        text += "; every seed read the same teachers (equal weights' hashes)"
+    return text
+
+
 def curve(metrics: Path) -> dict[str, Any]:
     """A run's metrics.jsonl as the study's curves and its GRPO signal need it: every in-training
     evaluation, the mean reward at up to CURVE_POINTS evenly spaced windows, and over all its
@@ -337,7 +353,7 @@ def report(name: str, runs: list[DemoRun]) -> dict[str, Any]:
         f"`{run.command or f'distil demo --study {name}'}` (study {name}, preset "
         f"{run.preset_name}), {date.today().isoformat()}, {machine()}, {run.threads} threads; "
         f"{run.preset.n_test} test problems per split, greedy decoding, strict checker{seeds}; "
-        f"{COST_NOTE}\n"
+        f"{COST_NOTE}{provenance(summaries)}\n"
     )
     what = {"multi-teacher": "the mix", "reward": "the test split of each run's slice"}.get(
         name, "the test problems"
