@@ -149,3 +149,48 @@ def test_a_window_is_skipped_only_when_flat_on_every_rank(make_train_config):
     assert not flat_everywhere(opd, ranks, flat) and ranks.calls == 0
     off = grpo.model_copy(update={"reward": grpo.reward.model_copy(update={"skip_flat": False})})
     assert not flat_everywhere(off, ranks, flat) and ranks.calls == 0
+
+
+_ROW_SIGNAL = """
+    def score(row, completion):
+        # a signal only for targets divisible by 3: windows of other rows are flat
+        return float(len(completion) % 2) if row["target"] % 3 == 0 else 0.5
+    """
+
+
+@pytest.mark.parametrize("killed_at", [2, 5])
+def test_a_run_killed_inside_skipped_windows_resumes_as_if_uninterrupted(
+    tmp_path, monkeypatch, make_train_config, killed_at
+):
+    """Killed right after the checkpoint of a skipped window (step 2: before any optimizer
+    step; step 5: after two trained windows), the resumed run skips and trains the same windows
+    and ends with the uninterrupted run's weights, reward and cost."""
+    from distil.testing import train_killed_after_checkpoint
+
+    mod = _module(tmp_path, monkeypatch, "rw_row_signal", _ROW_SIGNAL)
+
+    def raw(name):
+        r = make_train_config(loss={"name": "grpo"},
+                              train={"lambda": 1.0, "max_steps": 6, "save_every": 1,
+                                     "keep_last": 10, "output_dir": str(tmp_path / name)},
+                              reward={"function": f"{mod}:score"})  # fmt: skip
+        r["teacher"] = {}
+        return build_config(r)
+
+    loop.train(raw("full"))
+    full = _lines(tmp_path / "full")
+    pattern = [m["reward/skipped_flat"] for m in full]
+    # as designed: the checkpoint is a skipped window's; step 2 before any trained window,
+    # step 5 after some
+    assert pattern[killed_at - 1] == 1, pattern
+    assert (0 in pattern[killed_at:]) if killed_at == 2 else (0 in pattern[:killed_at]), pattern
+    train_killed_after_checkpoint(monkeypatch, raw("killed"), step=killed_at)
+    resumed = _lines(tmp_path / "killed")
+    assert [m["step"] for m in resumed] == list(range(1, 7))
+    for a, b in zip(full, resumed, strict=True):
+        for key in ("reward/skipped_flat", "reward/mean", "cost/student_flops", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key)
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    want, got = _weights(tmp_path / "full"), _weights(tmp_path / "killed")
+    for k in want:
+        torch.testing.assert_close(want[k], got[k], atol=1e-6, rtol=0)
