@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from distil.demo.lanes import run_seeds, seed_tasks
+from distil.demo.lanes import all_tasks, run_seeds, seed_tasks
 from distil.demo.presets import manifest
 from distil.demo.run import DemoRun
 
@@ -65,3 +65,16 @@ def test_a_stage_that_fails_in_a_lane_stops_the_demo_and_keeps_its_error(tmp_pat
     logs = sorted((tmp_path / "demo" / "logs").glob("*.log"))
     assert logs and "Traceback" in logs[0].read_text()
     assert run.stages == []  # nothing finished
+
+
+def test_a_study_seed_ends_with_its_summary_before_the_next_seeds_stages(tmp_path):
+    run = _run(tmp_path, seeds=2)
+    seeded = [run.for_seed(0), run.for_seed(1)]
+    assert all_tasks(seeded) == seed_tasks(seeded[0]) + seed_tasks(seeded[1])
+    todo = all_tasks(seeded, study="reward")
+    n = len(seed_tasks(seeded[0]))
+    for k in (0, 1):
+        summary = todo[(k + 1) * (n + 1) - 1]
+        assert (summary.seed, summary.kind, summary.name) == (k, "summary", "reward")
+        assert set(summary.after) == {t.key for t in seed_tasks(seeded[k])}
+        assert todo[k * (n + 1) : (k + 1) * (n + 1) - 1] == seed_tasks(seeded[k])

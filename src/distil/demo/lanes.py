@@ -71,17 +71,25 @@ def do(run: DemoRun, task: Task) -> None:
         stages.run_one(run, _run(run, task))
 
 
+def all_tasks(seeded: list[DemoRun], study: str | None = None) -> list[Task]:
+    """The seeds' stages in the order one lane runs them; a `study`'s seed ends with its summary,
+    which waits for every stage of its seed and comes before the next seed's stages (so that a
+    free lane takes it first: a study cut off later keeps the seeds it finished)."""
+    todo = []
+    for r in seeded:
+        todo += (tasks := seed_tasks(r))
+        if study is not None:
+            todo.append(Task(r.seed, "summary", study, tuple(t.key for t in tasks)))
+    return todo
+
+
 def run_seeds(seeded: list[DemoRun], study: str | None = None) -> None:
     """Every seed's stages: in this process, in order, with one lane (`DemoRun.lanes`); else
     in that many worker processes. The stages and commands land in the runs' shared lists
     (commands in the order one lane would have run them, so the printed recipe does not depend
     on timing). A `study`'s seed ends with its summary (study_report.write_seed_summary), as
     soon as its stages are done."""
-    todo = [t for r in seeded for t in seed_tasks(r)]
-    if study is not None:
-        todo += [
-            Task(r.seed, "summary", study, tuple(t.key for t in seed_tasks(r))) for r in seeded
-        ]
+    todo = all_tasks(seeded, study)
     by_seed = {r.seed: r for r in seeded}
     lanes = seeded[0].lanes
     if lanes <= 1:
