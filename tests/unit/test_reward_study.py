@@ -221,3 +221,39 @@ def test_a_study_over_several_days_says_where_each_seed_ran_and_whether_teachers
     two_days = provenance([seed(0, "2026-12-02"), seed(1, "2026-12-03")])
     assert "seed 1: 2026-12-03, AMD EPYC" in two_days and "the same teachers" in two_days
     assert "teachers differ" in provenance([seed(0, "2026-12-02"), seed(1, "2026-12-03", "b")])
+
+
+def test_the_teachers_are_scored_once_for_every_seed(run, monkeypatch, countdown_dir):
+    """Each seed's summary scores its own students; a teacher, shared by the seeds, is scored
+    once for its weights (out/teacher_scores.json) and its scores reused by the next seed."""
+    import json
+    import shutil
+
+    from distil.demo import study_report
+    from distil.eval import runner
+
+    for path in study_report.splits("reward", run).values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(countdown_dir / "test.jsonl", path)
+    calls = []
+
+    def fake_evaluate(model_path, task, *, name, problems):
+        calls.append(name)
+        result = type("R", (), {})()
+        result.summary = {"accuracy": 0.5, "model": str(model_path)}
+        return result
+
+    monkeypatch.setattr(runner, "evaluate_model", fake_evaluate)
+    seed0, seed1 = run.for_seed(0), run.for_seed(1)
+    for r in study_report.rows("reward", seed0)[:2]:  # the teachers' weights (told apart)
+        r.model.mkdir(parents=True)
+        (r.model / "config.json").write_text(json.dumps({"name": r.label}))
+    first = study_report.evaluate("reward", seed0)
+    n = len(calls)
+    second = study_report.evaluate("reward", seed1)
+    teachers = [
+        r.label for r in study_report.rows("reward", seed0) if r.label.startswith("teacher")
+    ]
+    assert len(teachers) == 2 and all(calls.count(t) == 2 for t in teachers), calls  # 2 splits
+    assert len(calls) == 2 * n - 2 * len(teachers)  # the second seed: its students only
+    assert first[:2] == second[:2] and first[2] != second[2]  # a start is each seed's own

@@ -36,6 +36,7 @@ SLICES = {"three": 3, "four": 4}
 SLICE_COLUMN = "slice"
 MAX_NEW_TOKENS = 40  # a four-number answer in the bpe tokens is under 20
 PRIVILEGED = "teacher: the frozen start, the reference solution in its context"
+TEACHER_SCORES = "teacher_scores.json"  # each teacher's scores, once (evaluate)
 SEED_SUMMARY = "seed_summary.json"  # one seed's rows, scores and curves (write_seed_summary)
 CURVE_POINTS = 200  # the reward points a run's curve keeps
 
@@ -141,33 +142,45 @@ class _ContextCountdown(Countdown):
         return problem["shown"]
 
 
-def evaluate(name: str, runs: list[DemoRun]) -> list[list[dict[str, dict[str, Any]]]]:
-    """Per seed, per row, per split: the checker's summary; a model shared by the seeds (a
-    teacher) is scored once."""
+def evaluate(name: str, run: DemoRun) -> list[dict[str, dict[str, Any]]]:
+    """One seed's rows, per split: the checker's summary. A teacher (shared by the seeds) is
+    scored once for its weights: its scores are kept in out/teacher_scores.json under its
+    weights' hash, the splits' and the code (`_teacher_key`)."""
     from distil.eval.runner import evaluate_model, load_problems
 
-    run = runs[0]
     tasks: dict[tuple[str, str | None], tuple] = {}
-    done: dict[tuple[Path, str | None], dict] = {}
+    shared = run.out / TEACHER_SCORES
     out = []
-    for seeded in runs:
-        per_row = []
-        for row in rows(name, seeded):
-            if (row.model, row.context) not in done:
-                scores = {}
-                for col, path in splits(name, run).items():
-                    if (col, row.context) not in tasks:
-                        task = _task(path, run.preset.n_test, row.context)
-                        tasks[(col, row.context)] = (task, load_problems(task))
-                    task, problems = tasks[(col, row.context)]
-                    r = evaluate_model(str(row.model), task, name=row.label, problems=problems)
-                    scores[col] = r.summary
-                done[(row.model, row.context)] = scores
-                console.print(f"{seeded.tag}{row.label}: " + ", ".join(
-                    f"{c} {100 * s['accuracy']:.1f}%" for c, s in scores.items()))  # fmt: skip
-            per_row.append(done[(row.model, row.context)])
-        out.append(per_row)
+    for row in rows(name, run):
+        teacher = row.label.startswith("teacher") and content_hash(row.model) is not None
+        key = _teacher_key(name, run, row) if teacher else None
+        known = json.loads(shared.read_text()) if key and shared.is_file() else {}
+        if key in known:
+            out.append(known[key])
+            continue
+        scores = {}
+        for col, path in splits(name, run).items():
+            if (col, row.context) not in tasks:
+                task = _task(path, run.preset.n_test, row.context)
+                tasks[(col, row.context)] = (task, load_problems(task))
+            task, problems = tasks[(col, row.context)]
+            r = evaluate_model(str(row.model), task, name=row.label, problems=problems)
+            scores[col] = r.summary
+        if key is not None:  # read again: another lane's seed may have added a teacher since
+            known = json.loads(shared.read_text()) if shared.is_file() else {}
+            text = json.dumps({**known, key: scores}, default=str)
+            atomic_write(shared, lambda tmp, text=text: Path(tmp).write_text(text))
+        console.print(f"{run.tag}{row.label}: " + ", ".join(
+            f"{c} {100 * s['accuracy']:.1f}%" for c, s in scores.items()))  # fmt: skip
+        out.append(scores)
     return out
+
+
+def _teacher_key(name: str, run: DemoRun, row: Row) -> str:
+    """A teacher's scores are its weights' (and context's) on these splits, by this code."""
+    test = {c: content_hash(p) for c, p in splits(name, run).items()}
+    return json.dumps([content_hash(row.model), row.context, run.preset.n_test, test,
+                       code_version()])  # fmt: skip
 
 
 def write_seed_summary(name: str, run: DemoRun) -> dict[str, Any]:
@@ -179,7 +192,7 @@ def write_seed_summary(name: str, run: DemoRun) -> dict[str, Any]:
     from distil.demo.study_plot import start_points
 
     table_rows = rows(name, run)
-    scores = evaluate(name, [run])[0]
+    scores = evaluate(name, run)
     trained = [
         training_summary(run, _ReportRow(r.label, str(r.model), str(r.metrics))) for r in table_rows
     ]
