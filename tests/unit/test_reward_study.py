@@ -225,8 +225,7 @@ def test_a_study_over_several_days_says_where_each_seed_ran_and_whether_teachers
 
 def test_the_teachers_are_scored_once_for_every_seed(run, monkeypatch, countdown_dir):
     """Each seed's summary scores its own students; a teacher, shared by the seeds, is scored
-    once for its weights (out/teacher_scores.json) and its scores reused by the next seed."""
-    import json
+    once for its weights (out/teacher_scores/) and its scores reused by the next seed."""
     import shutil
 
     from distil.demo import study_report
@@ -247,7 +246,8 @@ def test_the_teachers_are_scored_once_for_every_seed(run, monkeypatch, countdown
     seed0, seed1 = run.for_seed(0), run.for_seed(1)
     for r in study_report.rows("reward", seed0)[:2]:  # the teachers' weights (told apart)
         r.model.mkdir(parents=True)
-        (r.model / "config.json").write_text(json.dumps({"name": r.label}))
+        (r.model / "model.safetensors").write_text(r.label)
+        (r.model / "distil_demo_train.json").write_text("{}")
     first = study_report.evaluate("reward", seed0)
     n = len(calls)
     second = study_report.evaluate("reward", seed1)
@@ -257,3 +257,39 @@ def test_the_teachers_are_scored_once_for_every_seed(run, monkeypatch, countdown
     assert len(teachers) == 2 and all(calls.count(t) == 2 for t in teachers), calls  # 2 splits
     assert len(calls) == 2 * n - 2 * len(teachers)  # the second seed: its students only
     assert first[:2] == second[:2] and first[2] != second[2]  # a start is each seed's own
+
+
+def test_a_teachers_hash_is_its_weights_not_its_training_times(tmp_path):
+    from distil.demo.study_report import weights_hash
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, seconds in ((a, 1.0), (b, 2.0)):  # bit-identical weights, trained in other times
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"weights")
+        (d / "config.json").write_text("{}")
+        (d / "distil_demo_train.json").write_text(f'{{"time/train_clock": {seconds}}}')
+    assert weights_hash(a) == weights_hash(b) is not None
+    (b / "model.safetensors").write_bytes(b"other")
+    assert weights_hash(a) != weights_hash(b)
+    assert weights_hash(tmp_path / "none") is None
+
+
+def test_a_seed_summary_is_reused_only_when_its_code_settings_and_rows_match(run):
+    import json
+
+    from distil.demo.study_report import SEED_SUMMARY, load_seed_summary, rows, seed_summary_key
+
+    seed = run.for_seed(1)
+    path = seed.seed_dir / SEED_SUMMARY
+    assert load_seed_summary("reward", seed) is None  # none written
+    path.parent.mkdir(parents=True)
+    good = {"key": seed_summary_key("reward", seed),
+            "rows": [{"label": r.label} for r in rows("reward", seed)]}  # fmt: skip
+    path.write_text(json.dumps(good))
+    assert load_seed_summary("reward", seed) == good
+    assert load_seed_summary("reward", run.for_seed(2)) is None  # another seed's directory
+    for change in ({"code": "other"}, {"seed": 0}, {"preset": "full"}):
+        path.write_text(json.dumps({**good, "key": {**good["key"], **change}}))
+        assert load_seed_summary("reward", seed) is None, change
+    path.write_text(json.dumps({**good, "rows": good["rows"][:-1]}))  # another manifest's rows
+    assert load_seed_summary("reward", seed) is None

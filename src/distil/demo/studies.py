@@ -84,6 +84,9 @@ def run_study(
     run = DemoRun(Path(out), preset, m.presets[preset], m, threads, cache, command=command,
                   n_seeds=seeds, lanes=lanes, resume=resume)  # fmt: skip
     run.out.mkdir(parents=True, exist_ok=True)
+    if not resume:  # a seed's summary stands for its stages: reused with them or not at all
+        for k in range(seeds):
+            (run.for_seed(k).seed_dir / SEED_SUMMARY).unlink(missing_ok=True)
     if name == "multi-teacher":
         make_slices(run)
         stages.make_tokenizers(run)
@@ -108,16 +111,13 @@ def run_study(
             raise ConfigError(f"--tune: the {name} study states no analysis.lr_grid to tune over")
         return run_tuning(run, prepared=True)
     seeded = [run.for_seed(k) for k in range(seeds)]
-    for s in seeded:  # a seed's summary stands for its stages: reused with them or not at all
-        if not resume:
-            (s.seed_dir / SEED_SUMMARY).unlink(missing_ok=True)
     todo = [s for s in seeded if load_seed_summary(name, s) is None]
-    for s in seeded:
-        if all(s is not t for t in todo):
-            console.print(f"{s.tag}finished (its summary in {s.seed_dir / SEED_SUMMARY}, --resume)")
+    reused = tuple(s.seed for s in seeded if all(s is not t for t in todo))
+    for k in reused:
+        console.print(f"seed {k}: finished (its summary in {seeded[k].seed_dir}, --resume)")
     if todo:
         lanes_.run_seeds(todo, study=name)
-    return report(name, seeded)
+    return report(name, seeded, reused)
 
 
 def _tuning_reads(m: Manifest, model: str) -> bool:

@@ -15,6 +15,7 @@ paired leads (95% t interval, two-sided p, Holm over all of them); Markdown and 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from datetime import date
@@ -36,7 +37,8 @@ SLICES = {"three": 3, "four": 4}
 SLICE_COLUMN = "slice"
 MAX_NEW_TOKENS = 40  # a four-number answer in the bpe tokens is under 20
 PRIVILEGED = "teacher: the frozen start, the reference solution in its context"
-TEACHER_SCORES = "teacher_scores.json"  # each teacher's scores, once (evaluate)
+TEACHER_SCORES = "teacher_scores"  # out/<this>/<key's sha>.json: a teacher's scores (evaluate)
+WEIGHT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 SEED_SUMMARY = "seed_summary.json"  # one seed's rows, scores and curves (write_seed_summary)
 CURVE_POINTS = 200  # the reward points a run's curve keeps
 
@@ -144,19 +146,18 @@ class _ContextCountdown(Countdown):
 
 def evaluate(name: str, run: DemoRun) -> list[dict[str, dict[str, Any]]]:
     """One seed's rows, per split: the checker's summary. A teacher (shared by the seeds) is
-    scored once for its weights: its scores are kept in out/teacher_scores.json under its
-    weights' hash, the splits' and the code (`_teacher_key`)."""
+    scored once for its weights: its scores are kept in out/teacher_scores/, one file per
+    teacher, under its weights' hash, the splits' and the code (`_teacher_key`)."""
     from distil.eval.runner import evaluate_model, load_problems
 
     tasks: dict[tuple[str, str | None], tuple] = {}
     shared = run.out / TEACHER_SCORES
     out = []
     for row in rows(name, run):
-        teacher = row.label.startswith("teacher") and content_hash(row.model) is not None
-        key = _teacher_key(name, run, row) if teacher else None
-        known = json.loads(shared.read_text()) if key and shared.is_file() else {}
-        if key in known:
-            out.append(known[key])
+        key = _teacher_key(name, run, row) if shared_teacher(row) else None
+        cached = shared / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json" if key else None
+        if cached is not None and cached.is_file():
+            out.append(json.loads(cached.read_text())["scores"])
             continue
         scores = {}
         for col, path in splits(name, run).items():
@@ -166,20 +167,40 @@ def evaluate(name: str, run: DemoRun) -> list[dict[str, dict[str, Any]]]:
             task, problems = tasks[(col, row.context)]
             r = evaluate_model(str(row.model), task, name=row.label, problems=problems)
             scores[col] = r.summary
-        if key is not None:  # read again: another lane's seed may have added a teacher since
-            known = json.loads(shared.read_text()) if shared.is_file() else {}
-            text = json.dumps({**known, key: scores}, default=str)
-            atomic_write(shared, lambda tmp, text=text: Path(tmp).write_text(text))
+        if cached is not None:  # one file per teacher: lanes never merge into one file
+            shared.mkdir(exist_ok=True)
+            text = json.dumps({"key": key, "scores": scores}, default=str)
+            atomic_write(cached, lambda tmp, text=text: Path(tmp).write_text(text))
         console.print(f"{run.tag}{row.label}: " + ", ".join(
             f"{c} {100 * s['accuracy']:.1f}%" for c, s in scores.items()))  # fmt: skip
         out.append(scores)
     return out
 
 
+def shared_teacher(row: Row) -> bool:
+    """A teacher shared by the seeds (trained once; not the privileged row, each seed's start)
+    whose weights are there."""
+    return (row.label.startswith("teacher") and row.label != PRIVILEGED
+            and weights_hash(row.model) is not None)  # fmt: skip
+
+
+def weights_hash(model: Path) -> str | None:
+    """sha256 of a model directory's weights, config and tokenizer: not its training metrics
+    (their times differ between bit-identical retrainings); None without weights."""
+    files = sorted(f for f in Path(model).glob("*") if f.is_file() and (
+        f.suffix == ".safetensors" or f.name in WEIGHT_FILES))  # fmt: skip
+    if not any(f.suffix == ".safetensors" for f in files):
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def _teacher_key(name: str, run: DemoRun, row: Row) -> str:
     """A teacher's scores are its weights' (and context's) on these splits, by this code."""
     test = {c: content_hash(p) for c, p in splits(name, run).items()}
-    return json.dumps([content_hash(row.model), row.context, run.preset.n_test, test,
+    return json.dumps([weights_hash(row.model), row.context, run.preset.n_test, test,
                        code_version()])  # fmt: skip
 
 
@@ -196,20 +217,23 @@ def write_seed_summary(name: str, run: DemoRun) -> dict[str, Any]:
     trained = [
         training_summary(run, _ReportRow(r.label, str(r.model), str(r.metrics))) for r in table_rows
     ]
-    teachers = [r for r in table_rows if r.label.startswith("teacher")]
+    teachers = [r for r in table_rows if shared_teacher(r)]
     runs_dir = run.paths["runs"]
     data = {
         "key": seed_summary_key(name, run),
         "machine": machine(),
         "date": date.today().isoformat(),
-        "teachers": {r.label: content_hash(r.model) for r in teachers},
+        "teachers": {r.label: weights_hash(r.model) for r in teachers},
         "rows": [
             {"label": r.label, "scores": s, "trained": t}
             for r, s, t in zip(table_rows, scores, trained, strict=True)
         ],
-        "starts": {key: acc for (_, key), acc in start_points([run]).items()},
-        "curves": {r.key: curve(runs_dir / r.key / "metrics.jsonl") for r in run.manifest.runs},
     }
+    if name == "reward":  # the curves.png of a study whose arms share a budget
+        data["starts"] = {key: acc for (_, key), acc in start_points([run]).items()}
+        data["curves"] = {
+            r.key: curve(runs_dir / r.key / "metrics.jsonl") for r in run.manifest.runs
+        }
     text = json.dumps(data, indent=1, default=str) + "\n"
     atomic_write(run.seed_dir / SEED_SUMMARY, lambda tmp: Path(tmp).write_text(text))
     return data
@@ -343,15 +367,18 @@ def comparisons(name: str, runs: list[DemoRun], table_rows: list[dict]) -> list[
     return out
 
 
-def report(name: str, runs: list[DemoRun]) -> dict[str, Any]:
+def report(name: str, runs: list[DemoRun], reused: tuple[int, ...] = ()) -> dict[str, Any]:
     """Every seed's summary (written when its stages ended, or now), then results.md and
-    results.json under --out; prints the tables."""
+    results.json under --out; prints the tables. `reused`: the seeds taken from an earlier
+    run's summaries (--resume), whose stages and commands that run recorded."""
     run = runs[0]
-    with run.timed("every seed's models through the checker (the seeds' summaries)") as stage:
+    with run.timed("the seeds' summaries (their models through the checker)") as stage:
         summaries = [load_seed_summary(name, s) or write_seed_summary(name, s) for s in runs]
-        stage.note = (
-            f"{len(rows(name, run))} rows x {len(runs)} seeds x {len(splits(name, run))} splits"
-        )
+        stage.note = f"{len(runs)} seeds' summaries read"
+    earlier = ""
+    if reused:
+        earlier = (f"; seed(s) {', '.join(map(str, reused))} from an earlier run's summaries "
+                   "(--resume): their stages and commands are that run's")  # fmt: skip
     md, table_rows = table(name, runs, summaries)
     leads = comparisons(name, runs, table_rows)
     if name == "reward":  # the arms' curves against student compute
@@ -366,7 +393,7 @@ def report(name: str, runs: list[DemoRun]) -> dict[str, Any]:
         f"`{run.command or f'distil demo --study {name}'}` (study {name}, preset "
         f"{run.preset_name}), {date.today().isoformat()}, {machine()}, {run.threads} threads; "
         f"{run.preset.n_test} test problems per split, greedy decoding, strict checker{seeds}; "
-        f"{COST_NOTE}{provenance(summaries)}\n"
+        f"{COST_NOTE}{provenance(summaries)}{earlier}\n"
     )
     what = {"multi-teacher": "the mix", "reward": "the test split of each run's slice"}.get(
         name, "the test problems"
