@@ -1,7 +1,8 @@
 """The reward study's manifest and configs (`distil demo --study reward`), read without training:
-each panel's three arms differ only in the loss and the teacher, share start, data, sampling,
-schedule and lr, and are compared on their own slice; --tune scores each run on its slice's
-dev split. The end-to-end smoke run is tests/integration/test_demo_studies.py."""
+each panel's three arms differ only in the loss, the teacher and the lr (each arm's own, from
+the grid), share start, data, sampling and schedule, and are compared on their own slice;
+--tune scores each run on its slice's dev split. The end-to-end smoke run is
+tests/integration/test_demo_studies.py."""
 
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ def test_each_panels_arms_differ_only_in_loss_and_teacher(run, student, four):
         assert cfg.student.path == opd.student.path and cfg.reward == opd.reward.model_copy(
             update={"log": cfg.reward.log}
         )
-        sched = ("lr", "schedule", "warmup_steps", "decay_fraction", "per_device_batch_size")
+        sched = ("schedule", "warmup_steps", "decay_fraction", "per_device_batch_size")
         assert all(getattr(cfg.train, k) == getattr(opd.train, k) for k in sched)
+        assert cfg.train.lr in m.analysis.lr_grid  # each arm's own, chosen on dev (--tune)
         assert cfg.eval.data == str(run.paths["data"] / ("four" if four else "") / "dev.jsonl")
     # equal compute: the reward arms get the distillation arm's student FLOPs
     keys = [f"study_rw{four}_{arm}_{student}" for arm in ("opd", "grpo", "both")]
