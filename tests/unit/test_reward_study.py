@@ -6,6 +6,7 @@ tests/integration/test_demo_studies.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,13 @@ from distil.demo.run import DemoRun
 from distil.demo.stages import _config, moved_paths
 from distil.demo.studies import study_manifest
 from distil.demo.study_report import compared_on
-from distil.demo.tune import dev_split, grid_manifest
+from distil.demo.tune import dev_split, grid_manifest, grid_of
 
 m = study_manifest("reward")
 runs = {r.key: r for r in m.runs}
+# the manifest tuning every config over the one grid (as at 7f71169, before lr_grids and
+# tune_configs named the char configs)
+shared = replace(m, analysis=replace(m.analysis, lr_grids={}, tune_configs=()))
 PANELS = [(s, four) for s in ("bpe", "char") for four in ("", "4")]
 
 
@@ -53,7 +57,7 @@ def test_each_panels_arms_differ_only_in_loss_and_teacher(run, student, four):
         )
         sched = ("schedule", "warmup_steps", "decay_fraction", "per_device_batch_size")
         assert all(getattr(cfg.train, k) == getattr(opd.train, k) for k in sched)
-        assert cfg.train.lr in m.analysis.lr_grid  # each arm's own, chosen on dev (--tune)
+        assert cfg.train.lr in grid_of(m, runs[f"study_rw_opd_{student}"])  # chosen on dev
         assert cfg.eval.data == str(run.paths["data"] / ("four" if four else "") / "dev.jsonl")
     # equal compute: the reward arms get the distillation arm's student FLOPs
     keys = [f"study_rw{four}_{arm}_{student}" for arm in ("opd", "grpo", "both")]
@@ -72,7 +76,7 @@ def test_comparisons_and_tuning_read_each_runs_own_slice(run):
     # tuned per config: each arm's config at each lr on its first (three-number) run; a
     # cost_of at its own lr's distillation arm
     assert m.analysis.tune_per_config
-    grid = grid_manifest(m)
+    grid = grid_manifest(shared)
     assert sorted(r.key for r in grid.runs) == sorted(
         f"study_rw_{arm}_{s}@lr{lr:g}" for arm in ("opd", "grpo", "both") for s in ("bpe", "char")
         for lr in m.analysis.lr_grid
@@ -90,9 +94,7 @@ def test_comparisons_and_tuning_read_each_runs_own_slice(run):
 
 def per_run():
     """The manifest with every run tuned on its own (tune_per_config false)."""
-    from dataclasses import replace
-
-    return replace(m, analysis=replace(m.analysis, tune_per_config=False))
+    return replace(shared, analysis=replace(shared.analysis, tune_per_config=False))
 
 
 def test_per_config_tuning_refuses_a_cost_of_that_is_not_tuned():
@@ -101,12 +103,12 @@ def test_per_config_tuning_refuses_a_cost_of_that_is_not_tuned():
     from distil.demo.tune import tuned_runs
     from distil.errors import ConfigError
 
-    assert [r.key for r in tuned_runs(m)] == [r.key for r in m.runs[:6]]
+    assert [r.key for r in tuned_runs(shared)] == [r.key for r in m.runs[:6]]
     # a four-number GRPO run listed first would read the (untuned) four-number distillation's
     # compute
     order = [runs["study_rw4_grpo_bpe"], *(r for r in m.runs if r.key != "study_rw4_grpo_bpe")]
-    with pytest.raises(ConfigError, match="study_rw4_opd_bpe, which is not its config's first"):
-        tuned_runs(replace(m, runs=order))
+    with pytest.raises(ConfigError, match="study_rw4_opd_bpe, which is not tuned"):
+        tuned_runs(replace(shared, runs=order))
 
 
 def test_each_curve_starts_from_its_start_on_its_own_dev_problems(run, monkeypatch, countdown_dir):
@@ -205,10 +207,10 @@ def test_per_config_tuning_sets_each_configs_lr_for_both_slices():
 
     accuracy = {lr_key(r, lr): 0.5 for r in m.runs[:6] for lr in m.analysis.lr_grid}
     accuracy[lr_key(runs["study_rw_grpo_bpe"], 2e-3)] = 0.6
-    chosen = choose(m, accuracy)
+    chosen = choose(shared, accuracy)
     assert sorted(chosen) == sorted(r.key for r in m.runs[:6])
     assert chosen["study_rw_grpo_bpe"]["lr"] == 2e-3 and chosen["study_rw_opd_bpe"]["lr"] == 5e-4
-    rows = tuning_table(m, chosen, {r.key: 1e-3 for r in m.runs}).splitlines()[2:]
+    rows = tuning_table(shared, chosen, {r.key: 1e-3 for r in m.runs}).splitlines()[2:]
     grpo = next(line for line in rows if line.startswith("| study_rw_grpo_bpe |"))
     assert grpo.endswith("| study_rw_grpo_bpe.yaml (also study_rw4_grpo_bpe) |")
 
@@ -295,3 +297,31 @@ def test_a_seed_summary_is_reused_only_when_its_code_settings_and_rows_match(run
         assert load_seed_summary("reward", seed) is None, change
     path.write_text(json.dumps({**good, "rows": good["rows"][:-1]}))  # another manifest's rows
     assert load_seed_summary("reward", seed) is None
+
+
+def test_the_next_tuning_runs_the_char_configs_over_their_own_grid():
+    """The study's manifest tunes only the char configs (the bpe ones were chosen at 7f71169),
+    each arm over the lower char grid; a control's compute is its distillation's at each lr."""
+    from distil.demo.tune import all_lrs, choose, lr_key, tuned_runs, tuning_table
+    from distil.errors import ConfigError
+
+    char = [f"study_rw_{arm}_char" for arm in ("opd", "grpo", "both")]
+    assert [r.key for r in tuned_runs(m)] == char
+    grid = grid_manifest(m)
+    lrs = m.analysis.lr_grids["study_rw_opd_char"]
+    assert all_lrs(m) == list(lrs) and min(lrs) < min(m.analysis.lr_grid)
+    assert sorted(r.key for r in grid.runs) == sorted(f"{k}@lr{lr:g}" for k in char for lr in lrs)
+    grpo = next(r for r in grid.runs if r.key == f"study_rw_grpo_char@lr{lrs[0]:g}")
+    assert grpo.cost_of == f"study_rw_opd_char@lr{lrs[0]:g}"
+    accuracy = {lr_key(runs[k], lr): 0.1 for k in char for lr in lrs}
+    chosen = choose(m, accuracy)
+    assert {c["lr"] for c in chosen.values()} == {lrs[0]}  # ties: the smaller
+    head = tuning_table(m, chosen, {r.key: 1e-3 for r in m.runs}).splitlines()[0]
+    assert head.count("| lr ") == len(lrs)
+    # a control whose distillation is not tried at one of its rates cannot be matched
+    mixed = replace(m, analysis=replace(m.analysis, lr_grids={**m.analysis.lr_grids,
+                                                              "study_rw_opd_char": lrs[1:]}))  # fmt: skip
+    with pytest.raises(ConfigError, match="lacks that lr"):
+        grid_manifest(mixed)
+    with pytest.raises(ConfigError, match="not configs of the manifest"):
+        tuned_runs(replace(m, analysis=replace(m.analysis, tune_configs=("nope",))))

@@ -94,6 +94,9 @@ class Analysis:
     alpha: float = 0.05
     correction: str = "holm"
     tune_per_config: bool = False  # tune each config once, on its first run (tune.tuned_runs)
+    # a config's own grid instead of lr_grid, and the configs --tune runs (empty: all)
+    lr_grids: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    tune_configs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,9 @@ def _analysis(raw: Any, problems: list[str]) -> Analysis | None:
     if raw is None:
         return None
     try:
-        a = Analysis(**{**raw, "lr_grid": tuple(float(x) for x in raw["lr_grid"])})
+        grids = {k: tuple(float(x) for x in v) for k, v in (raw.get("lr_grids") or {}).items()}
+        a = Analysis(**{**raw, "lr_grid": tuple(float(x) for x in raw["lr_grid"]),
+                        "lr_grids": grids, "tune_configs": tuple(raw.get("tune_configs") or ())})  # fmt: skip
     except (TypeError, KeyError, ValueError) as exc:
         problems.append(f"analysis: {exc} (needs seeds, tune_seed, lr_grid; alpha, correction)")
         return None

@@ -29,19 +29,37 @@ def tuned_runs(m: Manifest) -> list[Run]:
     """The runs the grid tunes: every run, or with `analysis.tune_per_config` each config's
     first run only (a study's second slice shares its config, and so its lr: the grid costs
     half, and a run's `cost_of` must then be a tuned run)."""
-    assert m.analysis is not None
-    if not m.analysis.tune_per_config:
-        return list(m.runs)
-    firsts = [r for i, r in enumerate(m.runs) if all(x.config != r.config for x in m.runs[:i])]
-    keys = {r.key for r in firsts}
-    for r in firsts:
+    a = m.analysis
+    assert a is not None
+    out = list(m.runs)
+    if a.tune_per_config:
+        out = [r for i, r in enumerate(out) if all(x.config != r.config for x in out[:i])]
+    unknown = sorted(set(a.tune_configs) - {r.config for r in m.runs})
+    if unknown:
+        raise ConfigError(f"analysis.tune_configs: {unknown} are not configs of the manifest's "
+                          f"runs. Fix: name some of {sorted({r.config for r in m.runs})}")  # fmt: skip
+    if a.tune_configs:
+        out = [r for r in out if r.config in a.tune_configs]
+    keys = {r.key for r in out}
+    for r in out:
         if r.cost_of is not None and r.cost_of not in keys:
             raise ConfigError(
-                f"analysis.tune_per_config: run {r.key} takes the compute of {r.cost_of}, which "
-                "is not its config's first run and so is not tuned. Fix: list the run it reads "
-                "first, or tune every run (tune_per_config: false)"
+                f"--tune: run {r.key} takes the compute of {r.cost_of}, which is not tuned "
+                "(not its config's first run under analysis.tune_per_config, or not in "
+                "analysis.tune_configs). Fix: list the run it reads first, or tune its config too"
             )
-    return firsts
+    return out
+
+
+def grid_of(m: Manifest, r: Run) -> tuple[float, ...]:
+    """The lrs a tuned run is tried at: its config's `analysis.lr_grids`, else `lr_grid`."""
+    assert m.analysis is not None
+    return m.analysis.lr_grids.get(r.config, m.analysis.lr_grid)
+
+
+def all_lrs(m: Manifest) -> list[float]:
+    """Every lr some tuned run is tried at, ascending."""
+    return sorted({lr for r in tuned_runs(m) for lr in grid_of(m, r)})
 
 
 def grid_manifest(m: Manifest) -> Manifest:
@@ -49,8 +67,15 @@ def grid_manifest(m: Manifest) -> Manifest:
     the lr, a control's `cost_of` the same lr's distillation), no in-training evaluation."""
     assert m.analysis is not None
     runs = []
-    for lr in m.analysis.lr_grid:
-        for r in tuned_runs(m):
+    by_key = {r.key: r for r in m.runs}
+    for lr in all_lrs(m):
+        for r in (r for r in tuned_runs(m) if lr in grid_of(m, r)):
+            if r.cost_of is not None and lr not in grid_of(m, by_key[r.cost_of]):
+                raise ConfigError(
+                    f"--tune: run {r.key} at lr {lr:g} takes the compute of {r.cost_of}, whose "
+                    f"grid {list(grid_of(m, by_key[r.cost_of]))} lacks that lr. Fix: give both "
+                    "configs the same grid (analysis.lr_grids)"
+                )
             runs.append(
                 replace(
                     r,
@@ -68,7 +93,7 @@ def choose(m: Manifest, accuracy: dict[str, float]) -> dict[str, dict[str, Any]]
     assert m.analysis is not None
     out = {}
     for r in tuned_runs(m):
-        by_lr = {lr: accuracy[lr_key(r, lr)] for lr in m.analysis.lr_grid}
+        by_lr = {lr: accuracy[lr_key(r, lr)] for lr in grid_of(m, r)}
         best = max(by_lr.values())
         out[r.key] = {"dev_accuracy": by_lr, "lr": min(lr for lr, a in by_lr.items() if a == best)}
     return out
@@ -77,13 +102,16 @@ def choose(m: Manifest, accuracy: dict[str, float]) -> dict[str, dict[str, Any]]
 def tuning_table(m: Manifest, chosen: dict[str, dict[str, Any]], configured: dict[str, float]):
     """Markdown: one row per run, its dev accuracy per lr (the chosen one in bold), the lr it
     holds now and where to set the choice (`lr_home`)."""
-    grid = m.analysis.lr_grid
+    grid = all_lrs(m)
     head = ["Run", "Student", *(f"lr {lr:g}" for lr in grid), "Chosen", "Config now", "Set it in"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in tuned_runs(m):
         c = chosen[r.key]
         cells = [r.key, r.student]
         for lr in grid:
+            if lr not in c["dev_accuracy"]:  # not in this config's grid
+                cells.append("")
+                continue
             text = f"{100 * c['dev_accuracy'][lr]:.1f}%"
             cells.append(f"**{text}**" if lr == c["lr"] else text)
         cells += [f"{c['lr']:g}", f"{configured[r.key]:g}", lr_home(m, r)]
@@ -163,7 +191,7 @@ def run_tuning(run: DemoRun, *, prepared: bool = False) -> dict[str, Any]:
     chosen = choose(base, accuracy)
     table = tuning_table(base, chosen, configured_lrs(base))
     head = (
-        f"`{run.command or 'distil demo --tune'}`: lr grid {list(base.analysis.lr_grid)} on seed "
+        f"`{run.command or 'distil demo --tune'}`: lr grid {all_lrs(base)} on seed "
         f"{base.analysis.tune_seed}, {run.preset.n_dev} dev problems of each run's split (greedy, "
         "strict checker), "
         f"{machine()}, {run.threads} threads"
