@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from distil.align.batch import RowInputs, build_alignment
@@ -77,6 +77,7 @@ def check_partition(ra, n_s: int, n_t: int) -> None:
 
 @SETTINGS
 @given(text=TEXT, cut=st.integers(0, 3))
+@example(text="##(a", cut=0)  # found by a CI run: a wordpiece text that re-encodes otherwise
 def test_groups_tile_the_common_bytes(toks, text, cut):
     for s_fam in FAMILIES:
         for t_fam in FAMILIES:
@@ -104,7 +105,10 @@ def test_groups_tile_the_common_bytes(toks, text, cut):
                 assert ra.n_bytes_exact == covered
                 common = np.intersect1d(ra.s_ends, ra.t_ends)
                 assert covered == common[common <= len(t_bytes)].max(initial=0)
-            if s_fam == t_fam and cut == 0:
+            # one tokenizer whose text re-encodes to the same tokens: every group is 1:1 (a
+            # tokenizer need not re-encode its own decoded text so: wordpiece reads '##(a' back
+            # with '##' as its continuation mark, two tokens where it wrote one)
+            if s_fam == t_fam and cut == 0 and list(t_ids) == list(s_ids):
                 assert (
                     (ra.groups[:, 1] - ra.groups[:, 0] == 1)
                     & (ra.groups[:, 3] - ra.groups[:, 2] == 1)
