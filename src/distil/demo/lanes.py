@@ -60,7 +60,7 @@ def do(run: DemoRun, task: Task) -> None:
     if task.kind == "summary":  # a study's seed, its stages done: its models through the checker
         from distil.demo.study_report import write_seed_summary
 
-        with run.timed(f"{run.tag}the seed's models through the checker (its summary)"):
+        with run.timed(_label(run, task)):
             write_seed_summary(task.name, run)
     elif task.kind == "start":
         stages.start_student(run, task.name)
