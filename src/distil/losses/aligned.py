@@ -292,6 +292,10 @@ def _entry_rows(
         "student_logprob": gather_rows(s_n_V.detach(), entries.tok_N[index_n]),
         "proj_mass": torch.where(ok, proj.log_mass_N.exp(), 0.0).to(s_n_V.dtype),
         "proj_skipped": (~ok).to(s_n_V.dtype),
+        # each side's mass on the rest bucket: a student whose rest outgrows the teacher's
+        # spends its mass on tokens the map cannot place, which its samples then draw
+        "student_rest": torch.where(ok, s_rest.detach().exp(), 0.0).to(s_n_V.dtype),
+        "teacher_rest": torch.where(ok, proj.log_ambiguous_N.exp(), 0.0).to(s_n_V.dtype),
     }
     return loss_n, metrics
 
@@ -339,8 +343,9 @@ def aligned_kl(
     Per projection entry: JSD_β(S ‖ pi) over pi's support + a rest bucket; per student token
     spanning several teacher tokens (see `coarse_groups`): JSD_β over [token, rest] with the
     teacher's chain-rule probability; sum / num_tokens. Extra metrics: proj_mass_sum (teacher
-    mass each table covers), proj_skipped_count (entries whose table the teacher gives no mass;
-    they add 0), coarse_count.
+    mass each table covers), student_rest_sum and teacher_rest_sum (each side's mass on the rest
+    bucket), proj_skipped_count (entries whose table the teacher gives no mass; they add 0),
+    coarse_count.
     """
     check_inputs("aligned_kl", targets, alignment, temperature, targets_temperature, beta)
     kept = keep_groups(alignment, mask_B_T)

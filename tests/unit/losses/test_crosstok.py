@@ -386,6 +386,9 @@ def test_aligned_kl_coarse_student_token_and_ambiguous_teacher_tokens():
     entry = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)
     assert out.loss.item() == pytest.approx((coarse + entry) / 2, abs=1e-10)
     assert out.metrics["coarse_count"].item() == 1
+    # the rest buckets of the entry: the student's .5 ('<ans>' and 'z'), the teacher's .25 ('xy')
+    assert out.metrics["student_rest_sum"].item() == pytest.approx(0.5)
+    assert out.metrics["teacher_rest_sum"].item() == pytest.approx(0.25)
     value, _, _ = naive_loss(
         "aligned_kl", logits, T.log(), torch.ones(1, 2, dtype=torch.bool), alignment, beta=0.0
     )
