@@ -231,6 +231,15 @@ class AlignmentGroups:
     exact_G: torch.Tensor | None = None  # bool: the group spells the same bytes on both sides
     metrics: dict[str, float] = field(default_factory=dict)
     spans: GroupSpans | None = None  # the padded tensors' compact form, when they are None
+    # per projection entry on table 0 after a teacher completion token t (`align.batch.
+    # _boundaries`): t's id and the index into `proj_tables` of the teacher's other ways to go
+    # on from bytes(t) (t itself its ambiguous share); -1 where none. None: no entry has one
+    proj_prev_tok_N: torch.Tensor | None = None
+    proj_prev_table_N: torch.Tensor | None = None
+    # the same for each group's first teacher token (aligned_kl reads it for the groups whose
+    # one student token spans several teacher tokens, which have no projection entry)
+    group_prev_tok_G: torch.Tensor | None = None
+    group_prev_table_G: torch.Tensor | None = None
 
     @property
     def num_groups(self) -> int:

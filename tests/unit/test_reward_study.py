@@ -301,7 +301,7 @@ def test_a_seed_summary_is_reused_only_when_its_code_settings_and_rows_match(run
 
 def test_the_next_tuning_runs_the_char_configs_over_their_own_grid():
     """The study's manifest tunes only the char configs (the bpe ones were chosen at 7f71169),
-    each arm over the lower char grid; a control's compute is its distillation's at each lr."""
+    each arm over the char grid; a control's compute is its distillation's at each lr."""
     from distil.demo.tune import all_lrs, choose, lr_key, tuned_runs, tuning_table
     from distil.errors import ConfigError
 

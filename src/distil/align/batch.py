@@ -143,7 +143,7 @@ def build_alignment(
     metrics = _metrics(ba, len(arrays[8]), n_covered, n_inexact)
     exact_G = torch.from_numpy(ba.exact)
     spans = (student, teacher, s_offset, t_offset)
-    return _result(arrays, spans, match_tables, proj_tables, exact_G, metrics)
+    return _result(arrays, spans, match_tables, proj_tables, exact_G, metrics, teacher_vb, ba.dp)
 
 
 def _side(ids, idrow, start, length) -> tuple[np.ndarray, ...]:
@@ -162,19 +162,26 @@ def _flat_sides(flat: FlatRows) -> tuple[tuple, tuple]:
 
 def _result(
     arrays, spans: tuple, match_tables: MatchTables, proj_tables: ProjectionTables, exact_G,
-    metrics,
+    metrics, teacher_vb: VocabBytes, dp_B: np.ndarray | None,
 ) -> tuple[AlignmentGroups, torch.Tensor]:  # fmt: skip
     """(AlignmentGroups, in_group_B_C) from the compiled passes' arrays (row, student first and
     length, teacher first and length, in_group, match ids, match tables used, p_row, p_s, p_t,
     proj ids, proj tables used); the padded group tensors left to `GroupSpans` (spans: both
-    sides' (ids, idrow, start, length), the completions' offsets in the inputs)."""
+    sides' (ids, idrow, start, length), the completions' offsets in the inputs). dp_B: the
+    rows aligned by the edit-distance fallback (None: none), which get no `_boundaries`."""
     t = torch.from_numpy
     (row, s_first, s_len, t_first, t_len, in_group, match_ids, match_used, p_row, p_s, p_t,
      proj_ids, proj_used) = arrays  # fmt: skip
     (s_ids, s_idrow, s_start, _), (t_ids, t_idrow, t_start, _), s_offset, t_offset = spans
+    proj_ids, entry, group, proj_used = _boundaries(
+        arrays, (t_ids, t_idrow, t_start), t_offset, teacher_vb, proj_tables, dp_B
+    )
+    # the ids are the spans' own copy: a view of the collator's id tensors would be a second
+    # storage over the same memory, which a worker process's pickling (torch moves each storage
+    # to shared memory, freeing the old one) can leave pointing at freed memory
     group_spans = GroupSpans(
-        t(s_first), t(s_len), t(s_ids), t(s_idrow), t(s_offset - 1 - s_start),
-        t(t_first), t(t_len), t(t_ids), t(t_idrow), t(t_offset - 1 - t_start),
+        t(s_first), t(s_len), t(s_ids.copy()), t(s_idrow), t(s_offset - 1 - s_start),
+        t(t_first), t(t_len), t(t_ids.copy()), t(t_idrow), t(t_offset - 1 - t_start),
         expand_cpu=padded_cpu,
     )  # fmt: skip
     result = AlignmentGroups(
@@ -193,8 +200,72 @@ def _result(
         exact_G=exact_G,
         metrics=metrics,
         spans=group_spans,
+        proj_prev_tok_N=t(entry[0]),
+        proj_prev_table_N=t(entry[1]),
+        group_prev_tok_G=t(group[0]),
+        group_prev_table_G=t(group[1]),
     )
     return result, t(in_group)
+
+
+def _boundaries(arrays, teacher, t_offset, teacher_vb, proj_tables, dp_B):
+    """At each token boundary, the teacher token that ends there and the table of what else the
+    teacher could have written: per projection entry and per group (prev_tok, prev_table for
+    each, -1 where there is none), with the entries' table ids and the batch's table list
+    renumbered to hold the new tables (in cache order).
+
+    An entry on the whole-vocabulary table (local id 0), or a group's first tokens, has the
+    student and the teacher starting a token at the same byte, right after the teacher's
+    completion token j - 1, t. The teacher's distribution at j conditions on t having ended;
+    the text's next character also depends on how likely the teacher was to end t there rather
+    than write a longer token that starts with bytes(t), which its distribution at j - 1 says
+    (the table for the remainder bytes(t), where t itself is the ambiguous share). The loss
+    mixes the two (`aligned_kl`): without it, a student that cuts the teacher's tokens short (a
+    number's first digit, a word's first letters) is never charged for it. Rows aligned by the
+    edit-distance fallback, special tokens and tokens that no longer teacher token starts with
+    (nothing to mix) get none."""
+    row, _, _, t_first, _, _, _, _, p_row, _, p_t, proj_ids, proj_used = arrays
+    t_start = teacher[2]
+    # completion index of each entry's and each group's (first) teacher token
+    j_entry = p_t - (t_offset[p_row] - 1)
+    j_group = t_first - t_start[row]
+    entry = _before(p_row, j_entry, proj_ids == 0, teacher, teacher_vb, proj_tables, dp_B)
+    group = _before(row, j_group, np.ones(len(row), np.bool_), teacher, teacher_vb, proj_tables,
+                    dp_B)  # fmt: skip
+    new = np.concatenate([entry[1][entry[1] >= 0], group[1][group[1] >= 0]])
+    if not len(new):
+        return proj_ids, entry, group, proj_used
+    used = np.unique(np.concatenate([proj_used, new]))
+    proj_ids = np.searchsorted(used, proj_used[proj_ids]).astype(np.int64)
+    for _, table in (entry, group):
+        table[table >= 0] = np.searchsorted(used, table[table >= 0])
+    return proj_ids, entry, group, used
+
+
+def _before(rows, j, ok, teacher, teacher_vb, proj_tables, dp_B):
+    """(prev_tok, global table id) for the points at completion index j of `rows` where `ok`:
+    see `_boundaries`."""
+    t_ids, t_idrow, t_start = teacher
+    tok_out = np.full(len(rows), -1, np.int64)
+    table_out = np.full(len(rows), -1, np.int64)
+    ok = ok & (j >= 1)
+    if dp_B is not None:
+        ok &= ~dp_B[rows]
+    at = np.flatnonzero(ok)
+    tok = t_ids[t_idrow[rows[at]], t_start[rows[at]] + j[at] - 1]
+    at, tok = at[tok < teacher_vb.size], tok[tok < teacher_vb.size]  # an id past the table
+    keep = ~teacher_vb.is_special[tok] & (teacher_vb.lengths[tok] > 0)
+    at, tok = at[keep], tok[keep]
+    uniq, inverse = np.unique(tok, return_inverse=True)
+    table = np.fromiter(
+        (proj_tables.table_id(teacher_vb.token_bytes[u]) for u in uniq.tolist()), np.int64
+    )
+    sizes = np.fromiter((proj_tables.tables[g][0].numel() for g in table.tolist()), np.int64)
+    inverse = inverse.reshape(-1)
+    full = (sizes > 1)[inverse]  # t alone in its table: nothing to mix
+    tok_out[at[full]] = tok[full]
+    table_out[at[full]] = table[inverse[full]]
+    return tok_out, table_out
 
 
 def _plain(
@@ -237,7 +308,7 @@ def _plain(
     }
     exact_G = torch.ones(n_g, dtype=torch.bool)
     spans = (student, teacher, s_offset, t_offset)
-    return _result(arrays, spans, match_tables, proj_tables, exact_G, metrics)
+    return _result(arrays, spans, match_tables, proj_tables, exact_G, metrics, teacher_vb, None)
 
 
 def _match_ids(kind, flag, off, length, rows, data, match: MatchTables) -> np.ndarray:

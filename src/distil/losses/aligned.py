@@ -40,8 +40,9 @@ from functools import partial
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from distil.align.project import PaddedProjection, group_logprob, pad_projection, project_rows
+from distil.align.project import PaddedProjection, group_logprob, pad_projection
 from distil.errors import ConfigError
+from distil.losses.boundary import entry_targets, stop_logprob
 from distil.losses.chunked import (
     StudentHidden,
     check_temperatures,
@@ -91,6 +92,8 @@ class Kept:
     teacher_tok_G_T: torch.Tensor
     match_table_G: torch.Tensor
     exact_G: torch.Tensor | None = None
+    prev_tok_G: torch.Tensor | None = None  # `AlignmentGroups.group_prev_tok_G`
+    prev_table_G: torch.Tensor | None = None
 
     @property
     def num(self) -> int:
@@ -128,6 +131,8 @@ def keep_groups(alignment: AlignmentGroups, mask_B_T: torch.Tensor) -> Kept:
         a.teacher_tok_G_T[keep],
         a.match_table_G[keep],
         None if a.exact_G is None else a.exact_G[keep],
+        None if a.group_prev_tok_G is None else a.group_prev_tok_G[keep],
+        None if a.group_prev_table_G is None else a.group_prev_table_G[keep],
     )
 
 
@@ -240,13 +245,16 @@ def finish(total, num_tokens, row_metrics: list[dict], mask_B_T, kept: Kept, **s
 
 @dataclass
 class Entries:
-    """The projection entries a loss uses; tok_N: the realized student token."""
+    """The projection entries a loss uses; tok_N: the realized student token; prev_tok_N /
+    prev_table_N: the boundary mix of each entry (`AlignmentGroups.proj_prev_tok_N`)."""
 
     row_N: torch.Tensor
     student_pos_N: torch.Tensor
     teacher_pos_N: torch.Tensor
     table_N: torch.Tensor
     tok_N: torch.Tensor
+    prev_tok_N: torch.Tensor | None = None
+    prev_table_N: torch.Tensor | None = None
 
 
 def kept_entries(alignment: AlignmentGroups, kept: Kept, shape_B_T) -> Entries:
@@ -258,12 +266,15 @@ def kept_entries(alignment: AlignmentGroups, kept: Kept, shape_B_T) -> Entries:
     tok_N = tok_B_T[a.proj_row_N, a.proj_student_pos_N.clamp_min(0)]
     keep = (tok_N >= 0) & (a.proj_student_pos_N >= 0) & (a.proj_teacher_pos_N >= 0)
     pick = torch.nonzero(keep).squeeze(1)
+    prev = a.proj_prev_table_N is not None and a.proj_prev_tok_N is not None
     return Entries(
         a.proj_row_N[pick],
         a.proj_student_pos_N[pick],
         a.proj_teacher_pos_N[pick],
         a.proj_table_N[pick],
         tok_N[pick],
+        a.proj_prev_tok_N[pick] if prev else None,
+        a.proj_prev_table_N[pick] if prev else None,
     )
 
 
@@ -271,31 +282,32 @@ def _entry_rows(
     teacher_B_T_V, entries: Entries, padded: PaddedProjection, ratio, beta, s_n_V, index_n
 ):
     """JSD_β over [support of pi, rest] for every entry of a chunk, all tables at once."""
-    with torch.no_grad():
-        t_n_V = upcast(teacher_B_T_V[entries.row_N[index_n], entries.teacher_pos_N[index_n]])
-        if ratio != 1.0:
-            t_n_V = torch.log_softmax(t_n_V * ratio, dim=-1)
-        proj = project_rows(t_n_V, padded, entries.table_N[index_n])
-    ids, valid = proj.support_ids_N_U, proj.support_valid_N_U
+    e = entries
+    prev = None if e.prev_table_N is None else (e.prev_tok_N[index_n], e.prev_table_N[index_n])
+    ids, valid, log_pi, log_rest, log_mass, cont = entry_targets(
+        teacher_B_T_V, e.row_N[index_n], e.teacher_pos_N[index_n], e.table_N[index_n], prev,
+        padded, ratio,
+    )  # fmt: skip
     s_sup = torch.where(valid, s_n_V.gather(1, ids), float("-inf"))
     # the student's rest: its mass outside the row's support (a logsumexp over the complement)
     on_support = torch.zeros_like(s_n_V, dtype=torch.int32).scatter_add(1, ids, valid.int()) > 0
     s_rest = safe_logsumexp(s_n_V.masked_fill(on_support, float("-inf")))
     s_C = torch.cat([s_sup, s_rest.clamp_min(REST_LOGPROB_FLOOR)[:, None]], dim=1)
     # the teacher's rest: its share on tokens after which the student's next token is ambiguous
-    t_rest = proj.log_ambiguous_N.clamp(min=REST_LOGPROB_FLOOR)[:, None]
-    t_C = torch.cat([proj.logprobs_N_U.to(s_C.dtype), t_rest.to(s_C.dtype)], dim=1)
-    ok = torch.isfinite(proj.log_mass_N)  # no teacher mass on the table: nothing to learn
+    t_rest = log_rest.clamp(min=REST_LOGPROB_FLOOR)[:, None]
+    t_C = torch.cat([log_pi.to(s_C.dtype), t_rest.to(s_C.dtype)], dim=1)
+    ok = torch.isfinite(log_mass)  # no teacher mass on the table: nothing to learn
     t_C = torch.where(ok[:, None], t_C, s_C.detach())  # finite stand-in, then zeroed below
     loss_n = torch.where(ok, divergence_rows("jsd", s_C, t_C, beta), 0.0)
     metrics = {
         "student_logprob": gather_rows(s_n_V.detach(), entries.tok_N[index_n]),
-        "proj_mass": torch.where(ok, proj.log_mass_N.exp(), 0.0).to(s_n_V.dtype),
+        "proj_mass": torch.where(ok, log_mass.exp(), 0.0).to(s_n_V.dtype),
         "proj_skipped": (~ok).to(s_n_V.dtype),
-        # each side's mass on the rest bucket: a student whose rest outgrows the teacher's
-        # spends its mass on tokens the map cannot place, which its samples then draw
+        # each side's mass on the rest bucket (the student's: tokens pi does not name)
         "student_rest": torch.where(ok, s_rest.detach().exp(), 0.0).to(s_n_V.dtype),
-        "teacher_rest": torch.where(ok, proj.log_ambiguous_N.exp(), 0.0).to(s_n_V.dtype),
+        "teacher_rest": torch.where(ok, log_rest.exp(), 0.0).to(s_n_V.dtype),
+        # at a token boundary, the teacher's odds of having gone on with a longer token
+        "proj_continue": torch.where(ok, cont, 0.0).to(s_n_V.dtype),
     }
     return loss_n, metrics
 
@@ -342,23 +354,19 @@ def aligned_kl(
 
     Per projection entry: JSD_β(S ‖ pi) over pi's support + a rest bucket; per student token
     spanning several teacher tokens (see `coarse_groups`): JSD_β over [token, rest] with the
-    teacher's chain-rule probability; sum / num_tokens. Extra metrics: proj_mass_sum (teacher
+    teacher's chain-rule probability; both, at a token boundary, also read the teacher's odds
+    of having ended the token before there (`distil.losses.boundary`); sum /
+    num_tokens. Extra metrics: proj_mass_sum (teacher
     mass each table covers), student_rest_sum and teacher_rest_sum (each side's mass on the rest
     bucket), proj_skipped_count (entries whose table the teacher gives no mass; they add 0),
-    coarse_count.
+    proj_continue_sum (at a boundary, the teacher's odds of having gone on), coarse_count.
     """
     check_inputs("aligned_kl", targets, alignment, temperature, targets_temperature, beta)
     kept = keep_groups(alignment, mask_B_T)
     entries = kept_entries(alignment, kept, mask_B_T.shape)
     ratio = targets_temperature / temperature
-    fn = partial(
-        _entry_rows,
-        targets.logprobs_B_T_V,
-        entries,
-        pad_projection(alignment.proj_tables),
-        ratio,
-        float(beta),
-    )
+    padded = pad_projection(alignment.proj_tables)
+    fn = partial(_entry_rows, targets.logprobs_B_T_V, entries, padded, ratio, float(beta))
     index_N = torch.arange(entries.row_N.shape[0], device=entries.row_N.device)
     loss_N, metrics_N, ce_N = run_positions(
         student,
@@ -377,13 +385,21 @@ def aligned_kl(
     has_entry = torch.zeros(mask_B_T.shape, dtype=torch.bool, device=mask_B_T.device)
     has_entry[entries.row_N, entries.student_pos_N] = True
     coarse = coarse_groups(kept) & ~has_entry[kept.row_G, kept.student_pos_G_S[:, 0].clamp_min(0)]
+    # a coarse group right after a teacher token: the teacher's odds of having ended it there
+    before = None
+    if kept.prev_table_G is not None:
+        before = (kept.prev_tok_G[coarse], kept.prev_table_G[coarse])
+    stop = stop_logprob(
+        targets.logprobs_B_T_V, kept.row_G[coarse], kept.teacher_pos_G_T[coarse, 0], before,
+        padded, ratio,
+    )  # fmt: skip
     binary_N, binary_metrics, _ = run_positions(
         student,
         kept.row_G[coarse],
         kept.student_pos_G_S[coarse, 0],
         partial(_binary_rows, float(beta)),
         mask_B_T,
-        extras=(kept.student_tok_G_S[coarse, 0].long(), teacher_G[coarse]),
+        extras=(kept.student_tok_G_S[coarse, 0].long(), teacher_G[coarse] + stop),
         temperature=temperature,
         chunk_size=chunk_size,
     )

@@ -182,7 +182,8 @@ class _Output:
 
 def scored_positions(batch: Batch, shape_B_T: tuple[int, int]) -> torch.Tensor:
     """bool (B, T) of the shifted teacher positions a loss reads: the loss mask (same tokens),
-    or every teacher position of the alignment's groups and projection entries (cross)."""
+    or every teacher position of the alignment's groups and projection entries, and the one
+    before each boundary entry (cross)."""
     if batch.teacher_input_ids_B_L is None:
         return batch.mask_B_T.bool()
     a = batch.alignment
@@ -194,6 +195,13 @@ def scored_positions(batch: Batch, shape_B_T: tuple[int, int]) -> torch.Tensor:
     rows_B_T[a.group_row_G[:, None].expand_as(pos_G_T)[keep], pos_G_T[keep]] = True
     keep = proj_N >= 0
     rows_B_T[a.proj_row_N[keep], proj_N[keep]] = True
+    if a.proj_prev_table_N is not None:  # a boundary entry also reads the position before
+        keep = (proj_N >= 1) & (a.proj_prev_table_N >= 0)
+        rows_B_T[a.proj_row_N[keep], proj_N[keep] - 1] = True
+    if a.group_prev_table_G is not None:  # ... and so does a group at a boundary
+        first = pos_G_T[:, 0]
+        keep = (first >= 1) & (a.group_prev_table_G >= 0)
+        rows_B_T[a.group_row_G[keep], first[keep] - 1] = True
     return rows_B_T
 
 

@@ -285,7 +285,21 @@ def build_alignment(rows, student_vb, teacher_vb, match_tables, proj_tables):
     groups_G_7 = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, 7), np.int64)
     proj_N_4 = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, 4), np.int64)
     match_ids, match_list = _local_tables(groups_G_7[:, 5], match_tables.tables)
-    proj_ids, proj_list = _local_tables(proj_N_4[:, 3], proj_tables.tables)
+    entry = proj_N_4[:, [0, 2, 3]].copy()
+    entry[:, 1] -= np.asarray([rows[b].t_offset - 1 for b in entry[:, 0]], np.int64).reshape(-1)
+    prev_tok, prev_table = _boundaries(entry, rows, aligned, teacher_vb, proj_tables)
+    group = np.stack([groups_G_7[:, 0], groups_G_7[:, 3], np.zeros(len(groups_G_7), np.int64)], 1)
+    g_tok, g_table = _boundaries(group, rows, aligned, teacher_vb, proj_tables)
+    n, m = len(proj_N_4), int((prev_table >= 0).sum())
+    both, proj_list = _local_tables(
+        np.concatenate([proj_N_4[:, 3], prev_table[prev_table >= 0], g_table[g_table >= 0]]),
+        proj_tables.tables,
+    )
+    proj_ids = both[:n]
+    prev_local = torch.full((n,), -1, dtype=torch.long)
+    prev_local[torch.from_numpy(prev_table >= 0)] = both[n : n + m]
+    g_local = torch.full((len(groups_G_7),), -1, dtype=torch.long)
+    g_local[torch.from_numpy(g_table >= 0)] = both[n + m :]
     s_pos, s_tok = _padded(groups_G_7, 1, [r.s_ids for r in rows], [r.s_offset for r in rows])
     t_pos, t_tok = _padded(groups_G_7, 3, [r.t_ids for r in rows], [r.t_offset for r in rows])
     result = AlignmentGroups(
@@ -303,6 +317,10 @@ def build_alignment(rows, student_vb, teacher_vb, match_tables, proj_tables):
         proj_tables=proj_list,
         exact_G=torch.from_numpy(groups_G_7[:, 6].astype(bool)),
         metrics=_metrics(aligned, len(proj_N_4)),
+        proj_prev_tok_N=torch.from_numpy(prev_tok),
+        proj_prev_table_N=prev_local,
+        group_prev_tok_G=torch.from_numpy(g_tok),
+        group_prev_table_G=g_local,
     )
     width = max((len(ra.s_ends) for ra in aligned), default=0)
     in_group = torch.zeros((len(aligned), width), dtype=torch.bool)
@@ -310,6 +328,26 @@ def build_alignment(rows, student_vb, teacher_vb, match_tables, proj_tables):
         in_group[b, : len(ra.s_ends)] = True
         in_group[b, torch.from_numpy(ra.unalignable)] = False
     return result, in_group
+
+
+def _boundaries(points, rows, aligned, t_vb, proj):
+    """points: (row, completion index j of the teacher token, table: 0 for a boundary). Per
+    point on table 0 after a teacher completion token t (not in a DP row, not special, spelling
+    bytes): t and the table for the remainder bytes(t), when it holds more than t."""
+    tok = np.full(len(points), -1, np.int64)
+    table = np.full(len(points), -1, np.int64)
+    before = {}
+    for e, (b, j, g) in enumerate(points.tolist()):
+        if g != 0 or j < 1 or aligned[b].used_dp:
+            continue
+        t = int(rows[b].t_ids[j - 1])
+        if t < t_vb.size and t not in t_vb.specials and t_vb.token_bytes[t]:
+            before[e] = t
+    ids = {t: proj.table_id(t_vb.token_bytes[t]) for t in sorted(set(before.values()))}
+    for e, t in before.items():
+        if len(proj.tables[ids[t]][0]) > 1:
+            tok[e], table[e] = t, ids[t]
+    return tok, table
 
 
 def _row_parts(b, ra, row, match, proj):

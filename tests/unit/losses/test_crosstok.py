@@ -404,3 +404,92 @@ def test_the_log_ratio_of_the_realized_text_is_not_called_kl(name):
     out = call(name, logits, teacher, mask, alignment, beta=0.0)
     assert out.metrics["logratio_sum"].item() == pytest.approx(-math.log(2))
     assert ("kl_sum" in out.metrics) == (name == "sampled_chunk_reverse_kl")
+
+
+def test_aligned_kl_charges_a_student_that_ends_the_teachers_token_early():
+    """The student writes 'a' then 'b' where the teacher's text is 'a' | 'b' and it could
+    have written 'ab' or 'abc' at once. The entry predicting 'b' sits on a token boundary: the
+    teacher's distribution after 'a' (b .6, c .4) conditions on 'a' having ended, which the
+    teacher gave .5 against .4 for the longer tokens that go on with 'b' (`_boundaries`):
+        e = .5 / .9,  pi(b) = e .6 + .4 / .9 = 7/9,  pi(c) = e .4 = 2/9.
+    Built by `build_alignment`, so the tables and the boundary come from the aligner."""
+    from distil.align.batch import RowInputs, build_alignment
+    from distil.align.tables import MatchTables, ProjectionTables
+    from distil.align.vocab_map import VocabBytes
+
+    # student: 0 <eos>, 1 'a', 2 'b', 3 'c', 4 'ab', 5 ' '; teacher: 0 <pad>, 1 </s>, 2 'abc',
+    # 3 'a', 4 'b', 5 'c', 6 'ab'
+    sv = VocabBytes.from_token_bytes([b"", b"a", b"b", b"c", b"ab", b" "], {0: "eos"})
+    tv = VocabBytes.from_token_bytes(
+        [b"", b"", b"abc", b"a", b"b", b"c", b"ab"], {0: "pad", 1: "eos"}
+    )
+    row = RowInputs(
+        s_ids=[1, 2], s_offset=1, t_ids=[3, 4], t_offset=1, t_ends=[1, 2], t_bytes=b"ab"
+    )
+    alignment, _ = build_alignment([row], sv, tv, MatchTables(sv, tv), ProjectionTables(sv, tv))
+    assert alignment.proj_prev_tok_N.tolist() == [-1, 3]  # the second entry follows 'a'
+    S = torch.tensor(
+        [[[0.05, 0.5, 0.1, 0.05, 0.25, 0.05], [0.05, 0.05, 0.5, 0.3, 0.05, 0.05]]],
+        dtype=torch.float64,
+    )
+    T = torch.tensor(
+        [[[0.0, 0.0, 0.1, 0.5, 0.1, 0.0, 0.3], [0.0, 0.0, 0.0, 0.0, 0.6, 0.4, 0.0]]],
+        dtype=torch.float64,
+    )
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    out = call("aligned_kl", S.log().requires_grad_(), T.log(), mask, alignment, beta=0.0)
+    first = 0.4 * math.log(0.4 / 0.25)  # a .5, ab .1 + .3, b .1 against the student's first
+    boundary = 7 / 9 * math.log(7 / 9 / 0.5) + 2 / 9 * math.log(2 / 9 / 0.3)
+    assert out.loss.item() == pytest.approx((first + boundary) / 2, abs=1e-8)
+    assert out.metrics["proj_continue_sum"].item() == pytest.approx(4 / 9)
+    # the teacher's share on ' ' (the student's rest) is 0 on both entries
+    assert out.metrics["teacher_rest_sum"].item() == pytest.approx(0.0, abs=1e-9)
+    # without the boundary the entry would read the teacher after 'a' alone: b .6, c .4
+    alignment.proj_prev_tok_N = alignment.proj_prev_table_N = None
+    plain = call("aligned_kl", S.log(), T.log(), mask, alignment, beta=0.0)
+    conditioned = 0.6 * math.log(0.6 / 0.5) + 0.4 * math.log(0.4 / 0.3)
+    assert plain.loss.item() == pytest.approx((first + conditioned) / 2, abs=1e-8)
+
+
+def test_aligned_kl_charges_a_coarse_token_after_a_cut_short_one():
+    """Text 'aab': student 'a', 'ab' (one token over the teacher's 'a', 'b'), teacher 'a', 'a',
+    'b'. The student's 'ab' has no projection entry and is compared as [token, rest] with the
+    teacher's chain rule, P_1('a') P_2('b') = .6 * .7, times the teacher's odds of having ended
+    its first 'a' there: e = .5 / (.5 + .3 + .1) (it could have written 'ab' or 'abc')."""
+    from distil.align.batch import RowInputs, build_alignment
+    from distil.align.tables import MatchTables, ProjectionTables
+    from distil.align.vocab_map import VocabBytes
+
+    sv = VocabBytes.from_token_bytes([b"", b"a", b"b", b"c", b"ab", b" "], {0: "eos"})
+    tv = VocabBytes.from_token_bytes(
+        [b"", b"", b"abc", b"a", b"b", b"c", b"ab"], {0: "pad", 1: "eos"}
+    )
+    row = RowInputs(
+        s_ids=[1, 4], s_offset=1, t_ids=[3, 3, 4], t_offset=1, t_ends=[1, 2, 3], t_bytes=b"aab"
+    )
+    alignment, _ = build_alignment([row], sv, tv, MatchTables(sv, tv), ProjectionTables(sv, tv))
+    assert alignment.group_prev_tok_G.tolist() == [-1, 3]
+    S = torch.tensor(
+        [[[0.05, 0.5, 0.1, 0.05, 0.25, 0.05], [0.05, 0.2, 0.1, 0.05, 0.55, 0.05]]],
+        dtype=torch.float64,
+    )
+    T = torch.tensor(
+        [
+            [
+                [0.0, 0.0, 0.1, 0.5, 0.1, 0.0, 0.3],
+                [0.0, 0.0, 0.0, 0.6, 0.2, 0.0, 0.2],
+                [0.0, 0.0, 0.0, 0.0, 0.7, 0.3, 0.0],
+            ]
+        ],
+        dtype=torch.float64,
+    )
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    out = call("aligned_kl", S.log(), T.log(), mask, alignment, beta=0.0)
+    first = 0.4 * math.log(0.4 / 0.25)
+    p, s = 0.6 * 0.7 * 0.5 / 0.9, 0.55
+    binary = p * math.log(p / s) + (1 - p) * math.log((1 - p) / (1 - s))
+    assert out.metrics["coarse_count"].item() == 1
+    assert out.loss.item() == pytest.approx((first + binary) / 2, abs=1e-8)
+    # the log-ratio metric stays the realized text's: log T(g) by the chain rule alone
+    want = math.log(0.5 * 0.55) - math.log(0.5 * 0.6 * 0.7)
+    assert out.metrics["logratio_sum"].item() == pytest.approx(want)
