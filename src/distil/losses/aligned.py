@@ -42,7 +42,7 @@ from torch.utils.checkpoint import checkpoint
 
 from distil.align.project import PaddedProjection, group_logprob, pad_projection
 from distil.errors import ConfigError
-from distil.losses.boundary import entry_targets, stop_logprob
+from distil.losses.boundary import boundary_tables, entry_targets, stop_logprob
 from distil.losses.chunked import (
     StudentHidden,
     check_temperatures,
@@ -279,14 +279,14 @@ def kept_entries(alignment: AlignmentGroups, kept: Kept, shape_B_T) -> Entries:
 
 
 def _entry_rows(
-    teacher_B_T_V, entries: Entries, padded: PaddedProjection, ratio, beta, s_n_V, index_n
+    teacher_B_T_V, entries: Entries, padded: PaddedProjection, before, ratio, beta, s_n_V, index_n
 ):
     """JSD_β over [support of pi, rest] for every entry of a chunk, all tables at once."""
     e = entries
     prev = None if e.prev_table_N is None else (e.prev_tok_N[index_n], e.prev_table_N[index_n])
     ids, valid, log_pi, log_rest, log_mass, cont = entry_targets(
         teacher_B_T_V, e.row_N[index_n], e.teacher_pos_N[index_n], e.table_N[index_n], prev,
-        padded, ratio,
+        padded, ratio, before,
     )  # fmt: skip
     s_sup = torch.where(valid, s_n_V.gather(1, ids), float("-inf"))
     # the student's rest: its mass outside the row's support (a logsumexp over the complement)
@@ -365,8 +365,8 @@ def aligned_kl(
     kept = keep_groups(alignment, mask_B_T)
     entries = kept_entries(alignment, kept, mask_B_T.shape)
     ratio = targets_temperature / temperature
-    padded = pad_projection(alignment.proj_tables)
-    fn = partial(_entry_rows, targets.logprobs_B_T_V, entries, padded, ratio, float(beta))
+    padded, before = pad_projection(alignment.proj_tables), boundary_tables(alignment)
+    fn = partial(_entry_rows, targets.logprobs_B_T_V, entries, padded, before, ratio, float(beta))
     index_N = torch.arange(entries.row_N.shape[0], device=entries.row_N.device)
     loss_N, metrics_N, ce_N = run_positions(
         student,
@@ -386,12 +386,12 @@ def aligned_kl(
     has_entry[entries.row_N, entries.student_pos_N] = True
     coarse = coarse_groups(kept) & ~has_entry[kept.row_G, kept.student_pos_G_S[:, 0].clamp_min(0)]
     # a coarse group right after a teacher token: the teacher's odds of having ended it there
-    before = None
+    coarse_prev = None
     if kept.prev_table_G is not None:
-        before = (kept.prev_tok_G[coarse], kept.prev_table_G[coarse])
+        coarse_prev = (kept.prev_tok_G[coarse], kept.prev_table_G[coarse])
     stop = stop_logprob(
-        targets.logprobs_B_T_V, kept.row_G[coarse], kept.teacher_pos_G_T[coarse, 0], before,
-        padded, ratio,
+        targets.logprobs_B_T_V, kept.row_G[coarse], kept.teacher_pos_G_T[coarse, 0], coarse_prev,
+        padded, ratio, before,
     )  # fmt: skip
     binary_N, binary_metrics, _ = run_positions(
         student,

@@ -18,9 +18,34 @@ from __future__ import annotations
 
 import torch
 
-from distil.align.project import PaddedProjection, project_rows
+from distil.align.project import PaddedProjection, pad_projection, project_rows
 from distil.losses.chunked import upcast
 from distil.losses.divergences import gather_rows
+
+
+class BoundaryTables:
+    """The batch's tables read before a boundary, padded apart from the others (they are small;
+    table 0 pads every table to the teacher's vocabulary): `padded`, and `remap` from a batch
+    table id to its row there."""
+
+    def __init__(self, padded: PaddedProjection, remap: torch.Tensor):
+        self.padded, self.remap = padded, remap
+
+
+def boundary_tables(alignment) -> BoundaryTables | None:
+    """`BoundaryTables` of an `AlignmentGroups` (None: no boundary in the batch)."""
+    parts = [
+        t[t >= 0]
+        for t in (alignment.proj_prev_table_N, alignment.group_prev_table_G)
+        if t is not None
+    ]
+    ids = torch.unique(torch.cat(parts)) if parts else None
+    if ids is None or not ids.numel():
+        return None
+    padded = pad_projection([alignment.proj_tables[i] for i in ids.tolist()])
+    remap = torch.full((len(alignment.proj_tables),), -1, dtype=torch.long, device=ids.device)
+    remap[ids] = torch.arange(ids.numel(), device=ids.device)
+    return BoundaryTables(padded, remap)
 
 
 def _teacher_rows(teacher_B_T_V, row_n, pos_n, ratio):
@@ -29,10 +54,14 @@ def _teacher_rows(teacher_B_T_V, row_n, pos_n, ratio):
 
 
 @torch.no_grad()
-def entry_targets(teacher_B_T_V, row_n, pos_n, table_n, prev, padded: PaddedProjection, ratio):
+def entry_targets(
+    teacher_B_T_V, row_n, pos_n, table_n, prev, padded: PaddedProjection, ratio,
+    before: BoundaryTables | None = None,
+):  # fmt: skip
     """The teacher side of a chunk's projection entries: [ids_n_U, valid_n_U, log pi_n_U over
     them, log rest_n, log mass_n, continue_n]. prev: (prev_tok_n, prev_table_n), -1 where an
-    entry is not at a boundary (None: none is); continue_n = 1 - e (0 elsewhere)."""
+    entry is not at a boundary (None: none is); before: the batch's `boundary_tables` (None:
+    `padded` serves); continue_n = 1 - e (0 elsewhere)."""
     proj = project_rows(_teacher_rows(teacher_B_T_V, row_n, pos_n, ratio), padded, table_n)
     out = [proj.support_ids_N_U, proj.support_valid_N_U, proj.logprobs_N_U]
     out += [proj.log_ambiguous_N, proj.log_mass_N, torch.zeros_like(proj.log_mass_N)]
@@ -41,9 +70,16 @@ def entry_targets(teacher_B_T_V, row_n, pos_n, table_n, prev, padded: PaddedProj
         mixed = torch.nonzero((prev_table >= 0) & torch.isfinite(proj.log_mass_N)).squeeze(1)
         if mixed.numel():
             t_p = _teacher_rows(teacher_B_T_V, row_n[mixed], pos_n[mixed] - 1, ratio)
-            log_e, before = _odds(t_p, tok_n[mixed], project_rows(t_p, padded, prev_table[mixed]))
-            _mix(out, mixed, log_e, before)
+            proj_p = _project_before(t_p, prev_table[mixed], padded, before)
+            log_e, proj_p = _odds(t_p, tok_n[mixed], proj_p)
+            _mix(out, mixed, log_e, proj_p)
     return out
+
+
+def _project_before(t_p_V, table_m, padded, before: BoundaryTables | None):
+    if before is None:
+        return project_rows(t_p_V, padded, table_m)
+    return project_rows(t_p_V, before.padded, before.remap[table_m])
 
 
 def _odds(t_p_V, tok_m, before):
@@ -85,7 +121,10 @@ def _mix(out: list, m, log_e, before) -> None:
 
 
 @torch.no_grad()
-def stop_logprob(teacher_B_T_V, row_g, pos_g, prev, padded: PaddedProjection, ratio):
+def stop_logprob(
+    teacher_B_T_V, row_g, pos_g, prev, padded: PaddedProjection, ratio,
+    before: BoundaryTables | None = None,
+):  # fmt: skip
     """log e per group (its first teacher position pos_g): the teacher's odds of having ended
     the token before it there; 0 where the group is not at a boundary (prev: (prev_tok_g,
     prev_table_g) with -1, or None)."""
@@ -96,6 +135,6 @@ def stop_logprob(teacher_B_T_V, row_g, pos_g, prev, padded: PaddedProjection, ra
     m = torch.nonzero(table >= 0).squeeze(1)
     if m.numel():
         t_p = _teacher_rows(teacher_B_T_V, row_g[m], pos_g[m] - 1, ratio)
-        log_e, _ = _odds(t_p, tok[m], project_rows(t_p, padded, table[m]))
+        log_e, _ = _odds(t_p, tok[m], _project_before(t_p, table[m], padded, before))
         out = out.to(log_e.dtype).index_put((m,), log_e)
     return out

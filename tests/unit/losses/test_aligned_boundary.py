@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from distil.align.project import pad_projection
-from distil.losses.boundary import entry_targets
+from distil.losses.boundary import BoundaryTables, entry_targets
 
 VS, VT = 9, 12
 
@@ -47,8 +47,10 @@ def dense(row_V, table):
     return pi, amb, mass
 
 
+@pytest.mark.parametrize("apart", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_boundary_mix_equals_the_dense_formula(seed):
+def test_boundary_mix_equals_the_dense_formula(seed, apart):
+    """apart: the tables before a boundary padded apart (`boundary_tables`), as the loss does."""
     g = torch.Generator().manual_seed(seed)
     tabs = tables(g)
     teacher = torch.log_softmax(torch.randn(2, 5, VT, generator=g, dtype=torch.float64) * 2, -1)
@@ -62,6 +64,7 @@ def test_boundary_mix_equals_the_dense_formula(seed):
     ids, valid, log_pi, log_rest, log_mass, cont = entry_targets(
         teacher, row, pos, torch.zeros(n, dtype=torch.long), (prev_tok, prev_table),
         pad_projection(tabs), 1.0,
+        BoundaryTables(pad_projection(tabs[1:]), torch.tensor([-1, 0, 1, 2])) if apart else None,
     )  # fmt: skip
     for k in range(n):
         pi, amb, mass = dense(teacher[row[k], pos[k]], tabs[0])
