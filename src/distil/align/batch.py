@@ -235,10 +235,15 @@ def _boundaries(arrays, teacher, t_offset, teacher_vb, proj_tables, dp_B):
     new = np.concatenate([entry[1][entry[1] >= 0], group[1][group[1] >= 0]])
     if not len(new):
         return proj_ids, entry, group, proj_used
-    used = np.unique(np.concatenate([proj_used, new]))
-    proj_ids = np.searchsorted(used, proj_used[proj_ids]).astype(np.int64)
+    mark = np.zeros(len(proj_tables.tables), np.bool_)
+    mark[proj_used] = True
+    mark[new] = True
+    used = np.flatnonzero(mark)
+    local = np.full(len(mark), -1, np.int64)  # cache id -> the batch's id
+    local[used] = np.arange(len(used))
+    proj_ids = local[proj_used[proj_ids]]
     for _, table in (entry, group):
-        table[table >= 0] = np.searchsorted(used, table[table >= 0])
+        table[table >= 0] = local[table[table >= 0]]
     return proj_ids, entry, group, used
 
 
@@ -253,18 +258,12 @@ def _before(rows, j, ok, teacher, teacher_vb, proj_tables, dp_B):
         ok &= ~dp_B[rows]
     at = np.flatnonzero(ok)
     tok = t_ids[t_idrow[rows[at]], t_start[rows[at]] + j[at] - 1]
-    at, tok = at[tok < teacher_vb.size], tok[tok < teacher_vb.size]  # an id past the table
-    keep = ~teacher_vb.is_special[tok] & (teacher_vb.lengths[tok] > 0)
-    at, tok = at[keep], tok[keep]
-    uniq, inverse = np.unique(tok, return_inverse=True)
-    table = np.fromiter(
-        (proj_tables.table_id(teacher_vb.token_bytes[u]) for u in uniq.tolist()), np.int64
-    )
-    sizes = np.fromiter((proj_tables.tables[g][0].numel() for g in table.tolist()), np.int64)
-    inverse = inverse.reshape(-1)
-    full = (sizes > 1)[inverse]  # t alone in its table: nothing to mix
+    inside = (tok >= 0) & (tok < teacher_vb.size)  # an id past the table: no bytes
+    at, tok = at[inside], tok[inside]
+    table = proj_tables.boundary_ids(tok)
+    full = table >= 0  # t alone in its table: nothing to mix
     tok_out[at[full]] = tok[full]
-    table_out[at[full]] = table[inverse[full]]
+    table_out[at[full]] = table[full]
     return tok_out, table_out
 
 

@@ -110,6 +110,7 @@ class ProjectionTables:
         self._ids: dict[bytes, int] = {}
         self._empty: list[int] = []
         self._absent: np.ndarray | None = None  # see byte_index.absent_prefix_sum
+        self._by_token: np.ndarray | None = None  # see boundary_ids
         self.keys = KeyIndex()  # remainder -> table id, for batch lookups
         self.table_id(b"")
 
@@ -123,6 +124,21 @@ class ProjectionTables:
             if self.is_empty(found):
                 self._empty.append(found)
         return found
+
+    def boundary_ids(self, teacher_ids: np.ndarray) -> np.ndarray:
+        """Per teacher token t (int64 ids in the teacher's table): the table for the remainder
+        bytes(t) when it holds a longer token than t, else -1, and -1 for a special or a token
+        spelling no bytes (what `align.batch._boundaries` mixes in); cached per id, new tables
+        built in id order."""
+        vb = self.teacher_vb
+        if self._by_token is None:
+            self._by_token = np.full(vb.size, -2, np.int64)  # -2: not seen yet
+            self._by_token[vb.is_special | (vb.lengths == 0)] = -1
+        new = np.unique(teacher_ids[self._by_token[teacher_ids] == -2])
+        for t in new.tolist():
+            table = self.table_id(vb.token_bytes[t])
+            self._by_token[t] = table if self.tables[table][0].numel() > 1 else -1
+        return self._by_token[teacher_ids]
 
     def is_empty(self, table_id: int) -> bool:
         return self.tables[table_id][0].numel() == 0
