@@ -200,31 +200,36 @@ def make_rows(s_tok, s_vb, t_tok, t_vb, n_rows: int, n_tokens: int, real: bool) 
     return rows
 
 
-def align_variants(s_name: str, t_name: str, rows: list[Row], s_vb, t_vb) -> dict[str, Callable]:
-    """The ways to align the batch that are timed; each returns what it computed."""
-    from distil.align import (
-        MatchTables,
-        PaddedRows,
-        ProjectionTables,
-        RowInputs,
-        align_completion,
-        build_alignment,
-    )
+def padded_rows(rows: list[Row]):
+    """What `CrossTokenizer.collate` hands over: the padded id arrays of the two forwards (16
+    prompt tokens, then the completion), where the completions start, their lengths."""
+    from distil.align import PaddedRows
     from distil.models.tokenizers import right_pad
 
-    s_tok, t_tok = load_tokenizer(s_name), load_tokenizer(t_name)
-    s_rule, t_rule = naive_piece_rule(family(s_name)), naive_piece_rule(family(t_name))
-    lists = [RowInputs(r.s_ids, 16, r.t_ids, 16, r.t_ends, r.t_bytes) for r in rows]
-    # what `CrossTokenizer.collate` hands over: the padded id arrays of the two forwards (16
-    # prompt tokens, then the completion), where the completions start, their lengths
     n = len(rows)
-    inputs = PaddedRows(
+    return PaddedRows(
         right_pad([[0] * 16 + r.s_ids for r in rows], 0)[0].numpy(), np.full(n, 16),
         np.array([len(r.s_ids) for r in rows]),
         right_pad([[0] * 16 + r.t_ids for r in rows], 0)[0].numpy(), np.full(n, 16),
         np.array([len(r.t_ids) for r in rows]), [r.t_ends for r in rows],
         [r.t_bytes for r in rows], np.array([r.t_prefix for r in rows]),
     )  # fmt: skip
+
+
+def align_variants(s_name: str, t_name: str, rows: list[Row], s_vb, t_vb) -> dict[str, Callable]:
+    """The ways to align the batch that are timed; each returns what it computed."""
+    from distil.align import (
+        MatchTables,
+        ProjectionTables,
+        RowInputs,
+        align_completion,
+        build_alignment,
+    )
+
+    s_tok, t_tok = load_tokenizer(s_name), load_tokenizer(t_name)
+    s_rule, t_rule = naive_piece_rule(family(s_name)), naive_piece_rule(family(t_name))
+    lists = [RowInputs(r.s_ids, 16, r.t_ids, 16, r.t_ends, r.t_bytes) for r in rows]
+    inputs = padded_rows(rows)
     warm = (MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb))
     return {
         "naive": lambda: [

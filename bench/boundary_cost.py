@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from align import PAIRS, load_tokenizer, make_rows
+from align import PAIRS, load_tokenizer, make_rows, padded_rows
 
 
 def _no_boundaries(arrays, teacher, t_offset, teacher_vb, proj_tables, dp_B):
@@ -49,23 +49,16 @@ def fastest(fns: dict, repeats: int) -> dict[str, float]:
 
 def pair_costs(s_name: str, t_name: str, rows_n: int, tokens: int, repeats: int) -> dict:
     import distil.align.batch as batch
-    from distil.align import MatchTables, PaddedRows, ProjectionTables, build_alignment
+    from distil.align import MatchTables, ProjectionTables, build_alignment
     from distil.align.vocab_map import vocab_bytes
     from distil.losses import get_loss
-    from distil.models.tokenizers import right_pad
     from distil.types import TeacherTargets
 
     s_tok, t_tok = load_tokenizer(s_name), load_tokenizer(t_name)
     s_vb, t_vb = vocab_bytes(s_tok), vocab_bytes(t_tok)
     rows = make_rows(s_tok, s_vb, t_tok, t_vb, rows_n, tokens, real=False)
     n = len(rows)
-    inputs = PaddedRows(
-        right_pad([[0] * 16 + r.s_ids for r in rows], 0)[0].numpy(), np.full(n, 16),
-        np.array([len(r.s_ids) for r in rows]),
-        right_pad([[0] * 16 + r.t_ids for r in rows], 0)[0].numpy(), np.full(n, 16),
-        np.array([len(r.t_ids) for r in rows]), [r.t_ends for r in rows],
-        [r.t_bytes for r in rows], np.array([r.t_prefix for r in rows]),
-    )  # fmt: skip
+    inputs = padded_rows(rows)
     warm = (MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb))
     real = batch._boundaries
 
