@@ -93,26 +93,27 @@ def _mix(out: list, m, log_e, before) -> None:
     """Rows m of `out` mixed with the table before the boundary. Supports are merged: the ids of
     `before` found in row m's sorted support add to its slots, the others get slots after."""
     ids, valid, log_pi, log_rest, _, cont = out
-    ok = torch.isfinite(before.log_mass_N)
+    ok = torch.isfinite(before.log_mass_N)  # where not, log_e is 0 and log_p -inf
     log_p = torch.where(ok[:, None], before.logprobs_N_U, float("-inf"))
     sorted_m = torch.where(valid[m], ids[m], torch.iinfo(ids.dtype).max).contiguous()
     new_ids = before.support_ids_N_U.contiguous()
     at = torch.searchsorted(sorted_m, new_ids).clamp_max(ids.shape[1] - 1)
     found = before.support_valid_N_U & (sorted_m.gather(1, at) == new_ids)
-    add = torch.full_like(log_pi[m], float("-inf")).scatter_reduce(
-        1, at, torch.where(found, log_p, float("-inf")), "amax"
-    )  # one found id per slot: the others carry -inf
+    # row m's slots scaled by e, then the found ids' mass added in place (a few per row)
+    mixed = log_pi[m] + log_e[:, None]
+    r, c = torch.nonzero(found, as_tuple=True)
+    mixed[r, at[r, c]] = torch.logaddexp(mixed[r, at[r, c]], log_p[r, c])
+    out[2] = log_pi.index_put((m,), mixed)
     extra = before.support_valid_N_U & ~found & ok[:, None]
-    width = ids.shape[1]
-
-    def grow(x, fill):
-        return torch.cat([x, x.new_full((x.shape[0], extra.shape[1]), fill)], 1)
-
-    out[0], out[1], out[2] = grow(ids, 0), grow(valid, False), grow(log_pi, float("-inf"))
-    out[0][m, width:] = torch.where(extra, new_ids, 0)
-    out[1][m, width:] = extra
-    out[2][m, :width] = torch.logaddexp(log_pi[m] + log_e[:, None], add)
-    out[2][m, width:] = torch.where(extra, log_p, float("-inf"))
+    if extra.any():  # ids the row's support lacks: slots after its own
+        width, more = ids.shape[1], extra.shape[1]
+        out[0], out[1], out[2] = (
+            torch.cat([x, x.new_full((x.shape[0], more), fill)], 1)
+            for x, fill in ((ids, 0), (valid, False), (out[2], float("-inf")))
+        )
+        out[0][m, width:] = torch.where(extra, new_ids, 0)
+        out[1][m, width:] = extra
+        out[2][m, width:] = torch.where(extra, log_p, float("-inf"))
     e = log_e.exp()
     stop_rest = (before.log_ambiguous_N.exp() - e).clamp_min(0.0)
     rest = torch.where(ok, e * log_rest[m].exp() + stop_rest, log_rest[m].exp())
