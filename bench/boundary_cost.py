@@ -63,14 +63,14 @@ def pair_costs(s_name, t_name, rows_n: int, tokens: int, repeats: int, real: boo
     n = len(rows)
     inputs = padded_rows(rows)
     warm = (MatchTables(s_vb, t_vb), ProjectionTables(s_vb, t_vb))
-    real = batch._boundaries
+    original = batch._boundaries
 
     def without():
         batch._boundaries = _no_boundaries
         try:
             return build_alignment(inputs, s_vb, t_vb, *warm)
         finally:
-            batch._boundaries = real
+            batch._boundaries = original
 
     align = fastest(
         {"with": lambda: build_alignment(inputs, s_vb, t_vb, *warm), "without": without}, repeats
