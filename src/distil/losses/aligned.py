@@ -355,11 +355,11 @@ def aligned_kl(
     Per projection entry: JSD_β(S ‖ pi) over pi's support + a rest bucket; per student token
     spanning several teacher tokens (see `coarse_groups`): JSD_β over [token, rest] with the
     teacher's chain-rule probability; both, at a token boundary, also read the teacher's odds
-    of having ended the token before there (`distil.losses.boundary`); sum /
-    num_tokens. Extra metrics: proj_mass_sum (teacher
-    mass each table covers), student_rest_sum and teacher_rest_sum (each side's mass on the rest
-    bucket), proj_skipped_count (entries whose table the teacher gives no mass; they add 0),
-    proj_continue_sum (at a boundary, the teacher's odds of having gone on), coarse_count.
+    of having ended the token before there (`distil.losses.boundary`); sum / num_tokens. Extra
+    metrics: proj_mass_sum (teacher mass each table covers), student_rest_sum and
+    teacher_rest_sum (each side's mass on the rest bucket), proj_skipped_count (entries whose
+    table the teacher gives no mass; they add 0), proj_continue_sum (at a boundary, the
+    teacher's odds of having gone on), coarse_count.
     """
     check_inputs("aligned_kl", targets, alignment, temperature, targets_temperature, beta)
     kept = keep_groups(alignment, mask_B_T)

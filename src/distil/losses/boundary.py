@@ -16,6 +16,8 @@ one student token spans several teacher tokens (compared as [token, rest] by the
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from distil.align.project import PaddedProjection, pad_projection, project_rows
@@ -23,13 +25,13 @@ from distil.losses.chunked import upcast
 from distil.losses.divergences import gather_rows
 
 
-class BoundaryTables:
+class BoundaryTables(NamedTuple):
     """The batch's tables read before a boundary, padded apart from the others (they are small;
     table 0 pads every table to the teacher's vocabulary): `padded`, and `remap` from a batch
     table id to its row there."""
 
-    def __init__(self, padded: PaddedProjection, remap: torch.Tensor):
-        self.padded, self.remap = padded, remap
+    padded: PaddedProjection
+    remap: torch.Tensor
 
 
 def boundary_tables(alignment) -> BoundaryTables | None:
@@ -71,8 +73,7 @@ def entry_targets(
         if mixed.numel():
             t_p = _teacher_rows(teacher_B_T_V, row_n[mixed], pos_n[mixed] - 1, ratio)
             proj_p = _project_before(t_p, prev_table[mixed], padded, before)
-            log_e, proj_p = _odds(t_p, tok_n[mixed], proj_p)
-            _mix(out, mixed, log_e, proj_p)
+            _mix(out, mixed, _odds(t_p, tok_n[mixed], proj_p), proj_p)
     return out
 
 
@@ -83,10 +84,9 @@ def _project_before(t_p_V, table_m, padded, before: BoundaryTables | None):
 
 
 def _odds(t_p_V, tok_m, before):
-    """(log e, before): where the table has no teacher mass, e = 1 and nothing is added."""
+    """log e: where the table has no teacher mass, e = 1 and nothing is added."""
     ok = torch.isfinite(before.log_mass_N)
-    log_e = torch.where(ok, (gather_rows(t_p_V, tok_m) - before.log_mass_N).clamp_max(0.0), 0.0)
-    return log_e, before
+    return torch.where(ok, (gather_rows(t_p_V, tok_m) - before.log_mass_N).clamp_max(0.0), 0.0)
 
 
 def _mix(out: list, m, log_e, before) -> None:
@@ -136,6 +136,6 @@ def stop_logprob(
     m = torch.nonzero(table >= 0).squeeze(1)
     if m.numel():
         t_p = _teacher_rows(teacher_B_T_V, row_g[m], pos_g[m] - 1, ratio)
-        log_e, _ = _odds(t_p, tok[m], _project_before(t_p, table[m], padded, before))
+        log_e = _odds(t_p, tok[m], _project_before(t_p, table[m], padded, before))
         out = out.to(log_e.dtype).index_put((m,), log_e)
     return out
