@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -164,14 +165,32 @@ def load_problems(task: Task) -> list[dict[str, Any]]:
     return task.load()[0]
 
 
+ROWS_READ = 8  # the training rows `run_template` reads to recognise a Countdown template
+
+
 def run_template(cfg) -> str | None:
     """The Countdown template of a training run's prompts: data.template, else (rows holding
-    already rendered prompts, such as `distil generate`'s) the one recorded with its student."""
+    already rendered prompts, such as `distil generate`'s) the one recorded with its student,
+    else the one that rendered the first rows of a local data.train (`template_of`)."""
     from distil.models.load import read_model_meta
 
-    if cfg.data.template or not cfg.student.path:
+    if cfg.data.template:
         return cfg.data.template
-    return read_model_meta(cfg.student.path).get("template")
+    if cfg.student.path and (recorded := read_model_meta(cfg.student.path).get("template")):
+        return recorded
+    return rows_template(cfg.data)
+
+
+def rows_template(data) -> str | None:
+    """The Countdown template that rendered the first ROWS_READ rows of data.train, when it is a
+    local file or saved dataset (a hub id is not read for this); None when none fits."""
+    from distil.data.datasets import read_rows
+    from distil.tasks.countdown.templates import template_of
+
+    if not data.train or not Path(os.path.expanduser(data.train)).exists():
+        return None
+    rows = [row for _, row in read_rows(data.train, data.split, ROWS_READ, data.subset)]
+    return template_of((r for r in rows if isinstance(r, dict)), data.prompt_field)
 
 
 def with_model_template(task: Task, model_path: str) -> Task:
@@ -180,6 +199,12 @@ def with_model_template(task: Task, model_path: str) -> Task:
     from distil.models.load import read_model_meta
 
     template = read_model_meta(model_path).get("template")
+    if task.name == "countdown" and not (task.cfg.template or template):
+        print(
+            f"distil eval: no Countdown template is recorded with {model_path}; prompting with "
+            "countdown_chat. Fix: --template (eval.template) names the one it was trained on",
+            file=sys.stderr,
+        )
     if task.cfg.template or not template:
         return task
     copy = type(task)(task.cfg.model_copy(update={"template": template}))

@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from distil.errors import ConfigError
 from distil.tasks.countdown.solver import Problem, compact, solution_steps
@@ -63,3 +64,23 @@ def get_template(name: str | Template) -> Template:
     if name not in TEMPLATES:
         raise ConfigError(f"unknown Countdown template {name!r}; valid: {', '.join(TEMPLATES)}")
     return TEMPLATES[name]
+
+
+def template_of(rows: Iterable[dict[str, Any]], prompt_field: str = "prompt") -> str | None:
+    """The name of the one Countdown template whose messages for each row's `nums` and `target`
+    are that row's prompt (`prompt_field`: the messages, or the text of a single user turn):
+    rows written by `distil countdown generate` or the demo carry their rendered prompts and
+    no template name. None when a row lacks what this needs, or no single template fits all."""
+    fits = set(TEMPLATES)
+    seen = False
+    for row in rows:
+        nums, target, prompt = row.get("nums"), row.get("target"), row.get(prompt_field)
+        if not isinstance(nums, list) or not isinstance(target, int) or prompt is None:
+            return None
+        seen = True
+        for name in list(fits):
+            messages = TEMPLATES[name].messages(nums, target)
+            text = messages[0]["content"] if len(messages) == 1 else None
+            if prompt != messages and prompt != text:
+                fits.discard(name)
+    return fits.pop() if seen and len(fits) == 1 else None
