@@ -471,3 +471,22 @@ def test_real_templates_strip_what_their_answers_lose(name, strips):
     (ids,) = completion_rows(tok, [Example(0, [USER], text)], 64)
     want = text.lstrip(strips[0]).rstrip(strips[1])
     assert ids[:-1] == tok(want, add_special_tokens=False)["input_ids"]
+
+
+def test_parquet_head_is_the_first_rows(tmp_path):
+    """read_rows with a limit reads a parquet file's first rows only (across its row groups),
+    the same rows as the whole file's head."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from distil.data.datasets import read_rows
+
+    path = tmp_path / "rows.parquet"
+    table = pa.table({"prompt": [f"q{i}" for i in range(20)], "target": list(range(20))})
+    pq.write_table(table, path, row_group_size=3)
+    whole = [row for _, row in read_rows(str(path))]
+    assert len(whole) == 20
+    for limit in (0, 1, 3, 4, 8, 20, 25):
+        head = read_rows(str(path), limit=limit)
+        assert [row for _, row in head] == whole[:limit]
+        assert [w["line"] for w, _ in head] == list(range(1, min(limit, 20) + 1))

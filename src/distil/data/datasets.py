@@ -101,8 +101,15 @@ def _read_parquet(path: Path, limit: int | None) -> list[tuple[dict[str, Any], A
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
-        rows = (table.slice(0, limit) if limit is not None else table).to_pylist()
+        if limit is None:
+            rows = pq.read_table(path).to_pylist()
+        else:  # the first `limit` rows, not the whole file
+            rows = []
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=max(limit, 1)):
+                if len(rows) >= limit:
+                    break
+                rows += batch.to_pylist()
+            rows = rows[:limit]
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise DataError(f"cannot read as parquet ({_one_line(exc)})", path=str(path)) from exc
     out = []

@@ -197,12 +197,13 @@ def with_model_template(task: Task, model_path: str) -> Task:
     """`task` prompting with the Countdown template recorded with the model when eval.template
     is unset (the same task otherwise)."""
     from distil.models.load import read_model_meta
+    from distil.tasks.countdown.templates import DEFAULT_TEMPLATE
 
     template = read_model_meta(model_path).get("template")
     if task.name == "countdown" and not (task.cfg.template or template):
         print(
             f"distil eval: no Countdown template is recorded with {model_path}; prompting with "
-            "countdown_chat. Fix: --template (eval.template) names the one it was trained on",
+            f"{DEFAULT_TEMPLATE}. Fix: --template (eval.template) names the one it was trained on",
             file=sys.stderr,
         )
     if task.cfg.template or not template:

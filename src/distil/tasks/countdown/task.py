@@ -16,7 +16,7 @@ from distil.tasks.base import Task, Verdict, Where, brief
 from distil.tasks.countdown.checker import OUTCOMES, check
 from distil.tasks.countdown.files import read_rows
 from distil.tasks.countdown.generate import generate_problems, parse_numbers
-from distil.tasks.countdown.templates import get_template
+from distil.tasks.countdown.templates import DEFAULT_TEMPLATE, get_template
 
 COLUMNS = (
     ("Missing Answer Tags", "missing_answer_tags"),
@@ -47,7 +47,7 @@ class Countdown(Task):
         return {"nums": [int(x) for x in nums], "target": int(target)}
 
     def messages(self, problem: dict[str, Any]) -> list[dict[str, str]]:
-        template = get_template(self.cfg.template or "countdown_chat")
+        template = get_template(self.cfg.template or DEFAULT_TEMPLATE)
         return template.messages(problem["nums"], problem["target"])
 
     def check(self, completion: str, problem: dict[str, Any]) -> Verdict:

@@ -55,6 +55,7 @@ class CountdownPlain:
 
 Template = CountdownChat | CountdownPlain
 TEMPLATES: dict[str, Template] = {t.name: t for t in (CountdownChat(), CountdownPlain())}
+DEFAULT_TEMPLATE = "countdown_chat"  # a prompt's template when none is named or recorded
 
 
 def get_template(name: str | Template) -> Template:
@@ -71,16 +72,15 @@ def template_of(rows: Iterable[dict[str, Any]], prompt_field: str = "prompt") ->
     are that row's prompt (`prompt_field`: the messages, or the text of a single user turn):
     rows written by `distil countdown generate` or the demo carry their rendered prompts and
     no template name. None when a row lacks what this needs, or no single template fits all."""
-    fits = set(TEMPLATES)
-    seen = False
+    rows = list(rows)
+    fits = set(TEMPLATES) if rows else set()
     for row in rows:
         nums, target, prompt = row.get("nums"), row.get("target"), row.get(prompt_field)
         if not isinstance(nums, list) or not isinstance(target, int) or prompt is None:
             return None
-        seen = True
         for name in list(fits):
             messages = TEMPLATES[name].messages(nums, target)
             text = messages[0]["content"] if len(messages) == 1 else None
             if prompt != messages and prompt != text:
                 fits.discard(name)
-    return fits.pop() if seen and len(fits) == 1 else None
+    return fits.pop() if len(fits) == 1 else None
